@@ -1,0 +1,284 @@
+"""Event format of the public contract (contract.md, section 1).
+
+Training workers publish JSON events to the Kafka topic ``rlwatch.events`` keyed by ``run_id``.
+This module is the one place that turns bytes into typed events and back:
+
+* :func:`parse_event` validates strictly and explains itself: every rejection is an
+  :class:`EventError` whose ``reason`` says what was wrong, so the processor can send the raw
+  message to the dead-letter topic with that reason and carry on.
+* NaN and +/-Inf metric values are legal data (they are signals). On the wire they are the
+  strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``; bare ``NaN`` tokens are accepted too.
+* :func:`dump_event` writes strict JSON (non-finite numbers as those strings).
+
+Pure: no I/O, no clock. The receive time is an argument.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+__all__ = [
+    "MAX_EVENT_BYTES",
+    "CheckpointEvent",
+    "Event",
+    "EventError",
+    "HeartbeatEvent",
+    "Sample",
+    "SamplesEvent",
+    "StepEvent",
+    "dump_event",
+    "encode_number",
+    "parse_event",
+    "to_jsonable",
+]
+
+#: Largest accepted event, in bytes of JSON. Bigger payloads are rejected (and dead-lettered).
+MAX_EVENT_BYTES = 1_000_000
+#: Largest number of values in one per-sample array of ``dists``.
+MAX_DIST_LEN = 65_536
+
+_NONFINITE_IN = {
+    "nan": math.nan,
+    "+nan": math.nan,
+    "-nan": math.nan,
+    "inf": math.inf,
+    "+inf": math.inf,
+    "infinity": math.inf,
+    "+infinity": math.inf,
+    "-inf": -math.inf,
+    "-infinity": -math.inf,
+}
+
+
+class EventError(ValueError):
+    """An event that cannot be accepted. ``reason`` is one human-readable line."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _number(value: Any, where: str) -> float:
+    """One metric value: a JSON number, or one of the non-finite spellings. Never a bool."""
+    if isinstance(value, bool):
+        raise ValueError(f"{where} must be a number, got a boolean")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        special = _NONFINITE_IN.get(value.strip().lower())
+        if special is not None:
+            return special
+        raise ValueError(
+            f"{where} must be a number (or \"NaN\", \"Infinity\", \"-Infinity\"), got {value!r}"
+        )
+    raise ValueError(f"{where} must be a number, got {type(value).__name__}")
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=False)
+
+    schema_: Literal[1] = Field(alias="schema")
+    run_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\s]+$")
+    step: int = Field(ge=0)
+    rank: int = Field(default=0, ge=0)
+    world_size: int | None = Field(default=None, ge=1)
+    ts: float | None = None
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("step", "rank", "world_size", mode="before")
+    @classmethod
+    def _integral(cls, v: Any) -> Any:
+        # Strict integers: a bool or a fractional float is a client bug, not a step number.
+        if isinstance(v, bool):
+            raise ValueError("must be an integer, got a boolean")
+        if isinstance(v, float):
+            if not v.is_integer():
+                raise ValueError(f"must be an integer, got {v}")
+            return int(v)
+        if isinstance(v, str):
+            raise ValueError(f"must be an integer, got the string {v!r}")
+        return v
+
+    @field_validator("ts", mode="before")
+    @classmethod
+    def _finite_ts(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"must be a finite number of seconds since the epoch, got {v!r}")
+        return v
+
+
+class StepEvent(_Base):
+    """Metrics of one optimisation step, from one rank."""
+
+    kind: Literal["step"] = "step"
+    metrics: dict[str, float] = Field(default_factory=dict)
+    dists: dict[str, list[float]] = Field(default_factory=dict)
+    groups: dict[str, dict[str, float]] = Field(default_factory=dict)
+    hashes: dict[str, str] = Field(default_factory=dict)
+    batch_ids: list[str] = Field(default_factory=list)
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _metrics(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            raise ValueError(f"must be an object of name -> number, got {type(v).__name__}")
+        return {str(k): _number(x, f"metric {k!r}") for k, x in v.items()}
+
+    @field_validator("dists", mode="before")
+    @classmethod
+    def _dists(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            raise ValueError(f"must be an object of name -> list of numbers, got {type(v).__name__}")
+        out = {}
+        for k, xs in v.items():
+            if not isinstance(xs, list):
+                raise ValueError(f"dist {k!r} must be a list of numbers")
+            if len(xs) > MAX_DIST_LEN:
+                raise ValueError(f"dist {k!r} has {len(xs)} values, more than {MAX_DIST_LEN}")
+            out[str(k)] = [_number(x, f"dist {k!r}[{i}]") for i, x in enumerate(xs)]
+        return out
+
+    @field_validator("groups", mode="before")
+    @classmethod
+    def _groups(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            raise ValueError("must be an object of metric -> {group: number}")
+        out = {}
+        for k, g in v.items():
+            if not isinstance(g, dict):
+                raise ValueError(f"group {k!r} must be an object of category -> number")
+            out[str(k)] = {str(c): _number(x, f"group {k!r}.{c}") for c, x in g.items()}
+        return out
+
+
+class Sample(BaseModel):
+    """One generated response of a step."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt_id: str | None = None
+    prompt: str | None = None
+    response: str | None = None
+    reward: float | None = None
+    length: int | None = None
+    truncated: bool | None = None
+    category: str | None = None
+    kl: float | None = None
+    token_kl_max: float | None = None
+    token_kl_argmax: str | None = None
+
+    @field_validator("reward", "kl", "token_kl_max", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return None if v is None else _number(v, "value")
+
+
+class SamplesEvent(_Base):
+    """Generated texts of a step."""
+
+    kind: Literal["samples"]
+    samples: list[Sample] = Field(default_factory=list)
+
+
+class CheckpointEvent(_Base):
+    """A checkpoint the run saved (the pipeline keeps the last healthy one for rollback)."""
+
+    kind: Literal["checkpoint"]
+    path: str = Field(min_length=1)
+
+
+class HeartbeatEvent(_Base):
+    """Liveness only."""
+
+    kind: Literal["heartbeat"]
+
+
+Event = Annotated[
+    Union[StepEvent, SamplesEvent, CheckpointEvent, HeartbeatEvent], Field(discriminator="kind")
+]
+_EVENT = TypeAdapter(Event)
+_KINDS = ("step", "samples", "checkpoint", "heartbeat")
+
+
+def _explain(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors(include_url=False)[:5]:
+        path = e["loc"][1:] if e["loc"] and e["loc"][0] in _KINDS else e["loc"]
+        loc = ".".join(str(x) for x in path)
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "missing":
+            parts.append(f"missing required field {loc!r}")
+        elif e["type"] == "union_tag_invalid":
+            parts.append(f"unknown kind {e.get('input', {}).get('kind')!r} "
+                         "(expected step, samples, checkpoint or heartbeat)")
+        elif e["type"] == "union_tag_not_found":
+            parts.append("missing required field 'kind'")
+        else:
+            parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
+
+
+def parse_event(raw: bytes | str | dict, received_at: float) -> StepEvent | SamplesEvent | CheckpointEvent | HeartbeatEvent:
+    """Validate one event. ``received_at`` fills ``ts`` when the event has none.
+
+    Raises :class:`EventError` with a one-line reason for anything malformed.
+    """
+    if isinstance(raw, (bytes, bytearray)):
+        if len(raw) > MAX_EVENT_BYTES:
+            raise EventError(f"event is {len(raw)} bytes, over the {MAX_EVENT_BYTES}-byte limit")
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise EventError(f"event is not UTF-8 text: {exc}") from None
+    if isinstance(raw, str):
+        if len(raw) > MAX_EVENT_BYTES:
+            raise EventError(f"event is {len(raw)} bytes, over the {MAX_EVENT_BYTES}-byte limit")
+        try:
+            raw = json.loads(raw)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise EventError(f"bad JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise EventError(f"an event must be a JSON object, got {type(raw).__name__}")
+    if "schema" not in raw:
+        raise EventError("missing required field 'schema' (expected 1)")
+    if "run_id" not in raw:
+        raise EventError("missing required field 'run_id'")
+    try:
+        event = _EVENT.validate_python(raw)
+    except ValidationError as exc:
+        raise EventError(_explain(exc)) from None
+    if event.ts is None:
+        event.ts = received_at
+    return event
+
+
+def encode_number(x: float) -> float | str:
+    """A float as strict JSON allows: non-finite values become the contract's strings."""
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    return x
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Replace non-finite floats anywhere in ``obj`` by the contract's strings."""
+    if isinstance(obj, float):
+        return encode_number(obj)
+    if isinstance(obj, dict):
+        return {k: to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    return obj
+
+
+def dump_event(event: BaseModel | dict) -> bytes:
+    """Strict JSON bytes of an event (the form that goes on the wire)."""
+    data = event.model_dump(by_alias=True, exclude_none=True) if isinstance(event, BaseModel) else event
+    return json.dumps(to_jsonable(data), separators=(",", ":"), allow_nan=False).encode()
