@@ -1,0 +1,64 @@
+"""From a firing alert to control commands. Pure.
+
+Each action of a rule is *enforced* (a command is sent to the run's workers) or *advisory*
+(the alert says what the monitor would do, nobody is stopped). ``notify`` is never a command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlwatch.alert import Alert
+from rlwatch.commands import Command
+
+__all__ = ["Enforcement", "commands_for"]
+
+COMMAND_ACTIONS = ("pause", "stop", "rollback", "adjust", "snapshot")
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    """Which actions become commands. ``advisory`` actions are only reported."""
+
+    advisory: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Enforcement":
+        """From a comma list such as ``"adjust,rollback"`` (``"all"`` = everything advisory)."""
+        if not text:
+            return cls()
+        names = {t.strip() for t in text.split(",") if t.strip()}
+        if "all" in names:
+            names = set(COMMAND_ACTIONS)
+        unknown = names - set(COMMAND_ACTIONS)
+        if unknown:
+            raise ValueError(f"unknown advisory actions: {', '.join(sorted(unknown))}")
+        return cls(frozenset(names))
+
+
+def commands_for(alert: Alert, now: float, enforcement: Enforcement = Enforcement(),
+                 secret: str | None = None) -> list[Command]:
+    """The commands a firing alert sends (in order: stop before pause before the rest)."""
+    if alert.state != "firing":
+        return []
+    wanted = [a for a in alert.actions if a in COMMAND_ACTIONS and a not in enforcement.advisory]
+    if "stop" in wanted and "pause" in wanted:
+        wanted.remove("pause")
+    order = {"stop": 0, "pause": 1, "rollback": 2, "adjust": 3, "snapshot": 4}
+    out = []
+    for action in sorted(wanted, key=order.__getitem__):
+        params: dict = {}
+        if action == "adjust":
+            if not alert.adjust:
+                continue
+            params = dict(alert.adjust)
+        elif action == "rollback":
+            if not alert.rollback_to:
+                continue  # no checkpoint reported before the onset: nothing to roll back to
+            params = {"to_step": alert.rollback_to["step"], "checkpoint": alert.rollback_to["checkpoint"]}
+        cmd = Command(run_id=alert.run_id, action=action, params=params, ts=now,
+                      reason=f"{alert.rule} ({alert.severity}): {alert.summary}",
+                      issuer=f"rule:{alert.rule}", rule=alert.rule, severity=alert.severity,
+                      step=alert.step)
+        out.append(cmd.signed(secret))
+    return out

@@ -1,0 +1,181 @@
+"""Background sending of events: a bounded buffer in front of a transport.
+
+The training thread only appends to the buffer (microseconds, never the network). A daemon
+thread serialises and hands batches to the :class:`Transport`. When the buffer is full the
+oldest event is dropped and counted; the count is reported in the next event that gets
+through (``dropped_events`` on a heartbeat) once the broker is back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Callable, Protocol
+
+from rlwatch.events import dump_event
+
+__all__ = ["BackgroundSender", "KafkaTransport", "Transport"]
+
+log = logging.getLogger("rlwatch.producers")
+
+
+class Transport(Protocol):
+    """Where serialised events go. ``send`` may block; it runs on the sender thread."""
+
+    def send(self, items: list[tuple[bytes, bytes]]) -> None:
+        """Deliver (key, value) pairs; raise on failure (the batch is then retried)."""
+
+    def close(self, timeout: float) -> None: ...
+
+
+class KafkaTransport:
+    """kafka-python producer to the events topic. Connects lazily, reconnects on failure."""
+
+    def __init__(self, bootstrap: str, topic: str = "rlwatch.events", **config):
+        self.bootstrap, self.topic, self.config = bootstrap, topic, config
+        self._producer = None
+
+    def _connect(self):
+        from kafka import KafkaProducer
+
+        return KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5, acks=1,
+                             max_block_ms=2000, request_timeout_ms=5000, retries=2,
+                             client_id="rlwatch-sdk", **self.config)
+
+    def send(self, items):
+        if self._producer is None:
+            self._producer = self._connect()
+        futures = [self._producer.send(self.topic, key=k, value=v) for k, v in items]
+        self._producer.flush(timeout=10)
+        for f in futures:
+            f.get(timeout=0)  # raises the delivery error, if any
+
+    def close(self, timeout):
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=timeout)
+            except Exception:  # noqa: BLE001 - closing must never raise into training
+                pass
+            self._producer = None
+
+
+class BackgroundSender:
+    """A bounded queue of events drained by one daemon thread."""
+
+    def __init__(self, transport: Transport, *, capacity: int = 10_000, batch: int = 500,
+                 clock: Callable[[], float] = time.time, on_error: Callable[[str], None] | None = None):
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.transport, self.capacity, self.batch, self.clock = transport, capacity, batch, clock
+        self._q: deque = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._idle = threading.Event()
+        self._idle.set()
+        self.dropped = 0          # dropped since the last report
+        self.dropped_total = 0    # dropped over the sender's life
+        self.sent = 0
+        self.failures = 0
+        self.last_error: str | None = None
+        self._reported_down = False
+        self._on_error = on_error or (lambda msg: log.warning(msg))
+        self._thread = threading.Thread(target=self._run, name="rlwatch-sender", daemon=True)
+        self._thread.start()
+
+    def put(self, key: bytes, event: dict) -> None:
+        """Queue one event (a contract-shaped dict). Never blocks on the network."""
+        with self._lock:
+            if len(self._q) >= self.capacity:
+                self._q.popleft()
+                self.dropped += 1
+                self.dropped_total += 1
+            self._q.append((key, event))
+        self._idle.clear()
+        self._wake.set()
+
+    def pending(self) -> int:
+        return len(self._q)
+
+    def _take(self) -> list:
+        with self._lock:
+            n = min(self.batch, len(self._q))
+            return [self._q.popleft() for _ in range(n)]
+
+    def _requeue(self, items: list) -> None:
+        with self._lock:
+            room = self.capacity - len(self._q)
+            keep = items[-room:] if room > 0 else []
+            lost = len(items) - len(keep)
+            self.dropped += lost
+            self.dropped_total += lost
+            self._q.extendleft(reversed(keep))
+
+    def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            self._wake.wait(timeout=0.5)
+            self._wake.clear()
+            while True:
+                items = self._take()
+                if not items:
+                    break
+                report = None
+                if self.dropped:
+                    first_key = items[0][0]
+                    report = (first_key, self._drop_report(items[0][1]))
+                payload = [(k, dump_event(e)) for k, e in items]
+                if report is not None:
+                    payload.append((report[0], dump_event(report[1])))
+                try:
+                    self.transport.send(payload)
+                except Exception as exc:  # noqa: BLE001 - any transport failure is survivable
+                    self.failures += 1
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    if not self._reported_down:
+                        self._on_error(f"rlwatch: cannot publish events ({self.last_error}); "
+                                       "training continues, events are buffered "
+                                       f"(capacity {self.capacity}, oldest dropped when full)")
+                        self._reported_down = True
+                    self._requeue(items)
+                    if self._stop:
+                        self._idle.set()
+                        return
+                    time.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    continue
+                backoff = 0.05
+                self.sent += len(items)
+                if report is not None:
+                    with self._lock:
+                        self.dropped -= report[1]["dropped_events"]
+                if self._reported_down:
+                    log.warning("rlwatch: event publishing recovered")
+                    self._reported_down = False
+            self._idle.set()
+            if self._stop:
+                return
+
+    def _drop_report(self, like: dict) -> dict:
+        return {"schema": 1, "kind": "heartbeat", "run_id": like["run_id"], "step": like["step"],
+                "rank": like.get("rank", 0), "ts": self.clock(), "dropped_events": self.dropped}
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until the buffer is empty (or ``timeout``); True if everything went out."""
+        deadline = time.monotonic() + timeout
+        self._wake.set()
+        while time.monotonic() < deadline:
+            if not self._q and self._idle.is_set():
+                return True
+            self._idle.wait(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+        return not self._q
+
+    def close(self, timeout: float = 5.0) -> bool:
+        ok = self.flush(timeout)
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=max(0.1, timeout))
+        self.transport.close(timeout=1.0)
+        return ok

@@ -1,0 +1,5 @@
+import sys
+
+from rlwatch.cli import main
+
+sys.exit(main())

@@ -1,0 +1,76 @@
+"""Alert record of the public contract (contract.md, section 3).
+
+What the rule engine emits, what goes on the Kafka topic ``rlwatch.alerts``, what notifiers
+render and what ``rlwatch replay --json`` prints, one per line. Pure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlwatch.events import to_jsonable
+
+__all__ = ["SEVERITIES", "Alert", "fingerprint", "severity_rank"]
+
+Severity = Literal["info", "yellow", "orange", "red", "black"]
+SEVERITIES: tuple[str, ...] = ("info", "yellow", "orange", "red", "black")
+
+
+def severity_rank(severity: str) -> int:
+    """0 for info ... 4 for black."""
+    return SEVERITIES.index(severity)
+
+
+def fingerprint(rule: str, run_id: str, rank: int | None, severity: str) -> str:
+    """Stable identity of an alert: the same (rule, run, rank, tier) always hashes the same."""
+    key = json.dumps([rule, run_id, rank, severity], separators=(",", ":"))
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+class Alert(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    rule: str
+    severity: Severity
+    state: Literal["firing", "resolved"]
+    run_id: str
+    step: int
+    rank: int | None = None
+    onset_step: int | None = None
+    value: float | None = None
+    threshold: float | None = None
+    metric: str | None = None
+    actions: list[str] = Field(default_factory=list)
+    adjust: dict[str, float] = Field(default_factory=dict)
+    rollback_to: dict[str, Any] | None = None
+    summary: str = ""
+    diagnosis: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    fingerprint: str = ""
+    ts: float | None = None
+
+    def model_post_init(self, __context: Any) -> None:
+        if not self.fingerprint:
+            self.fingerprint = fingerprint(self.rule, self.run_id, self.rank, self.severity)
+
+    def to_json(self) -> str:
+        """One strict-JSON line (non-finite values as the contract's strings)."""
+        data = self.model_dump(exclude_defaults=False)
+        for key in ("value", "threshold"):
+            v = data.get(key)
+            if isinstance(v, float) and not math.isfinite(v):
+                data[key] = to_jsonable(v)
+        return json.dumps(to_jsonable(data), separators=(",", ":"), allow_nan=False)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "Alert":
+        data = json.loads(raw)
+        for key in ("value", "threshold"):
+            if isinstance(data.get(key), str):
+                data[key] = float(data[key].replace("Infinity", "inf"))
+        return cls.model_validate(data)

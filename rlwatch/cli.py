@@ -1,0 +1,253 @@
+"""The ``rlwatch`` command line (contract section 5)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import logging
+import sys
+import time
+
+__all__ = ["main"]
+
+
+def _pack(rules: str | None, preset_name: str | None = None):
+    from rlwatch.presets import get_preset
+    from rules.loader import RuleFileError, load_pack, merge_packs
+
+    try:
+        names = (rules or "rlhf").split(",")
+        packs = [load_pack(n.strip()) for n in names]
+        pack = packs[0] if len(packs) == 1 else merge_packs(*packs)
+    except RuleFileError as exc:
+        raise SystemExit(f"rlwatch: {exc}") from None
+    try:
+        preset = get_preset(preset_name)
+    except ValueError as exc:
+        raise SystemExit(f"rlwatch: {exc}") from None
+    if preset is not None:
+        pack = pack.model_copy(update={"overrides": [preset.override(), *pack.overrides]})
+    return pack, preset
+
+
+def cmd_demo(args) -> int:
+    from rlwatch.demo import run_demo
+
+    result = run_demo(steps=args.steps, onset=args.onset, as_json=args.json)
+    ok = bool(result.paused_runs) and not any(a.run_id == "ppo-healthy" and a.severity in ("orange", "red", "black")
+                                              for a in result.alerts)
+    return 0 if ok else 1
+
+
+def cmd_worker(args) -> int:
+    from rlwatch.settings import Settings
+    from streams.app import build_app
+
+    settings = Settings.from_env(kafka=args.kafka, redis=args.redis, rules=args.rules)
+    logging.basicConfig(level=getattr(logging, args.loglevel.upper(), logging.INFO))
+    logging.getLogger("rlwatch").info("rlwatch worker: %s", settings.describe())
+    app = build_app(settings)
+    sys.argv = ["rlwatch-worker", "worker", "-l", args.loglevel.lower()]
+    app.main()
+    return 0
+
+
+def cmd_replay(args) -> int:
+    from alerts.render import text
+    from rlwatch.replay import replay
+
+    pack, preset = _pack(args.rules, args.preset)
+
+    def show(alert):
+        print(alert.to_json() if args.json else text(alert), flush=True)
+
+    missing = [p for p in args.files if not __import__("os").path.isfile(p)]
+    if missing:
+        raise SystemExit(f"rlwatch: no such file: {', '.join(missing)}")
+    result = replay(args.files, pack, preset, on_alert=show)
+    for r in result.rejected[:20]:
+        print(f"rlwatch: skipped {r}", file=sys.stderr)
+    if len(result.rejected) > 20:
+        print(f"rlwatch: ... and {len(result.rejected) - 20} more skipped lines", file=sys.stderr)
+    firing = [a for a in result.alerts if a.state == "firing"]
+    print(f"rlwatch: replayed {result.events} events from {len(args.files)} file(s): "
+          f"{len(firing)} alerts fired, {len(result.rejected)} lines skipped", file=sys.stderr)
+    return 0
+
+
+def cmd_rules(args) -> int:
+    from rules.loader import RuleFileError, load_pack
+
+    if args.rules_cmd == "list":
+        pack = load_pack(args.rules or "rlhf")
+        for r in pack.rules:
+            tiers = "/".join(t.severity for t in r.tiers)
+            print(f"{r.id:28s} {tiers:22s} {r.title}")
+        print(f"{len(pack.rules)} rules in pack '{pack.pack}'", file=sys.stderr)
+        return 0
+    if args.rules_cmd == "check":
+        from rules.engine import RuleEngine
+
+        status = 0
+        for f in args.files:
+            try:
+                pack = load_pack(f)
+            except RuleFileError as exc:
+                print(exc, file=sys.stderr)
+                status = 1
+                continue
+            missing = RuleEngine(pack).undefined_targets()
+            note = f"; targets without a default (set them per run): {', '.join(missing)}" if missing else ""
+            print(f"{f}: OK, {len(pack.rules)} rules{note}")
+        return status
+    if args.rules_cmd == "test":
+        from rules.testing import run_rule_tests
+
+        failed = 0
+        for f in args.files:
+            try:
+                outcomes = run_rule_tests(f)
+            except RuleFileError as exc:
+                print(exc, file=sys.stderr)
+                return 1
+            for o in outcomes:
+                print(f"{'PASS' if o.passed else 'FAIL'} {f}: {o.name}")
+                for p in o.problems:
+                    print(f"     {p}")
+                failed += not o.passed
+            print(f"{sum(o.passed for o in outcomes)} passed, {sum(not o.passed for o in outcomes)} failed")
+        return 1 if failed else 0
+    return 2
+
+
+def _control(args):
+    from alerts.control import RedisControl
+    from rlwatch.settings import Settings
+
+    settings = Settings.from_env(redis=args.redis)
+    return RedisControl(settings.redis), settings
+
+
+def cmd_command(args) -> int:
+    from rlwatch.commands import Command
+
+    async def go():
+        control, settings = _control(args)
+        try:
+            cmd = Command(run_id=args.run, action=args.command, ts=time.time(),
+                          reason=args.reason or f"{args.command} from the command line",
+                          issuer=f"cli:{getpass.getuser()}").signed(settings.control_secret)
+            state = await control.apply(cmd)
+            print(f"{args.run}: {state.state} ({args.command} sent, command {cmd.id})")
+        finally:
+            await control.close()
+
+    try:
+        asyncio.run(go())
+    except OSError as exc:
+        raise SystemExit(f"rlwatch: cannot reach Redis: {exc}") from None
+    except Exception as exc:  # redis.ConnectionError and the like
+        if type(exc).__module__.startswith("redis"):
+            raise SystemExit(f"rlwatch: cannot reach Redis: {exc}") from None
+        raise
+    return 0
+
+
+def cmd_status(args) -> int:
+    async def go():
+        control, _ = _control(args)
+        try:
+            runs = [args.run] if args.run else await control.runs()
+            if not runs:
+                print("no runs known to the control channel yet")
+            for run in runs:
+                st = await control.status(run)
+                cmd = st.command
+                how = f" by {cmd.issuer}: {cmd.reason}" if cmd else ""
+                if args.json:
+                    print(json.dumps({"run_id": run, "state": st.state,
+                                      "history": await control.history(run, 50) if args.run else []}))
+                    continue
+                print(f"{run}: {st.state}{how}")
+                if args.run:
+                    for e in await control.history(run, 50):
+                        when = time.strftime("%H:%M:%S", time.localtime(e.get("ts", 0)))
+                        if e.get("type") == "ack":
+                            print(f"  {when} ack   {e['action']:8s} {e['status']} (rank {e.get('rank')}) {e.get('detail', '')}")
+                        else:
+                            print(f"  {when} {e['action']:14s} {e.get('issuer', '')}: {e.get('reason', '')}")
+        finally:
+            await control.close()
+
+    try:
+        asyncio.run(go())
+    except Exception as exc:
+        if type(exc).__module__.startswith("redis") or isinstance(exc, OSError):
+            raise SystemExit(f"rlwatch: cannot reach Redis: {exc}") from None
+        raise
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlwatch", description="Real-time monitoring for RLHF training.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("demo", help="the whole loop in one process (no Kafka/Redis needed)")
+    d.add_argument("--steps", type=int, default=400)
+    d.add_argument("--onset", type=int, default=120, help="step at which the KL fault starts")
+    d.add_argument("--json", action="store_true", help="alerts as JSON lines")
+    d.set_defaults(fn=cmd_demo)
+
+    w = sub.add_parser("worker", help="the stream processor on Kafka + Redis (Faust)")
+    w.add_argument("--kafka", help="bootstrap servers (RLWATCH_KAFKA, default localhost:9092)")
+    w.add_argument("--redis", help="Redis URL (RLWATCH_REDIS, default redis://localhost:6379/0)")
+    w.add_argument("--rules", help="built-in pack name or rule file(s), comma-separated (default rlhf)")
+    w.add_argument("--loglevel", default="info", choices=["crit", "error", "warn", "info", "debug"])
+    w.set_defaults(fn=cmd_worker)
+
+    r = sub.add_parser("replay", help="backtest recorded runs through the rules")
+    r.add_argument("files", nargs="+")
+    r.add_argument("--rules", help="built-in pack name or rule file(s), comma-separated")
+    r.add_argument("--preset", help="trl-ppo, trl-grpo, verl, openrlhf, nemo-rl")
+    r.add_argument("--json", action="store_true", help="alerts as JSON lines (contract section 3)")
+    r.set_defaults(fn=cmd_replay)
+
+    ru = sub.add_parser("rules", help="check, test and list rules")
+    rsub = ru.add_subparsers(dest="rules_cmd", required=True)
+    c = rsub.add_parser("check")
+    c.add_argument("files", nargs="+")
+    t = rsub.add_parser("test")
+    t.add_argument("files", nargs="+")
+    li = rsub.add_parser("list")
+    li.add_argument("--rules")
+    ru.set_defaults(fn=cmd_rules)
+
+    for name in ("pause", "resume", "stop"):
+        q = sub.add_parser(name, help=f"{name} a run (over Redis)")
+        q.add_argument("run")
+        q.add_argument("--reason")
+        q.add_argument("--redis")
+        q.set_defaults(fn=cmd_command, command=name)
+
+    s = sub.add_parser("status", help="control state of a run and its command history")
+    s.add_argument("run", nargs="?")
+    s.add_argument("--redis")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_status)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Backtest: recorded runs through the same processor and rules as the live worker.
+
+Reads JSON Lines of contract events, or lines ``{"step": N, "metrics": {...}}`` without the
+envelope (the run id is then the file name), or a TRL ``trainer_state.json`` (its
+``log_history``). A preset maps framework metric names onto canonical ones. A line that cannot
+be used is reported with its line number and skipped; the rest is replayed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from rlwatch.alert import Alert
+from rlwatch.events import EventError, parse_event
+from rlwatch.presets import Preset
+from rules.schema import Pack
+from streams.processor import Pipeline
+
+__all__ = ["ReplayResult", "iter_records", "replay"]
+
+BASE_TS = 1_700_000_000.0
+
+
+@dataclass
+class ReplayResult:
+    alerts: list[Alert] = field(default_factory=list)
+    events: int = 0
+    rejected: list[str] = field(default_factory=list)
+
+
+def _envelope(record: dict, run_id: str, preset: Preset | None) -> dict:
+    if "kind" in record or "schema" in record:
+        ev = dict(record)
+        if preset is not None and isinstance(ev.get("metrics"), dict):
+            ev["metrics"] = preset.map_metrics(ev["metrics"])
+        return ev
+    metrics = record.get("metrics")
+    if metrics is None:  # a flat logged dict: every number except the step is a metric
+        metrics = {k: v for k, v in record.items()
+                   if k != "step" and isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+    if preset is not None and isinstance(metrics, dict):
+        metrics = preset.map_metrics(metrics)
+    step = record.get("step")
+    return {"schema": 1, "kind": "step", "run_id": run_id, "step": step, "metrics": metrics,
+            "ts": record.get("ts", BASE_TS + (step if isinstance(step, (int, float)) else 0))}
+
+
+def iter_records(path: Path) -> Iterator[tuple[int, dict | str]]:
+    """(line number, record) pairs, or (line number, error text) for unusable lines."""
+    text = path.read_text()
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            yield exc.lineno, f"bad JSON: {exc}"
+            return
+        rows = data.get("log_history") if isinstance(data, dict) else data
+        if not isinstance(rows, list):
+            yield 1, "a .json file must be a trainer_state.json (log_history) or a list of records"
+            return
+        for i, row in enumerate(rows, 1):
+            yield i, row if isinstance(row, dict) else f"entry {i} is not an object"
+        return
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield n, f"bad JSON: {exc.msg}"
+            continue
+        yield n, rec if isinstance(rec, dict) else "a line must be a JSON object"
+
+
+def replay(paths: list[str | Path], pack: Pack, preset: Preset | None = None,
+           on_alert=None) -> ReplayResult:
+    pipeline = Pipeline(pack)
+    result = ReplayResult()
+    for p in paths:
+        path = Path(p)
+        run_id = path.stem
+        for lineno, rec in iter_records(path):
+            if isinstance(rec, str):
+                result.rejected.append(f"{path}:{lineno}: {rec}")
+                continue
+            if "step" not in rec and "kind" not in rec and "schema" not in rec:
+                continue  # e.g. a trainer_state summary entry without a step
+            try:
+                event = parse_event(_envelope(rec, run_id, preset), BASE_TS)
+            except EventError as exc:
+                result.rejected.append(f"{path}:{lineno}: {exc.reason}")
+                continue
+            result.events += 1
+            for alert in pipeline.feed(event, event.ts):
+                result.alerts.append(alert)
+                if on_alert is not None:
+                    on_alert(alert)
+    return result

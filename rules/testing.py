@@ -1,0 +1,121 @@
+"""Rule unit tests, in the spirit of ``promtool test rules``. Pure.
+
+A test file::
+
+    rules: rlhf                    # a built-in pack or a rule file (relative to this file)
+    tests:
+      - name: KL blow-up pauses
+        run_id: r1                 # optional
+        targets: {kl: 0.05}        # optional per-run targets
+        interval: 1                # seconds between steps (for `for_seconds` rules)
+        series:                    # metric -> values, one per step from step 0
+          kl/mean: "0.02x20 0.02+0.02x10"   # promtool notation: a x n = n+1 copies of a;
+                                          # a+b x n = a, a+b, ..., a+n*b; _ = not logged
+          reward/mean: [1.0, 1.1, NaN]    # or a plain list
+        expect:                    # alerts that must fire (firing state), within `within` steps
+          - {rule: kl_above_target, severity: red, step: 24, within: 3}
+        absent: [nan_inf]          # rules that must not fire at all (any severity)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from rlwatch.events import parse_event
+from rules.loader import RuleFileError, load_pack
+from rules.schema import Override, Pack
+from streams.processor import Pipeline
+
+__all__ = ["TestOutcome", "expand_series", "run_rule_tests"]
+
+
+def _value(tok: str) -> float | None:
+    if tok == "_":
+        return None
+    low = tok.lower()
+    if low in ("nan", "inf", "+inf", "-inf"):
+        return float(low)
+    return float(tok)
+
+
+def expand_series(spec) -> list[float | None]:
+    """Values per step from a list or a promtool-style string (see the module doc)."""
+    if isinstance(spec, list):
+        return [None if v in (None, "_") else float(v) for v in spec]
+    out: list[float | None] = []
+    for tok in str(spec).split():
+        if "x" in tok and not tok.lower().startswith(("nan", "inf")):
+            head, n = tok.rsplit("x", 1)
+            count = int(n)
+            if "+" in head[1:] or "-" in head[1:]:
+                idx = max(head.rfind("+"), head.rfind("-"))
+                start, inc = float(head[:idx]), float(head[idx:])
+                out.extend(start + inc * i for i in range(count + 1))
+            else:
+                out.extend([_value(head)] * (count + 1))
+        else:
+            out.append(_value(tok))
+    return out
+
+
+@dataclass
+class TestOutcome:
+    name: str
+    passed: bool
+    problems: list[str] = field(default_factory=list)
+    fired: list[str] = field(default_factory=list)
+
+
+def _run_one(pack: Pack, case: dict) -> TestOutcome:
+    name = case.get("name", "unnamed")
+    run_id = case.get("run_id", "test-run")
+    series = {m: expand_series(v) for m, v in (case.get("series") or {}).items()}
+    if not series:
+        return TestOutcome(name, False, ["the test has no series"])
+    if case.get("targets"):
+        pack = pack.model_copy(update={"overrides": [*pack.overrides,
+                                                     Override(runs=run_id, targets=case["targets"])]})
+    pipeline = Pipeline(pack)
+    interval = float(case.get("interval", 1.0))
+    n = max(len(v) for v in series.values())
+    firing = []
+    for step in range(n):
+        metrics = {m: v[step] for m, v in series.items() if step < len(v) and v[step] is not None}
+        ts = 1_700_000_000.0 + step * interval
+        ev = parse_event({"schema": 1, "kind": "step", "run_id": run_id, "step": step,
+                          "ts": ts, "metrics": metrics}, ts)
+        firing += [a for a in pipeline.feed(ev, ts) if a.state == "firing"]
+    problems = []
+    for exp in case.get("expect") or []:
+        within = int(exp.get("within", 0))
+        at = exp.get("step")
+        match = [a for a in firing if a.rule == exp["rule"]
+                 and ("severity" not in exp or a.severity == exp["severity"])
+                 and (at is None or at <= a.step <= at + within)]
+        if not match:
+            got = [f"{a.rule}/{a.severity}@{a.step}" for a in firing if a.rule == exp["rule"]]
+            problems.append(f"expected {exp['rule']}/{exp.get('severity', 'any')} at step "
+                            f"{at if at is not None else 'any'}"
+                            f"{f' (+{within})' if within else ''}; got {got or 'nothing'}")
+    for rule in case.get("absent") or []:
+        hits = [f"{a.rule}/{a.severity}@{a.step}" for a in firing if a.rule == rule]
+        if hits:
+            problems.append(f"{rule} must not fire; it fired: {hits}")
+    return TestOutcome(name, not problems, problems, [f"{a.rule}/{a.severity}@{a.step}" for a in firing])
+
+
+def run_rule_tests(path: str | Path) -> list[TestOutcome]:
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise RuleFileError(f"{path}: cannot read the test file: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("tests"), list):
+        raise RuleFileError(f"{path}: a rule test file has 'rules:' and a list 'tests:'")
+    rules = doc.get("rules", "rlhf")
+    candidate = path.parent / str(rules)
+    pack = load_pack(candidate if candidate.is_file() else rules)
+    return [_run_one(pack, case) for case in doc["tests"]]

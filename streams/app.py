@@ -1,0 +1,165 @@
+"""The stream processor on Kafka: a Faust app (``rlwatch worker``).
+
+Reads as a declaration: topics, the run-state table, two agents and a timer. The agents only
+move data and call the pure core (:class:`streams.processor.Processor`,
+:class:`alerts.dispatch.Dispatcher`).
+
+* ``rlwatch.events`` (key = run_id) -> validate -> malformed events go to ``rlwatch.dlq`` with
+  the reason -> the run's state from the ``rlwatch-runs`` table -> alerts to ``rlwatch.alerts``.
+* ``rlwatch.alerts`` -> deliver (dedup in Redis, commands to the control channel, Slack, webhooks).
+* every ``tick_seconds``: liveness rules (``run_stalled``) for the runs this worker owns.
+
+Run states live in a Faust table (changelog-backed), so a restarted worker resumes where the
+last one stopped. The decoded states are cached in memory and written back to the table at
+most once a second per run (and on every alert), which keeps the changelog small.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import faust
+
+from alerts.factory import build_dispatcher
+from rlwatch.alert import Alert
+from rlwatch.events import EventError, parse_event
+from rlwatch.settings import Settings
+from rules.loader import load_pack
+from streams.processor import Processor
+from streams.run import RunState
+
+__all__ = ["build_app"]
+
+log = logging.getLogger("rlwatch.worker")
+
+FLUSH_SECONDS = 1.0
+
+
+class RunStates:
+    """Decoded run states in front of the Faust table (the table is the source of truth)."""
+
+    def __init__(self, table, processor: Processor):
+        self.table, self.processor = table, processor
+        self.cache: dict[str, RunState] = {}
+        self.dirty: set[str] = set()
+
+    def get(self, run_id: str) -> RunState:
+        st = self.cache.get(run_id)
+        if st is None:
+            raw = self.table.get(run_id.encode())
+            st = self.processor.load_state(json.loads(raw)) if raw else self.processor.new_state(run_id)
+            self.cache[run_id] = st
+        return st
+
+    def touch(self, run_id: str) -> None:
+        self.dirty.add(run_id)
+
+    def flush(self) -> int:
+        n = 0
+        for run_id in list(self.dirty):
+            st = self.cache.get(run_id)
+            if st is not None:
+                self.table[run_id.encode()] = json.dumps(st.to_state(), allow_nan=True).encode()
+                n += 1
+        self.dirty.clear()
+        return n
+
+    def forget(self) -> None:
+        """After a rebalance the table may hold newer states than the cache: drop the cache."""
+        self.cache.clear()
+        self.dirty.clear()
+
+
+def build_app(settings: Settings) -> faust.App:
+    broker_credentials = None
+    if settings.kafka_sasl_mechanism:
+        broker_credentials = faust.SASLCredentials(
+            username=settings.kafka_sasl_username, password=settings.kafka_sasl_password,
+            mechanism=settings.kafka_sasl_mechanism)
+    app = faust.App(
+        settings.app_id,
+        broker=[f"kafka://{h}" for h in settings.kafka.split(",")],
+        broker_credentials=broker_credentials,
+        store="memory://",
+        web_enabled=False,
+        topic_partitions=4,
+        key_serializer="raw",
+        value_serializer="raw",
+        table_cleanup_interval=60.0,
+    )
+    processor = Processor(load_pack(settings.rules))
+    events = app.topic(settings.events_topic, key_type=bytes, value_type=bytes)
+    alerts_topic = app.topic(settings.alerts_topic, key_type=bytes, value_type=bytes)
+    dlq = app.topic(settings.dlq_topic, key_type=bytes, value_type=bytes)
+    table = app.Table("rlwatch-runs", default=None, partitions=4, key_type=bytes, value_type=bytes)
+    states = RunStates(table, processor)
+    counters = {"events": 0, "dlq": 0, "alerts": 0}
+    dispatcher_box: list = []
+
+    def dispatcher():
+        if not dispatcher_box:
+            dispatcher_box.append(build_dispatcher(settings))
+        return dispatcher_box[0]
+
+    async def publish(alerts: list[Alert]) -> None:
+        for a in alerts:
+            counters["alerts"] += 1
+            await alerts_topic.send(key=a.run_id.encode(), value=a.to_json().encode())
+
+    @app.agent(events)
+    async def process_events(stream):
+        async for key, raw in stream.items():
+            now = time.time()
+            try:
+                event = parse_event(raw, now)
+            except EventError as exc:
+                counters["dlq"] += 1
+                log.warning("rlwatch: rejected an event (%s); sent to %s", exc.reason, settings.dlq_topic)
+                body = raw if isinstance(raw, bytes) else str(raw).encode()
+                await dlq.send(key=key, value=json.dumps(
+                    {"reason": exc.reason, "ts": now, "key": key.decode("utf-8", "replace") if key else None,
+                     "raw": body.decode("utf-8", "replace")[:100_000]}).encode())
+                continue
+            counters["events"] += 1
+            st = states.get(event.run_id)
+            alerts = processor.process(st, event, now)
+            states.touch(event.run_id)
+            if alerts:
+                states.flush()
+                await publish(alerts)
+
+    @app.agent(alerts_topic)
+    async def deliver_alerts(stream):
+        async for raw in stream:
+            try:
+                alert = Alert.from_json(raw)
+            except Exception as exc:  # noqa: BLE001 - a foreign message on the topic
+                log.error("rlwatch: unreadable alert on %s: %s", settings.alerts_topic, exc)
+                continue
+            await dispatcher().handle(alert)
+
+    @app.timer(interval=FLUSH_SECONDS)
+    async def flush_states():
+        states.flush()
+
+    @app.timer(interval=settings.tick_seconds)
+    async def liveness():
+        now = time.time()
+        for run_id in list(states.cache):
+            await publish(processor.tick(states.get(run_id), now))
+        states.dirty.update(states.cache)
+
+    @app.timer(interval=60.0)
+    async def report():
+        log.info("rlwatch: %(events)d events, %(dlq)d dead-lettered, %(alerts)d alerts", counters)
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(app_, revoked, **kwargs):
+        states.flush()
+        states.forget()
+
+    app.rlwatch_counters = counters
+    app.rlwatch_states = states
+    return app

@@ -1,0 +1,217 @@
+"""Numerical helpers shared by the statistics (private).
+
+The "exact" helpers are the slow, careful paths the fast incremental statistics fall back to:
+``math.fsum`` for correctly rounded sums, and rescaling so that values near the limits of the
+float range (1e300, 1e-300) neither overflow nor underflow when squared.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+
+EPS = 2.220446049250313e-16
+NAN = math.nan
+INF = math.inf
+#: Relative error bound at which the incremental mean/variance recompute exactly.
+RECOMPUTE_TOL = 1e-10
+#: Smallest "magnitude" used as a denominator floor for relative quantities.
+TINY = 1e-12
+#: 1 / Phi^-1(3/4): makes the MAD a consistent estimator of a normal sigma.
+MAD_TO_SIGMA = 1.4826
+
+
+def is_finite(x: float) -> bool:
+    return x - x == 0.0
+
+
+def coerce(x: object) -> float:
+    """``float(x)``; NaN for anything that is not a number (so callers skip it)."""
+    try:
+        return float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return NAN
+
+
+def scale_floor(center: float) -> float:
+    """The documented floor on a z-score's scale: ``max(1e-12, 1e-9 * |center|)``."""
+    return max(1e-12, 1e-9 * abs(center))
+
+
+def exact_sum(vals: Sequence[float]) -> float:
+    """Correctly rounded sum; +/-inf when the true sum overflows."""
+    try:
+        return math.fsum(vals)
+    except OverflowError:
+        # ``fsum`` raises on intermediate overflow: the exact sum is beyond the float range
+        # unless it cancels, which the scaled mean below handles.
+        big = max(vals)
+        return INF if big > 0 else -INF
+
+
+def exact_mean(vals: Sequence[float]) -> float:
+    """Mean of finite values, correctly rounded where possible, never overflowing."""
+    n = len(vals)
+    if n == 0:
+        return NAN
+    try:
+        s = math.fsum(vals)
+        if s - s == 0.0:
+            return s / n
+    except OverflowError:
+        pass
+    scale = max(abs(v) for v in vals)
+    return math.fsum([v / scale for v in vals]) / n * scale
+
+
+def exact_m2(vals: Sequence[float], mean: float) -> float:
+    """Sum of squared deviations from ``mean`` (may overflow to inf / underflow to 0)."""
+    try:
+        return math.fsum([(v - mean) * (v - mean) for v in vals])
+    except OverflowError:
+        return INF
+
+
+def exact_std(vals: Sequence[float], ddof: int) -> float:
+    """Standard deviation, rescaled so that it is accurate for values in [1e-300, 1e300]."""
+    n = len(vals)
+    if n - ddof <= 0:
+        return NAN
+    scale = max(abs(v) for v in vals)
+    if scale == 0.0:
+        return 0.0
+    ys = [v / scale for v in vals]
+    my = math.fsum(ys) / n
+    devs = [y - my for y in ys]
+    s2 = max(abs(d) for d in devs)
+    if s2 == 0.0:
+        return 0.0
+    q = math.fsum([(d / s2) * (d / s2) for d in devs]) / (n - ddof)
+    return scale * (s2 * math.sqrt(q))
+
+
+def half_sum(a: float, b: float) -> float:
+    """(a + b) / 2 like numpy's median, without overflowing."""
+    m = (a + b) * 0.5
+    if m - m != 0.0:
+        m = a * 0.5 + b * 0.5
+    return m
+
+
+def sorted_median(s: Sequence[float]) -> float:
+    n = len(s)
+    if n == 0:
+        return NAN
+    h = n >> 1
+    if n & 1:
+        return s[h]
+    return half_sum(s[h - 1], s[h])
+
+
+def sorted_quantile(s: Sequence[float], q: float) -> float:
+    """numpy.quantile(..., method="linear") of an already sorted sequence (same arithmetic)."""
+    n = len(s)
+    if n == 0:
+        return NAN
+    vi = (n - 1) * q
+    lo = math.floor(vi)
+    g = vi - lo
+    lo = int(lo)
+    if g == 0.0 or lo + 1 >= n:
+        return s[min(lo, n - 1)]
+    a = s[lo]
+    b = s[lo + 1]
+    d = b - a
+    if d - d != 0.0:  # overflow of b - a: interpolate without the difference
+        return a * (1.0 - g) + b * g
+    if g >= 0.5:
+        return b - d * (1.0 - g)
+    return a + d * g
+
+
+def _dev_kth(s: Sequence[float], m: float, p: int, k: int) -> tuple[float, float]:
+    """The k-th and (k+1)-th smallest (0-based) of ``|s[i] - m|`` for sorted ``s``.
+
+    ``s[:p] < m <= s[p:]``. The deviations are the merge of two sorted runs,
+    ``A[i] = m - s[p-1-i]`` and ``B[j] = s[p+j] - m``; a binary search over how many come from
+    ``A`` finds the k-th in O(log n) without materialising them.
+    """
+    n = len(s)
+    la = p
+    lb = n - p
+    lo = k + 1 - lb
+    if lo < 0:
+        lo = 0
+    hi = k + 1 if k + 1 < la else la
+    while lo < hi:
+        i = (lo + hi) >> 1
+        # A[i] < B[k - i]  -> take more from A
+        if m - s[p - 1 - i] < s[p + k - i] - m:
+            lo = i + 1
+        else:
+            hi = i
+    i = lo
+    j = k + 1 - i
+    a_prev = m - s[p - i] if i > 0 else -INF
+    b_prev = s[p + j - 1] - m if j > 0 else -INF
+    kth = a_prev if a_prev > b_prev else b_prev
+    a_next = m - s[p - 1 - i] if i < la else INF
+    b_next = s[p + j] - m if j < lb else INF
+    nxt = a_next if a_next < b_next else b_next
+    return kth, nxt
+
+
+def sorted_mad(s: Sequence[float], med: float, p: int) -> float:
+    """Median of ``|x - med|`` over sorted ``s`` (``p = bisect_left(s, med)``), O(log n)."""
+    n = len(s)
+    if n == 0:
+        return NAN
+    h = n >> 1
+    if n & 1:
+        return _dev_kth(s, med, p, h)[0]
+    a, b = _dev_kth(s, med, p, h - 1)
+    return half_sum(a, b)
+
+
+@lru_cache(maxsize=64)
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    i, j = np.triu_indices(n, k=1)
+    return i, j
+
+
+def theil_sen(y: Sequence[float], x: Sequence[float] | None = None) -> float:
+    """Median of the pairwise slopes (like ``scipy.stats.theilslopes``); NaN if undefined."""
+    ya = np.asarray(y, dtype=float)
+    n = ya.size
+    if n < 2:
+        return NAN
+    i, j = _pairs(n)
+    if x is None:
+        dx = (j - i).astype(float)
+        dy = ya[j] - ya[i]
+    else:
+        xa = np.asarray(x, dtype=float)
+        dx = xa[j] - xa[i]
+        dy = ya[j] - ya[i]
+        keep = dx != 0
+        if not keep.all():
+            dx = dx[keep]
+            dy = dy[keep]
+            neg = dx < 0
+            dx[neg] = -dx[neg]
+            dy[neg] = -dy[neg]
+        elif (dx < 0).any():
+            neg = dx < 0
+            dx[neg] = -dx[neg]
+            dy[neg] = -dy[neg]
+        if dx.size == 0:
+            return NAN
+    with np.errstate(over="ignore", invalid="ignore"):
+        slopes = dy / dx
+        slopes = slopes[~np.isnan(slopes)]
+        if slopes.size == 0:
+            return NAN
+        return float(np.median(slopes))

@@ -1,0 +1,96 @@
+"""Exponential moving average with Adam-style bias correction."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .base import Statistic, check_float
+
+__all__ = ["EMA"]
+
+
+class EMA(Statistic):
+    """Exponentially weighted mean, bias-corrected for the first steps.
+
+    The raw average ``m_t = (1 - alpha) * m_{t-1} + alpha * x_t`` starts at ``m_0 = 0`` and is
+    therefore biased towards zero early on; like Adam we divide by ``1 - (1 - alpha)^t``
+    (``t`` = number of finite values seen). The result is exactly the weighted mean of the values
+    seen with weights ``(1 - alpha)^(t - i)``: the first value is returned as is, a constant series
+    gives that constant. Internally the corrected value is updated directly
+    (``c += alpha / (1 - (1 - alpha)^t) * (x - c)``), which is the same quantity without the
+    rounding of the division.
+
+    Parameters
+    ----------
+    alpha
+        Weight of the newest value, in (0, 1].
+    span
+        Alternative to ``alpha``: ``alpha = 2 / (span + 1)`` (pandas' convention), ``span >= 1``.
+
+    Examples
+    --------
+    >>> ema = EMA(alpha=0.5)
+    >>> for x in [1.0, 2.0, float("nan"), 3.0]:
+    ...     ema.update(x)
+    >>> round(ema.get(), 6)  # (1*1 + 2*2 + 4*3) / (1 + 2 + 4)
+    2.428571
+    >>> ema.n, ema.n_skipped
+    (3, 1)
+    """
+
+    __slots__ = ("alpha", "span", "n", "_c", "_pow")
+
+    def __init__(self, alpha: float | None = None, span: float | None = None):
+        if (alpha is None) == (span is None):
+            raise ValueError("give exactly one of alpha or span")
+        if span is not None:
+            span = check_float("span", span, low=1.0)
+            alpha = 2.0 / (span + 1.0)
+        else:
+            alpha = check_float("alpha", alpha, low=0.0, high=1.0, low_open=True)
+        self.alpha = alpha
+        self.span = span
+        self.n = 0
+        self.n_skipped = 0
+        self._c = math.nan
+        self._pow = 1.0  # (1 - alpha) ** n
+
+    def update(self, x: float) -> None:
+        if type(x) is not float:
+            try:
+                x = float(x)
+            except (TypeError, ValueError, OverflowError):
+                x = math.nan
+        if x - x != 0.0:
+            self.n_skipped += 1
+            return
+        self.n += 1
+        a = self.alpha
+        p = self._pow * (1.0 - a)
+        self._pow = p
+        if self.n == 1:
+            self._c = x
+            return
+        g = a / (1.0 - p)
+        c = self._c
+        c2 = c + g * (x - c)
+        if c2 - c2 != 0.0:  # x - c overflowed (values near the float limits)
+            c2 = c * (1.0 - g) + x * g
+        self._c = c2
+
+    def get(self) -> float:
+        return self._c
+
+    def _params(self) -> dict[str, Any]:
+        if self.span is not None:
+            return {"span": self.span}
+        return {"alpha": self.alpha}
+
+    def _dump(self) -> dict[str, Any]:
+        return {"n": self.n, "c": self._c, "pow": self._pow}
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self.n = state["n"]
+        self._c = state["c"]
+        self._pow = state["pow"]

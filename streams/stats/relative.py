@@ -1,0 +1,122 @@
+"""Relative drop from the window's peak / rise from its trough."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .rolling_minmax import RollingMax, RollingMin
+
+__all__ = ["RelativeDrop", "RelativeRise"]
+
+
+class RelativeDrop(RollingMax):
+    """Fraction by which the newest value is below the maximum of the last ``window`` values.
+
+    ``(peak - x) / |peak|``: 0.6 means the newest value is 60% below the window's peak; 0 means
+    the newest value is the peak. The window includes the newest value, so the result is >= 0.
+    For a negative peak the fraction is relative to its magnitude (peak -1, newest -3 gives
+    2.0). NaN when empty or when the peak is exactly 0 (a relative drop from 0 is undefined).
+
+    Examples
+    --------
+    >>> rd = RelativeDrop(window=5)
+    >>> for x in [4.0, 10.0, 7.0, 4.0]:
+    ...     rd.update(x)
+    >>> rd.get()
+    0.6
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self, window: int):
+        super().__init__(window)
+        self._last = math.nan
+
+    def _push(self, x: float) -> None:
+        RollingMax._push(self, x)
+        self._last = x
+
+    @property
+    def peak(self) -> float:
+        return RollingMax.get(self)
+
+    @property
+    def last(self) -> float:
+        return self._last
+
+    def get(self) -> float:
+        q = self._q
+        if not q:
+            return math.nan
+        peak = q[0][1]
+        if peak == 0.0:
+            return math.nan
+        r = (peak - self._last) / abs(peak)
+        if r - r != 0.0:  # peak - x overflowed
+            r = peak / abs(peak) - self._last / abs(peak)
+        return r
+
+    def _dump(self) -> dict[str, Any]:
+        d = super()._dump()
+        d["last"] = self._last
+        return d
+
+    def _load(self, state: dict[str, Any]) -> None:
+        super()._load(state)
+        self._last = state["last"]
+
+
+class RelativeRise(RollingMin):
+    """Fraction by which the newest value is above the minimum of the last ``window`` values.
+
+    ``(x - trough) / |trough|``: 1.5 means the newest value is 150% above the window's trough.
+    NaN when empty or when the trough is exactly 0.
+
+    Examples
+    --------
+    >>> rr = RelativeRise(window=5)
+    >>> for x in [4.0, 2.0, 3.0, 5.0]:
+    ...     rr.update(x)
+    >>> rr.get()
+    1.5
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self, window: int):
+        super().__init__(window)
+        self._last = math.nan
+
+    def _push(self, x: float) -> None:
+        RollingMin._push(self, x)
+        self._last = x
+
+    @property
+    def trough(self) -> float:
+        return RollingMin.get(self)
+
+    @property
+    def last(self) -> float:
+        return self._last
+
+    def get(self) -> float:
+        q = self._q
+        if not q:
+            return math.nan
+        trough = q[0][1]
+        if trough == 0.0:
+            return math.nan
+        r = (self._last - trough) / abs(trough)
+        if r - r != 0.0:
+            r = self._last / abs(trough) - trough / abs(trough)
+        return r
+
+    def _dump(self) -> dict[str, Any]:
+        d = super()._dump()
+        d["last"] = self._last
+        return d
+
+    def _load(self, state: dict[str, Any]) -> None:
+        super()._load(state)
+        self._last = state["last"]

@@ -1,0 +1,201 @@
+"""z-scores of the newest value against the rolling baseline of the values before it."""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from typing import Any
+
+from ._num import MAD_TO_SIGMA, scale_floor, sorted_mad, sorted_median
+from .base import check_int
+from .rolling_quantile import _SortedWindow
+from .rolling_var import _RollingMoments
+
+__all__ = ["RobustZ", "ZScore"]
+
+
+def _check_min_periods(min_periods: Any, window: int, lowest: int) -> int:
+    if min_periods is None:
+        return max(lowest, min(window, 20))
+    min_periods = check_int("min_periods", min_periods, lowest)
+    if min_periods > window:
+        raise ValueError(f"min_periods must be <= window, got {min_periods} > {window}")
+    return min_periods
+
+
+class RobustZ(_SortedWindow):
+    """Robust z-score of the newest value: ``(x - median) / (1.4826 * MAD)``.
+
+    The median and MAD are those of the ``window`` values *before* the newest one (the newest
+    value is not part of its own baseline, so a spike cannot mask itself). NaN until the baseline
+    holds ``min_periods`` values (default ``min(window, 20)``).
+
+    Scale floor: the scale used is ``max(1.4826 * MAD, max(1e-12, 1e-9 * |median|))``. A flat
+    baseline (MAD = 0) therefore gives large but finite z-scores for any departure: e.g. a
+    baseline of exactly 2.0 and a new value 2.1 gives ``0.1 / 2e-9 = 5e7``; a repeat of 2.0
+    gives 0.
+
+    Examples
+    --------
+    >>> rz = RobustZ(window=5, min_periods=5)
+    >>> for x in [1.0, 2.0, 3.0, 2.0, 1.0, 10.0]:
+    ...     rz.update(x)
+    >>> round(rz.get(), 4)  # (10 - 2) / (1.4826 * 1)
+    5.3959
+    """
+
+    __slots__ = ("min_periods", "_last", "_z")
+
+    def __init__(self, window: int, min_periods: int | None = None):
+        super().__init__(window)
+        self.min_periods = _check_min_periods(min_periods, self.window, 1)
+        self._last = math.nan  # newest finite value, not yet in the baseline
+        self._z: float | None = None  # cached get()
+
+    def update(self, x: float) -> None:
+        if type(x) is not float:
+            try:
+                x = float(x)
+            except (TypeError, ValueError, OverflowError):
+                x = math.nan
+        if x - x != 0.0:
+            self.n_skipped += 1
+            return
+        prev = self._last
+        self._last = x
+        self._z = None
+        if prev == prev:
+            _SortedWindow.update(self, prev)
+
+    @property
+    def median(self) -> float:
+        """Median of the baseline (NaN when empty)."""
+        return sorted_median(self._sorted)
+
+    @property
+    def mad(self) -> float:
+        """Raw MAD of the baseline (NaN when empty)."""
+        s = self._sorted
+        med = sorted_median(s)
+        if med != med:
+            return med
+        return sorted_mad(s, med, bisect_left(s, med))
+
+    @property
+    def last(self) -> float:
+        """The newest value (the one being scored)."""
+        return self._last
+
+    def get(self) -> float:
+        z = self._z
+        if z is not None:
+            return z
+        s = self._sorted
+        x = self._last
+        if len(s) < self.min_periods or x != x:
+            z = math.nan
+        else:
+            med = sorted_median(s)
+            scale = MAD_TO_SIGMA * sorted_mad(s, med, bisect_left(s, med))
+            floor = scale_floor(med)
+            d = x - med
+            if scale < floor:
+                scale = floor
+            z = d / scale
+            if z != z:  # inf / inf for values near the float limits
+                z = math.copysign(math.inf, d)
+        self._z = z
+        return z
+
+    def _params(self) -> dict[str, Any]:
+        return {"window": self.window, "min_periods": self.min_periods}
+
+    def _dump(self) -> dict[str, Any]:
+        d = super()._dump()
+        d["last"] = self._last
+        return d
+
+    def _load(self, state: dict[str, Any]) -> None:
+        super()._load(state)
+        self._last = state["last"]
+
+
+class ZScore(_RollingMoments):
+    """Classical z-score of the newest value: ``(x - mean) / std`` of the ``window`` values
+    before it (sample std, ``ddof=1``).
+
+    Same scale floor as :class:`RobustZ`: ``max(std, max(1e-12, 1e-9 * |mean|))``. NaN until the
+    baseline holds ``min_periods`` values (default ``min(window, 20)``, at least 2).
+
+    Examples
+    --------
+    >>> z = ZScore(window=4, min_periods=4)
+    >>> for x in [1.0, 2.0, 3.0, 4.0, 7.0]:
+    ...     z.update(x)
+    >>> round(z.get(), 4)  # (7 - 2.5) / 1.290994
+    3.4857
+    """
+
+    __slots__ = ("min_periods", "_last", "_z")
+
+    def __init__(self, window: int, min_periods: int | None = None):
+        super().__init__(window, ddof=1)
+        self.min_periods = _check_min_periods(min_periods, self.window, 2)
+        self._last = math.nan
+        self._z: float | None = None
+
+    def update(self, x: float) -> None:
+        if type(x) is not float:
+            try:
+                x = float(x)
+            except (TypeError, ValueError, OverflowError):
+                x = math.nan
+        if x - x != 0.0:
+            self.n_skipped += 1
+            return
+        prev = self._last
+        self._last = x
+        self._z = None
+        if prev == prev:
+            _RollingMoments.update(self, prev)
+
+    @property
+    def std(self) -> float:
+        """Sample standard deviation of the baseline."""
+        return self._std()
+
+    @property
+    def last(self) -> float:
+        return self._last
+
+    def get(self) -> float:
+        z = self._z
+        if z is not None:
+            return z
+        x = self._last
+        if len(self._buf) < self.min_periods or x != x:
+            z = math.nan
+        else:
+            sd = self._std()
+            mean = self._mean()
+            floor = scale_floor(mean)
+            if sd < floor:
+                sd = floor
+            d = x - mean
+            z = d / sd
+            if z != z:
+                z = math.copysign(math.inf, d)
+        self._z = z
+        return z
+
+    def _params(self) -> dict[str, Any]:
+        return {"window": self.window, "min_periods": self.min_periods}
+
+    def _dump(self) -> dict[str, Any]:
+        d = super()._dump()
+        d["last"] = self._last
+        return d
+
+    def _load(self, state: dict[str, Any]) -> None:
+        super()._load(state)
+        self._last = state["last"]
