@@ -54,7 +54,7 @@ class Monitor:
     def __init__(self, run_id: str, *, kafka: str | bool | None = None, redis: str | bool | None = None,
                  rank: int | None = None, world_size: int | None = None,
                  tags: Mapping[str, str] | None = None, targets: Mapping[str, float] | None = None,
-                 transport: Transport | None = None, inbox: CommandInbox | None = None,
+                 topic: str | None = None, transport: Transport | None = None, inbox: CommandInbox | None = None,
                  buffer_size: int = 10_000,
                  heartbeat_seconds: float = 10.0, control_secret: str | None = None,
                  on_adjust: Callable[[dict[str, Any], Command], None] | None = None,
@@ -81,7 +81,7 @@ class Monitor:
 
         if transport is None and kafka is not False:
             bootstrap = kafka if isinstance(kafka, str) else os.environ.get("RLWATCH_KAFKA", "localhost:9092")
-            transport = KafkaTransport(bootstrap)
+            transport = KafkaTransport(bootstrap, topic or os.environ.get("RLWATCH_EVENTS_TOPIC", "rlwatch.events"))
         self.sender = BackgroundSender(transport, capacity=buffer_size, clock=clock) if transport else None
 
         self.control: CommandInbox | None = inbox

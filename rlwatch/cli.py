@@ -43,13 +43,17 @@ def cmd_demo(args) -> int:
 
 def cmd_worker(args) -> int:
     from rlwatch.settings import Settings
-    from streams.app import build_app
+    from streams.app import build_app, ensure_topics
 
     settings = Settings.from_env(kafka=args.kafka, redis=args.redis, rules=args.rules)
     logging.basicConfig(level=getattr(logging, args.loglevel.upper(), logging.INFO))
     logging.getLogger("rlwatch").info("rlwatch worker: %s", settings.describe())
+    try:
+        ensure_topics(settings)
+    except Exception as exc:  # noqa: BLE001 - say what is wrong with the broker, then stop
+        raise SystemExit(f"rlwatch worker: cannot reach Kafka at {settings.kafka}: {exc}") from None
     app = build_app(settings)
-    sys.argv = ["rlwatch-worker", "worker", "-l", args.loglevel.lower()]
+    sys.argv = ["rlwatch-worker", "worker", "-l", args.loglevel.lower(), "--without-web"]
     app.main()
     return 0
 

@@ -11,7 +11,8 @@ move data and call the pure core (:class:`streams.processor.Processor`,
 
 Run states live in a Faust table (changelog-backed), so a restarted worker resumes where the
 last one stopped. The decoded states are cached in memory and written back to the table at
-most once a second per run (and on every alert), which keeps the changelog small.
+most once a second per run (and on every alert), which keeps the changelog small; events
+re-read after a restart are recognised by their step and not counted twice.
 """
 
 from __future__ import annotations
@@ -30,20 +31,51 @@ from rules.loader import load_pack
 from streams.processor import Processor
 from streams.run import RunState
 
-__all__ = ["build_app"]
+__all__ = ["build_app", "ensure_topics"]
 
 log = logging.getLogger("rlwatch.worker")
 
 FLUSH_SECONDS = 1.0
+PARTITIONS = 4   # the events topic and the run table are co-partitioned by run_id
+
+
+def ensure_topics(settings: Settings, timeout: float = 30.0) -> None:
+    """Create the events, alerts and dead-letter topics if they are missing.
+
+    Faust only subscribes to topics that exist when it starts; creating them first means a
+    worker started before any training run still sees the first events.
+    """
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka.split(","), client_id="rlwatch-admin",
+                             request_timeout_ms=int(timeout * 1000))
+    try:
+        existing = set(admin.list_topics())
+        wanted = [settings.events_topic, settings.alerts_topic, settings.dlq_topic]
+        new = [NewTopic(t, num_partitions=PARTITIONS, replication_factor=1)
+               for t in wanted if t not in existing]
+        if new:
+            try:
+                admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        admin.close()
 
 
 class RunStates:
-    """Decoded run states in front of the Faust table (the table is the source of truth)."""
+    """Decoded run states in front of the Faust table (the table is the source of truth).
+
+    Faust only lets a table be written while an event of the same partition is being
+    processed, so a run's state is written back from the agent: at most once a second, and
+    at once when the event raised an alert.
+    """
 
     def __init__(self, table, processor: Processor):
         self.table, self.processor = table, processor
         self.cache: dict[str, RunState] = {}
-        self.dirty: set[str] = set()
+        self.written: dict[str, float] = {}
 
     def get(self, run_id: str) -> RunState:
         st = self.cache.get(run_id)
@@ -53,23 +85,19 @@ class RunStates:
             self.cache[run_id] = st
         return st
 
-    def touch(self, run_id: str) -> None:
-        self.dirty.add(run_id)
-
-    def flush(self) -> int:
-        n = 0
-        for run_id in list(self.dirty):
-            st = self.cache.get(run_id)
-            if st is not None:
-                self.table[run_id.encode()] = json.dumps(st.to_state(), allow_nan=True).encode()
-                n += 1
-        self.dirty.clear()
-        return n
+    def save(self, run_id: str, now: float, force: bool = False) -> None:
+        """Write the run's state to the table (inside stream iteration only)."""
+        if not force and now - self.written.get(run_id, 0.0) < FLUSH_SECONDS:
+            return
+        st = self.cache.get(run_id)
+        if st is not None:
+            self.table[run_id.encode()] = json.dumps(st.to_state(), allow_nan=True).encode()
+            self.written[run_id] = now
 
     def forget(self) -> None:
         """After a rebalance the table may hold newer states than the cache: drop the cache."""
         self.cache.clear()
-        self.dirty.clear()
+        self.written.clear()
 
 
 def build_app(settings: Settings) -> faust.App:
@@ -84,7 +112,7 @@ def build_app(settings: Settings) -> faust.App:
         broker_credentials=broker_credentials,
         store="memory://",
         web_enabled=False,
-        topic_partitions=4,
+        topic_partitions=PARTITIONS,
         key_serializer="raw",
         value_serializer="raw",
         table_cleanup_interval=60.0,
@@ -93,7 +121,7 @@ def build_app(settings: Settings) -> faust.App:
     events = app.topic(settings.events_topic, key_type=bytes, value_type=bytes)
     alerts_topic = app.topic(settings.alerts_topic, key_type=bytes, value_type=bytes)
     dlq = app.topic(settings.dlq_topic, key_type=bytes, value_type=bytes)
-    table = app.Table("rlwatch-runs", default=None, partitions=4, key_type=bytes, value_type=bytes)
+    table = app.Table("rlwatch-runs", default=None, partitions=PARTITIONS, key_type=bytes, value_type=bytes)
     states = RunStates(table, processor)
     counters = {"events": 0, "dlq": 0, "alerts": 0}
     dispatcher_box: list = []
@@ -125,9 +153,8 @@ def build_app(settings: Settings) -> faust.App:
             counters["events"] += 1
             st = states.get(event.run_id)
             alerts = processor.process(st, event, now)
-            states.touch(event.run_id)
+            states.save(event.run_id, now, force=bool(alerts))
             if alerts:
-                states.flush()
                 await publish(alerts)
 
     @app.agent(alerts_topic)
@@ -140,16 +167,11 @@ def build_app(settings: Settings) -> faust.App:
                 continue
             await dispatcher().handle(alert)
 
-    @app.timer(interval=FLUSH_SECONDS)
-    async def flush_states():
-        states.flush()
-
     @app.timer(interval=settings.tick_seconds)
     async def liveness():
         now = time.time()
         for run_id in list(states.cache):
             await publish(processor.tick(states.get(run_id), now))
-        states.dirty.update(states.cache)
 
     @app.timer(interval=60.0)
     async def report():
@@ -157,7 +179,6 @@ def build_app(settings: Settings) -> faust.App:
 
     @app.on_partitions_revoked.connect
     async def on_revoked(app_, revoked, **kwargs):
-        states.flush()
         states.forget()
 
     app.rlwatch_counters = counters

@@ -8,6 +8,7 @@ float range (1e300, 1e-300) neither overflow nor underflow when squared.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -164,16 +165,56 @@ def _dev_kth(s: Sequence[float], m: float, p: int, k: int) -> tuple[float, float
     return kth, nxt
 
 
-def sorted_mad(s: Sequence[float], med: float, p: int) -> float:
-    """Median of ``|x - med|`` over sorted ``s`` (``p = bisect_left(s, med)``), O(log n)."""
+def sorted_mad(s: Sequence[float], med: float, hint: float = NAN) -> float:
+    """Median of ``|x - med|`` over sorted ``s`` (numpy's arithmetic), without sorting.
+
+    The deviations are two sorted runs either side of ``med``. With a ``hint`` (e.g. the
+    previous MAD of a rolling window, which changes little per step) the split is warm-started
+    with two bisections and corrected by a few exact steps; without one, a binary search finds
+    it in O(log n). The result is exact either way - the hint only affects the speed.
+    """
     n = len(s)
     if n == 0:
         return NAN
-    h = n >> 1
+    p = bisect_left(s, med)
+    if hint != hint:
+        h = n >> 1
+        if n & 1:
+            return _dev_kth(s, med, p, h)[0]
+        a, b = _dev_kth(s, med, p, h - 1)
+        return half_sum(a, b)
+    la = p
+    lb = n - p
+    k1 = (n >> 1) + 1 if n & 1 else n >> 1  # how many of the smallest deviations to take
+    # warm start: the deviations <= hint (up to rounding; corrected below)
+    i = p - bisect_left(s, med - hint, 0, p)
+    j = bisect_right(s, med + hint, p) - p
+    # take exactly k1, dropping the largest / adding the smallest
+    while i + j > k1:
+        if j == 0 or (i > 0 and med - s[p - i] >= s[p + j - 1] - med):
+            i -= 1
+        else:
+            j -= 1
+    while i + j < k1:
+        if j >= lb or (i < la and med - s[p - 1 - i] <= s[p + j] - med):
+            i += 1
+        else:
+            j += 1
+    # make it the k1 smallest: max(taken) <= min(not taken)
+    while i > 0 and j < lb and med - s[p - i] > s[p + j] - med:
+        i -= 1
+        j += 1
+    while j > 0 and i < la and s[p + j - 1] - med > med - s[p - 1 - i]:
+        i += 1
+        j -= 1
+    a_prev = med - s[p - i] if i > 0 else -INF
+    b_prev = s[p + j - 1] - med if j > 0 else -INF
+    kth = a_prev if a_prev > b_prev else b_prev
     if n & 1:
-        return _dev_kth(s, med, p, h)[0]
-    a, b = _dev_kth(s, med, p, h - 1)
-    return half_sum(a, b)
+        return kth
+    a_next = med - s[p - 1 - i] if i < la else INF
+    b_next = s[p + j] - med if j < lb else INF
+    return half_sum(kth, a_next if a_next < b_next else b_next)
 
 
 @lru_cache(maxsize=64)
@@ -183,33 +224,33 @@ def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def theil_sen(y: Sequence[float], x: Sequence[float] | None = None) -> float:
-    """Median of the pairwise slopes (like ``scipy.stats.theilslopes``); NaN if undefined."""
+    """Median of the pairwise slopes (like ``scipy.stats.theilslopes``); NaN if undefined.
+
+    ``x`` defaults to 0, 1, 2, ... Pairs with equal ``x`` are ignored. Differences that
+    overflow (values near the float limits) give infinite slopes rather than warnings.
+    """
     ya = np.asarray(y, dtype=float)
     n = ya.size
     if n < 2:
         return NAN
     i, j = _pairs(n)
-    if x is None:
-        dx = (j - i).astype(float)
-        dy = ya[j] - ya[i]
-    else:
-        xa = np.asarray(x, dtype=float)
-        dx = xa[j] - xa[i]
-        dy = ya[j] - ya[i]
-        keep = dx != 0
-        if not keep.all():
-            dx = dx[keep]
-            dy = dy[keep]
-            neg = dx < 0
-            dx[neg] = -dx[neg]
-            dy[neg] = -dy[neg]
-        elif (dx < 0).any():
-            neg = dx < 0
-            dx[neg] = -dx[neg]
-            dy[neg] = -dy[neg]
-        if dx.size == 0:
-            return NAN
     with np.errstate(over="ignore", invalid="ignore"):
+        dy = ya[j] - ya[i]
+        if x is None:
+            dx = (j - i).astype(float)
+        else:
+            xa = np.asarray(x, dtype=float)
+            dx = xa[j] - xa[i]
+            keep = dx != 0
+            if not keep.all():
+                dx = dx[keep]
+                dy = dy[keep]
+            neg = dx < 0
+            if neg.any():
+                dx[neg] = -dx[neg]
+                dy[neg] = -dy[neg]
+            if dx.size == 0:
+                return NAN
         slopes = dy / dx
         slopes = slopes[~np.isnan(slopes)]
         if slopes.size == 0:

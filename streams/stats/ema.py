@@ -39,7 +39,7 @@ class EMA(Statistic):
     (3, 1)
     """
 
-    __slots__ = ("alpha", "span", "n", "_c", "_pow")
+    __slots__ = ("alpha", "span", "n", "_c", "_pow", "_om")
 
     def __init__(self, alpha: float | None = None, span: float | None = None):
         if (alpha is None) == (span is None):
@@ -49,7 +49,10 @@ class EMA(Statistic):
             alpha = 2.0 / (span + 1.0)
         else:
             alpha = check_float("alpha", alpha, low=0.0, high=1.0, low_open=True)
+        if 1.0 - alpha == 1.0:
+            raise ValueError(f"alpha must be > 1e-16 (1 - alpha must differ from 1), got {alpha}")
         self.alpha = alpha
+        self._om = 1.0 - alpha
         self.span = span
         self.n = 0
         self.n_skipped = 0
@@ -66,13 +69,19 @@ class EMA(Statistic):
             self.n_skipped += 1
             return
         self.n += 1
-        a = self.alpha
-        p = self._pow * (1.0 - a)
-        self._pow = p
-        if self.n == 1:
+        p = self._pow
+        if p == 1.0:  # first value
+            self._pow = self._om
             self._c = x
             return
-        g = a / (1.0 - p)
+        if p:
+            p *= self._om
+            if p < 1e-17:  # 1 - p == 1.0 from here on: no correction left to apply
+                p = 0.0
+            self._pow = p
+            g = self.alpha / (1.0 - p)
+        else:
+            g = self.alpha
         c = self._c
         c2 = c + g * (x - c)
         if c2 - c2 != 0.0:  # x - c overflowed (values near the float limits)

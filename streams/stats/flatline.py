@@ -3,24 +3,25 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Any
 
 from ._num import TINY
-from .base import Statistic, check_float, check_int
-from .rolling_mean import RollingMean
-from .rolling_minmax import RollingMax, RollingMin
+from .base import check_float, check_int
+from .rolling_mean import _CHECK, RollingMean
 
 __all__ = ["Flatline"]
 
 
-class Flatline(Statistic):
+class Flatline(RollingMean):
     """Relative range ``(max - min) / max(|mean|, 1e-12)`` of the last ``window`` values.
 
     ``is_flat`` is True when the window is full and the relative range is below ``rel_tol``
     (a metric that stopped moving: a stuck loss, a dead logger repeating the last value). A
-    window of zeros has relative range 0 and is flat. The ``1e-12`` floor keeps the ratio finite
-    for metrics whose mean is 0; metrics living entirely below ~1e-12 in magnitude would need
-    rescaling before this test. Amortised O(1) per update (monotonic deques + running mean).
+    window of identical values has relative range exactly 0 and is flat. The ``1e-12`` floor
+    keeps the ratio finite for metrics whose mean is 0; metrics living entirely below ~1e-12 in
+    magnitude would need rescaling before this test. Amortised O(1) per update: monotonic
+    deques for the max and min, and :class:`RollingMean`'s checked running sum for the mean.
 
     Examples
     --------
@@ -34,15 +35,14 @@ class Flatline(Statistic):
     (0.1875, False)
     """
 
-    __slots__ = ("window", "rel_tol", "_max", "_min", "_mean")
+    __slots__ = ("rel_tol", "_i", "_qmax", "_qmin")
 
     def __init__(self, window: int, rel_tol: float = 1e-6):
-        self.window = check_int("window", window, 2)
+        super().__init__(check_int("window", window, 2))
         self.rel_tol = check_float("rel_tol", rel_tol, low=0.0)
-        self.n_skipped = 0
-        self._max = RollingMax(self.window)
-        self._min = RollingMin(self.window)
-        self._mean = RollingMean(self.window)
+        self._i = 0
+        self._qmax: deque[tuple[int, float]] = deque()
+        self._qmin: deque[tuple[int, float]] = deque()
 
     def update(self, x: float) -> None:
         if type(x) is not float:
@@ -53,28 +53,64 @@ class Flatline(Statistic):
         if x - x != 0.0:
             self.n_skipped += 1
             return
-        self._max._push(x)
-        self._min._push(x)
-        self._mean.update(x)
+        # running sum (as RollingMean)
+        buf = self._buf
+        buf.append(x)
+        if len(buf) > self.window:
+            d = x - buf.popleft()
+            s = self._sum + d
+            err = self._err + abs(s) + abs(d)
+        else:
+            s = self._sum + x
+            err = self._err + abs(s)
+        if err > _CHECK * abs(s) or err == math.inf:
+            self._recompute()
+        else:
+            self._sum = s
+            self._err = err
+        # monotonic deques of (index, value)
+        i = self._i
+        first = i - self.window
+        q = self._qmax
+        while q and q[-1][1] <= x:
+            q.pop()
+        q.append((i, x))
+        if q[0][0] <= first:
+            q.popleft()
+        q = self._qmin
+        while q and q[-1][1] >= x:
+            q.pop()
+        q.append((i, x))
+        if q[0][0] <= first:
+            q.popleft()
+        self._i = i + 1
 
     @property
-    def n(self) -> int:
-        return self._mean.n
+    def max(self) -> float:
+        return self._qmax[0][1] if self._qmax else math.nan
+
+    @property
+    def min(self) -> float:
+        return self._qmin[0][1] if self._qmin else math.nan
+
+    @property
+    def mean(self) -> float:
+        return RollingMean.get(self)
 
     @property
     def range(self) -> float:
-        if not self._mean.n:
+        if not self._buf:
             return math.nan
-        return self._max.get() - self._min.get()
+        return self._qmax[0][1] - self._qmin[0][1]
 
     def get(self) -> float:
-        if not self._mean.n:
+        if not self._buf:
             return math.nan
-        hi = self._max.get()
-        lo = self._min.get()
+        hi = self._qmax[0][1]
+        lo = self._qmin[0][1]
         if hi == lo:
             return 0.0
-        denom = abs(self._mean.get())
+        denom = abs(RollingMean.get(self))
         if denom < TINY:
             denom = TINY
         r = (hi - lo) / denom
@@ -84,22 +120,20 @@ class Flatline(Statistic):
 
     @property
     def is_flat(self) -> bool:
-        return self._mean.n >= self.window and self.get() < self.rel_tol
+        return len(self._buf) >= self.window and self.get() < self.rel_tol
 
     def _params(self) -> dict[str, Any]:
         return {"window": self.window, "rel_tol": self.rel_tol}
 
     def _dump(self) -> dict[str, Any]:
-        return {
-            "max": self._max.to_state(),
-            "min": self._min.to_state(),
-            "mean": self._mean.to_state(),
-        }
+        d = super()._dump()
+        d["i"] = self._i
+        d["qmax"] = [[i, v] for i, v in self._qmax]
+        d["qmin"] = [[i, v] for i, v in self._qmin]
+        return d
 
     def _load(self, state: dict[str, Any]) -> None:
-        # the nested states went through _dec already; re-encode-free rebuild
-        from .base import _enc
-
-        self._max = RollingMax.from_state(_enc(state["max"]))
-        self._min = RollingMin.from_state(_enc(state["min"]))
-        self._mean = RollingMean.from_state(_enc(state["mean"]))
+        super()._load(state)
+        self._i = state["i"]
+        self._qmax = deque((int(i), v) for i, v in state["qmax"])
+        self._qmin = deque((int(i), v) for i, v in state["qmin"])

@@ -20,7 +20,8 @@ class MannKendall(Statistic):
 
     ``S = sum_{i<j} sign(x_j - x_i)`` is maintained incrementally in O(log window) per update
     with a sorted copy of the window: a new value adds ``#smaller - #larger``, the value leaving
-    subtracts ``#larger - #smaller`` of those after it. Tie groups are counted too, so
+    subtracts ``#larger - #smaller`` of those after it. The sizes of the tie groups come from the
+    same bisections, so
 
     * ``var_s = (n(n-1)(2n+5) - sum_t t(t-1)(2t+5)) / 18`` (tie-corrected),
     * ``z = (S - sign(S)) / sqrt(var_s)`` (continuity correction; ``continuity=False`` gives
@@ -40,7 +41,7 @@ class MannKendall(Statistic):
     (43, 0.9556, 3.757, True, 1.0)
     """
 
-    __slots__ = ("window", "continuity", "_buf", "_sorted", "_s", "_counts", "_tv", "_tp", "_slope")
+    __slots__ = ("window", "continuity", "_buf", "_sorted", "_s", "_tv", "_tp", "_slope")
 
     def __init__(self, window: int, continuity: bool = True):
         self.window = check_int("window", window, 3)
@@ -51,7 +52,6 @@ class MannKendall(Statistic):
         self._buf: deque[float] = deque()
         self._sorted: list[float] = []
         self._s = 0  # Mann-Kendall S
-        self._counts: dict[float, int] = {}  # value -> multiplicity in the window
         self._tv = 0  # sum over tie groups of t(t-1)(2t+5)
         self._tp = 0  # sum over tie groups of t(t-1)/2
         self._slope: float | None = None
@@ -67,31 +67,29 @@ class MannKendall(Statistic):
             return
         buf = self._buf
         s = self._sorted
-        counts = self._counts
         self._slope = None
+        S = self._s
+        tv = self._tv
+        tp = self._tp
         if len(buf) >= self.window:
             old = buf.popleft()
             lo = bisect_left(s, old)
             del s[lo]
             hi = bisect_right(s, old, lo)
             # the oldest value preceded all others: it contributed sign(x_j - old) for each j
-            self._s -= (len(s) - hi) - lo
-            c = counts[old]
-            self._tv -= 6 * (c - 1) * (c + 1)
-            self._tp -= c - 1
-            if c == 1:
-                del counts[old]
-            else:
-                counts[old] = c - 1
+            S -= (len(s) - hi) - lo
+            c = hi - lo  # its tie group shrinks from c + 1 to c
+            tv -= 6 * c * (c + 2)
+            tp -= c
         lo = bisect_left(s, x)
         hi = bisect_right(s, x, lo)
-        self._s += lo - (len(s) - hi)
+        c = hi - lo  # its tie group grows from c to c + 1
+        S += lo - (len(s) - hi)
         s.insert(hi, x)
         buf.append(x)
-        c = counts.get(x, 0)
-        self._tv += 6 * c * (c + 2)
-        self._tp += c
-        counts[x] = c + 1
+        self._s = S
+        self._tv = tv + 6 * c * (c + 2)
+        self._tp = tp + c
 
     # -- results -------------------------------------------------------------------------------
     @property

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
+import math
 from typing import Any
 
 from ._num import MAD_TO_SIGMA, sorted_mad, sorted_median
@@ -29,25 +29,27 @@ class RollingMAD(_SortedWindow):
     1.0
     """
 
-    __slots__ = ("scaled",)
+    __slots__ = ("scaled", "_hint")
 
     def __init__(self, window: int, scaled: bool = False):
         super().__init__(window)
         if not isinstance(scaled, bool):
             raise ValueError(f"scaled must be a bool, got {scaled!r}")
         self.scaled = scaled
+        self._hint = math.nan  # the previous raw MAD: a warm start, never changes the answer
 
     def get(self) -> float:
-        s = self._sorted
+        s = self._sync()
         med = sorted_median(s)
         if med != med:
             return med
-        mad = sorted_mad(s, med, bisect_left(s, med))
+        mad = sorted_mad(s, med, self._hint)
+        self._hint = mad
         return mad * MAD_TO_SIGMA if self.scaled else mad
 
     @property
     def median(self) -> float:
-        return sorted_median(self._sorted)
+        return sorted_median(self._sync())
 
     def _params(self) -> dict[str, Any]:
         p: dict[str, Any] = {"window": self.window}

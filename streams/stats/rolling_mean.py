@@ -9,6 +9,9 @@ from typing import Any
 from ._num import EPS, RECOMPUTE_TOL, exact_mean, exact_sum
 from .base import Statistic, check_int
 
+# recompute when eps * (error bound) > RECOMPUTE_TOL * |sum|
+_CHECK = RECOMPUTE_TOL / EPS
+
 __all__ = ["RollingMean"]
 
 
@@ -17,11 +20,12 @@ class RollingMean(Statistic):
 
     The sum is updated in O(1) (``s += x - oldest``). Alongside it an upper bound of the
     accumulated rounding error is kept (the standard bound for recursive summation,
-    ``eps * sum |partial sums|``); when that bound exceeds ``1e-10`` of the current sum, ``get()``
-    recomputes the sum exactly (``math.fsum``) from the window. So a huge value that leaves the
+    ``eps * sum |partial sums|``); when that bound exceeds ``1e-10`` of the current sum, the
+    update recomputes the sum exactly (``math.fsum``) from the window. So a huge value that leaves the
     window (``[1e20, 1, 2, 3]`` -> ``[1, 2, 3]``) cannot poison the mean, and in ordinary data the
     O(window) recompute almost never runs. Values near the float limits (sum overflowing) are
-    handled by a rescaled exact mean.
+    handled by a rescaled exact mean. ``get()`` has no side effects: the answers depend only on
+    the values fed, not on when they were read.
 
     Examples
     --------
@@ -55,11 +59,15 @@ class RollingMean(Statistic):
         if len(buf) > self.window:
             d = x - buf.popleft()
             s = self._sum + d
-            self._err += abs(s) + abs(d)
+            err = self._err + abs(s) + abs(d)
         else:
             s = self._sum + x
-            self._err += abs(s)
-        self._sum = s
+            err = self._err + abs(s)
+        if err > _CHECK * abs(s) or err == math.inf:
+            self._recompute()
+        else:
+            self._sum = s
+            self._err = err
 
     def _recompute(self) -> None:
         self._sum = exact_sum(self._buf)
@@ -70,12 +78,8 @@ class RollingMean(Statistic):
         if n == 0:
             return math.nan
         s = self._sum
-        a = abs(s)
-        if not a < math.inf or self._err * EPS > RECOMPUTE_TOL * a:
-            self._recompute()
-            s = self._sum
-            if not abs(s) < math.inf:  # the true sum overflows: mean via rescaling
-                return exact_mean(self._buf)
+        if s - s != 0.0:  # the true sum overflows: mean via rescaling
+            return exact_mean(self._buf)
         return s / n
 
     @property

@@ -14,19 +14,25 @@ __all__ = ["RollingMedian", "RollingQuantile"]
 
 
 class _SortedWindow(Statistic):
-    """The last ``window`` values in arrival order (deque) and sorted (list).
+    """The last ``window`` values in arrival order (deque) and sorted (list), synced lazily.
 
-    ``update`` is O(log window) comparisons plus one memmove of the sorted list (``insort`` and
-    ``del``), which for windows of a few hundred is a few hundred nanoseconds.
+    ``update`` only appends to the deque and remembers the value that fell out (O(1), ~100 ns
+    of work); the sorted copy is brought up to date when a result is asked for: each pending
+    change costs one ``bisect`` + ``insort``/``del`` (a memmove), and if more than
+    ``window // 4`` changes are pending the sorted copy is rebuilt with one ``sorted()``
+    instead. Memory stays bounded by ``window`` (deque, sorted list, pending removals).
     """
 
-    __slots__ = ("window", "_buf", "_sorted")
+    __slots__ = ("window", "_buf", "_sorted", "_gone", "_pending", "_cap")
 
     def __init__(self, window: int):
         self.window = check_int("window", window, 1)
         self.n_skipped = 0
-        self._buf: deque[float] = deque()
+        self._buf: deque[float] = deque(maxlen=self.window)
         self._sorted: list[float] = []
+        self._gone: list[float] = []  # values that left the window since the last sync
+        self._pending = 0  # values appended since the last sync (capped at _cap)
+        self._cap = min(self.window, max(4, self.window // 4))
 
     def update(self, x: float) -> None:
         if type(x) is not float:
@@ -38,11 +44,37 @@ class _SortedWindow(Statistic):
             self.n_skipped += 1
             return
         buf = self._buf
-        s = self._sorted
+        p = self._pending
+        if p < self._cap:
+            if len(buf) == self.window:
+                self._gone.append(buf[0])
+            self._pending = p + 1
         buf.append(x)
-        insort(s, x)
-        if len(buf) > self.window:
-            del s[bisect_left(s, buf.popleft())]
+
+    def _sync(self) -> list[float]:
+        """The sorted window, brought up to date."""
+        p = self._pending
+        if p == 1:  # the common case: one update since the last read
+            s = self._sorted
+            gone = self._gone
+            if gone:
+                del s[bisect_left(s, gone.pop())]
+            insort(s, self._buf[-1])
+            self._pending = 0
+            return s
+        if p:
+            buf = self._buf
+            if p >= self._cap:
+                self._sorted = sorted(buf)
+            else:
+                s = self._sorted
+                for v in self._gone:
+                    del s[bisect_left(s, v)]
+                for i in range(-p, 0):
+                    insort(s, buf[i])
+            self._gone.clear()
+            self._pending = 0
+        return self._sorted
 
     @property
     def n(self) -> int:
@@ -56,8 +88,10 @@ class _SortedWindow(Statistic):
         return {"buf": list(self._buf)}
 
     def _load(self, state: dict[str, Any]) -> None:
-        self._buf = deque(state["buf"])
+        self._buf = deque(state["buf"], maxlen=self.window)
         self._sorted = sorted(self._buf)
+        self._gone = []
+        self._pending = 0
 
 
 class RollingMedian(_SortedWindow):
@@ -75,7 +109,7 @@ class RollingMedian(_SortedWindow):
     __slots__ = ()
 
     def get(self) -> float:
-        return sorted_median(self._sorted)
+        return sorted_median(self._sync())
 
 
 class RollingQuantile(_SortedWindow):
@@ -98,7 +132,7 @@ class RollingQuantile(_SortedWindow):
         self.q = check_float("q", q, low=0.0, high=1.0)
 
     def get(self) -> float:
-        return sorted_quantile(self._sorted, self.q)
+        return sorted_quantile(self._sync(), self.q)
 
     def _params(self) -> dict[str, Any]:
         return {"window": self.window, "q": self.q}

@@ -15,6 +15,8 @@ __all__ = ["RollingVar", "RollingStd"]
 # near 1e-160 lose precision to underflow, squares near 1e160 overflow).
 _VAR_LOW = 1e-280
 _VAR_HIGH = 1e280
+# recompute when 4 * eps * E > RECOMPUTE_TOL * (S2 - S1^2 / n)
+_CHECK = RECOMPUTE_TOL / (4.0 * EPS)
 
 
 class _RollingMoments(Statistic):
@@ -23,9 +25,9 @@ class _RollingMoments(Statistic):
     Keeps ``S1 = sum(x - K)`` and ``S2 = sum((x - K)^2)`` over the window, with the shift ``K``
     set to the window mean at every exact recompute (so offsets like ``1e8 + noise`` cost no
     precision). ``E`` accumulates an upper bound of the rounding error of ``S2 - S1^2/n``; when
-    ``4 * eps * E`` exceeds ``1e-10`` of that quantity, the sums are recomputed exactly from the
-    window (``math.fsum``). This bounds the relative error of the variance by about 1e-10 at
-    amortised O(1) cost, whatever leaves the window.
+    ``4 * eps * E`` exceeds ``1e-10`` of that quantity, the update recomputes the sums exactly
+    from the window (``math.fsum``). This bounds the relative error of the variance by about
+    1e-10 at amortised O(1) cost, whatever leaves the window. Reads have no side effects.
     """
 
     __slots__ = ("window", "ddof", "_buf", "_k", "_s1", "_s2", "_e", "_run")
@@ -64,14 +66,21 @@ class _RollingMoments(Statistic):
         if len(buf) > self.window:
             ok = buf.popleft() - k
             ok2 = ok * ok
-            self._s1 += xk - ok
+            s1 = self._s1 + (xk - ok)
             s2 = self._s2 + (xk2 - ok2)
-            self._e += s2 + xk2 + ok2
+            e = self._e + s2 + xk2 + ok2
+            n = self.window
         else:
-            self._s1 += xk
+            s1 = self._s1 + xk
             s2 = self._s2 + xk2
-            self._e += s2 + xk2
-        self._s2 = s2
+            e = self._e + s2 + xk2
+            n = len(buf)
+        if not e <= _CHECK * (s2 - s1 * s1 / n) or e == math.inf:
+            self._recompute()
+        else:
+            self._s1 = s1
+            self._s2 = s2
+            self._e = e
 
     def _recompute(self) -> None:
         buf = self._buf
@@ -85,42 +94,32 @@ class _RollingMoments(Statistic):
             self._s2 = math.inf
         self._e = 0.0
 
-    def _m2(self) -> float:
-        """Sum of squared deviations from the window mean (fast path, checked)."""
-        n = len(self._buf)
-        s1 = self._s1
-        m2 = self._s2 - s1 * s1 / n
-        e = self._e
-        if not e < math.inf or 4.0 * EPS * e > RECOMPUTE_TOL * m2:
-            self._recompute()
-            s1 = self._s1
-            m2 = self._s2 - s1 * s1 / n
-            if m2 < 0.0:
-                m2 = 0.0
-        return m2
-
     def _var(self) -> float:
-        n = len(self._buf)
+        buf = self._buf
+        n = len(buf)
         if n <= self.ddof:
             return math.nan
         if self._run >= n:
             return 0.0
-        var = self._m2() / (n - self.ddof)
+        s1 = self._s1
+        var = (self._s2 - s1 * s1 / n) / (n - self.ddof)
         if _VAR_LOW < var < _VAR_HIGH:
             return var
-        sd = exact_std(self._buf, self.ddof)
+        sd = exact_std(buf, self.ddof)
         return sd * sd
 
     def _std(self) -> float:
-        n = len(self._buf)
+        buf = self._buf
+        n = len(buf)
         if n <= self.ddof:
             return math.nan
         if self._run >= n:
             return 0.0
-        var = self._m2() / (n - self.ddof)
+        s1 = self._s1
+        var = (self._s2 - s1 * s1 / n) / (n - self.ddof)
         if _VAR_LOW < var < _VAR_HIGH:
             return math.sqrt(var)
-        return exact_std(self._buf, self.ddof)
+        return exact_std(buf, self.ddof)
 
     def _mean(self) -> float:
         buf = self._buf
@@ -129,10 +128,9 @@ class _RollingMoments(Statistic):
             return math.nan
         if self._run >= n:
             return buf[-1]
-        self._m2()  # runs the error check, which may recompute the sums
         m = self._k + self._s1 / n
         if m - m != 0.0:
-            return exact_mean(self._buf)
+            return exact_mean(buf)
         return m
 
     @property

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from typing import Any
 
 from ._num import MAD_TO_SIGMA, scale_floor, sorted_mad, sorted_median
@@ -44,13 +43,14 @@ class RobustZ(_SortedWindow):
     5.3959
     """
 
-    __slots__ = ("min_periods", "_last", "_z")
+    __slots__ = ("min_periods", "_last", "_z", "_hint")
 
     def __init__(self, window: int, min_periods: int | None = None):
         super().__init__(window)
         self.min_periods = _check_min_periods(min_periods, self.window, 1)
         self._last = math.nan  # newest finite value, not yet in the baseline
         self._z: float | None = None  # cached get()
+        self._hint = math.nan  # previous MAD: warm start only, never changes the answer
 
     def update(self, x: float) -> None:
         if type(x) is not float:
@@ -64,22 +64,30 @@ class RobustZ(_SortedWindow):
         prev = self._last
         self._last = x
         self._z = None
-        if prev == prev:
-            _SortedWindow.update(self, prev)
+        if prev == prev:  # the previous newest value joins the baseline (lazy, see _SortedWindow)
+            buf = self._buf
+            p = self._pending
+            if p < self._cap:
+                if len(buf) == self.window:
+                    self._gone.append(buf[0])
+                self._pending = p + 1
+            buf.append(prev)
 
     @property
     def median(self) -> float:
         """Median of the baseline (NaN when empty)."""
-        return sorted_median(self._sorted)
+        return sorted_median(self._sync())
 
     @property
     def mad(self) -> float:
         """Raw MAD of the baseline (NaN when empty)."""
-        s = self._sorted
+        s = self._sync()
         med = sorted_median(s)
         if med != med:
             return med
-        return sorted_mad(s, med, bisect_left(s, med))
+        mad = sorted_mad(s, med, self._hint)
+        self._hint = mad
+        return mad
 
     @property
     def last(self) -> float:
@@ -90,13 +98,15 @@ class RobustZ(_SortedWindow):
         z = self._z
         if z is not None:
             return z
-        s = self._sorted
         x = self._last
-        if len(s) < self.min_periods or x != x:
+        if len(self._buf) < self.min_periods or x != x:
             z = math.nan
         else:
+            s = self._sync()
             med = sorted_median(s)
-            scale = MAD_TO_SIGMA * sorted_mad(s, med, bisect_left(s, med))
+            mad = sorted_mad(s, med, self._hint)
+            self._hint = mad
+            scale = MAD_TO_SIGMA * mad
             floor = scale_floor(med)
             d = x - med
             if scale < floor:

@@ -294,7 +294,7 @@ def _nonfinite(ev):
     out = []
     for e in _steps(ev):
         m = e["metrics"]
-        if any(not math.isfinite(m[k]) for k in ("loss/value", "grad_norm/actor")):
+        if any(not math.isfinite(m.get(k, 0.0)) for k in ("loss/value", "grad_norm/actor")):
             out.append(e["step"])
     return out
 

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs what it needs, starts Apache Kafka and
+# Redis on loopback, runs unit and integration tests. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q --disable-pip-version-check -e ".[all]"
+scripts/services.sh install
+scripts/services.sh start
+python3 scripts/build_pack.py --check
+set +e
+python3 -m pytest -q "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "test.sh: pytest collected no tests: that is a failure" >&2
+  exit 1
+fi
+exit "$rc"

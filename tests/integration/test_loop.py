@@ -1,0 +1,158 @@
+"""The whole loop on real Kafka and real Redis: a Monitor publishes a KL blow-up, a real
+`rlwatch worker` (Faust) raises the red alert, the pause reaches the same Monitor through Redis
+and its next step blocks until `rlwatch resume`; Slack and the webhook receive the alert; a
+malformed event lands in the dead-letter topic while processing goes on."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer
+
+from producers import Monitor, TrainingStopped
+from tests.integration.conftest import ROOT, worker_env
+
+pytestmark = pytest.mark.integration
+
+
+class TrainingLoop:
+    """A fake trainer that calls the SDK exactly as the README shows, in its own thread."""
+
+    def __init__(self, mon: Monitor, kl_at):
+        self.mon, self.kl_at = mon, kl_at
+        self.step = -1
+        self.stopped: TrainingStopped | None = None
+        self.halt = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.faulty_since: float | None = None
+
+    def run(self):
+        try:
+            for step in range(10_000):
+                if self.halt.is_set():
+                    return
+                self.mon.step_boundary()
+                self.step = step
+                kl = self.kl_at(step)
+                if kl > 0.1 and self.faulty_since is None:
+                    self.faulty_since = time.time()
+                self.mon.log(step, {"kl/mean": kl, "reward/mean": 0.5 + 0.001 * step,
+                                    "entropy/mean": 2.0})
+                time.sleep(0.05)
+        except TrainingStopped as exc:
+            self.stopped = exc
+
+
+def rlwatch(*args, env):
+    return subprocess.run([sys.executable, "-m", "rlwatch", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_kl_blowup_pauses_the_worker_until_resume(services, recorder, start_worker, session_id):
+    env = worker_env(services, session_id, recorder)
+    start_worker(env)
+    run_id = f"it-kl-{uuid.uuid4().hex[:6]}"
+    mon = Monitor(run_id, kafka=services["kafka"], redis=services["redis"],
+                  topic=env["RLWATCH_EVENTS_TOPIC"], heartbeat_seconds=0)
+    assert mon.control.wait_ready(10) and mon.control.connected
+    loop = TrainingLoop(mon, lambda s: 0.02 if s < 20 else 0.15)   # red: > 2.5 x 0.05
+    loop.thread.start()
+    try:
+        deadline = time.time() + 60
+        while mon.state != "paused" and time.time() < deadline:
+            time.sleep(0.02)
+        assert mon.state == "paused", "the pause never reached the worker"
+        latency = time.time() - loop.faulty_since
+        print(f"\nfirst faulty step published -> pause seen by the worker: {latency:.2f}s")
+
+        # the training loop is blocked at its next step boundary
+        time.sleep(1.0)
+        held = loop.step
+        time.sleep(2.0)
+        assert loop.step == held, "the training loop kept stepping while paused"
+        assert held >= 20
+
+        status = rlwatch("status", run_id, env=env)
+        assert f"{run_id}: paused" in status.stdout
+        assert "kl_above_target" in status.stdout
+
+        out = rlwatch("resume", run_id, "--reason", "checked it", env=env)
+        assert out.returncode == 0, out.stderr
+        deadline = time.time() + 20
+        while loop.step == held and time.time() < deadline:
+            time.sleep(0.05)
+        assert loop.step > held, "the loop did not continue after resume"
+
+        # the alert reached Slack (webhook and bot) and the generic webhook
+        hook = recorder.wait_for("/hook", lambda r: r.json()["severity"] == "red")[0]
+        alert = hook.json()
+        assert alert["rule"] == "kl_above_target" and alert["run_id"] == run_id
+        assert alert["state"] == "firing" and "pause" in alert["actions"]
+        assert alert["threshold"] == pytest.approx(0.125)
+        sig = "sha256=" + hmac.new(b"hook-secret", hook.body, hashlib.sha256).hexdigest()
+        assert hook.headers["X-Rlwatch-Signature"] == sig
+        slack = recorder.wait_for("/slack/webhook", lambda r: run_id in r.body.decode())
+        assert "kl_above_target" in json.dumps(slack[0].json())
+        bot = recorder.wait_for("/api/chat.postMessage", lambda r: run_id in r.body.decode())
+        assert bot[0].headers.get("Authorization") == "Bearer test-bot-token"
+
+        # the worker acknowledged pause and resume in the audit history
+        status = rlwatch("status", run_id, env=env)
+        assert "ack   pause" in status.stdout and "ack   resume" in status.stdout
+    finally:
+        loop.halt.set()
+        loop.thread.join(timeout=5)
+        mon.close()
+
+
+def test_malformed_events_go_to_the_dlq_and_processing_continues(services, recorder, start_worker,
+                                                                session_id):
+    env = worker_env(services, session_id, recorder)
+    start_worker(env)
+    topic, dlq = env["RLWATCH_EVENTS_TOPIC"], env["RLWATCH_DLQ_TOPIC"]
+    producer = KafkaProducer(bootstrap_servers=services["kafka"])
+    bad = [b"{not json", json.dumps({"schema": 1, "kind": "step", "step": 3}).encode(),
+           json.dumps({"schema": 1, "kind": "step", "run_id": "x", "step": -4}).encode()]
+    for raw in bad:
+        producer.send(topic, key=b"bad", value=raw)
+    # then a valid run whose NaN must still be caught (processing continued)
+    run_id = f"it-nan-{uuid.uuid4().hex[:6]}"
+    mon = Monitor(run_id, kafka=services["kafka"], redis=services["redis"], topic=topic,
+                  heartbeat_seconds=0)
+    producer.flush()
+    try:
+        for step in range(3):
+            mon.log(step, {"loss/value": 1.0 if step < 2 else float("nan")})
+        mon.flush(10)
+        consumer = KafkaConsumer(dlq, bootstrap_servers=services["kafka"], auto_offset_reset="earliest",
+                                 consumer_timeout_ms=30_000, group_id=f"dlq-reader-{uuid.uuid4().hex}")
+        reasons = []
+        for msg in consumer:
+            reasons.append(json.loads(msg.value)["reason"])
+            if len(reasons) >= 3:
+                break
+        consumer.close()
+        assert any(r.startswith("bad JSON") for r in reasons), reasons
+        assert "missing required field 'run_id'" in reasons, reasons
+        assert any("step" in r and "greater than or equal to 0" in r for r in reasons), reasons
+
+        hook = recorder.wait_for("/hook", lambda r: r.json()["run_id"] == run_id)
+        alert = hook[0].json()
+        assert alert["rule"] == "nan_inf" and alert["severity"] == "black"
+        # the stop reaches the worker: its next step boundary raises TrainingStopped
+        deadline = time.time() + 20
+        while mon.state != "stopped" and time.time() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(TrainingStopped):
+            mon.step_boundary()
+    finally:
+        mon.close()
+        producer.close()

@@ -1,0 +1,299 @@
+"""The common contract of every statistic, discovered by introspection.
+
+For every concrete ``Statistic`` subclass: round trips (pickle, deepcopy, to_state -> strict
+JSON -> from_state / stat_from_state) give identical subsequent answers; non-finite and
+non-numeric inputs are skipped and counted, never raise; empty statistics answer NaN (or the
+documented neutral value); constructor arguments are validated; memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import pickle
+import random
+
+import numpy as np
+import pytest
+from _stats_helpers import hsettings, same, series
+from hypothesis import given
+from hypothesis import strategies as st
+
+import streams.stats as S
+from streams.stats.base import Stateful, Statistic, registered_types, stat_from_state
+
+# ---- the table every statistic must appear in ----------------------------------------------
+
+#: class name -> (constructor kwargs, [extra read-outs compared after round trips])
+EXAMPLES: dict[str, tuple[dict, list]] = {
+    "EMA": ({"alpha": 0.3}, ["n"]),
+    "RollingMean": ({"window": 5}, ["n"]),
+    "RollingVar": ({"window": 5}, ["mean"]),
+    "RollingStd": ({"window": 5}, ["mean"]),
+    "RollingMin": ({"window": 4}, ["n"]),
+    "RollingMax": ({"window": 4}, ["n"]),
+    "RollingMedian": ({"window": 5}, ["n"]),
+    "RollingQuantile": ({"window": 6, "q": 0.25}, []),
+    "RollingMAD": ({"window": 6, "scaled": True}, ["median"]),
+    "RobustZ": ({"window": 6, "min_periods": 3}, ["median", "mad", "last"]),
+    "ZScore": ({"window": 6, "min_periods": 3}, ["std", "mean", "last"]),
+    "WarmupBaseline": ({"warmup": 4}, ["mean", "std", "median", "frozen", "n_after"]),
+    "DDSketch": ({"relative_accuracy": 0.02, "max_bins": 8}, ["count", "num_bins",
+                                                               ("quantile", 0.1),
+                                                               ("quantile", 0.9)]),
+    "MannKendall": ({"window": 7}, ["tau", "p_value", "slope", "s", "var_s"]),
+    "PageHinkley": ({"delta": 0.01, "threshold": 3.0, "min_instances": 3},
+                    ["detected", "change_count", "last_direction"]),
+    "Cusum": ({"k": 0.5, "h": 2.0, "warmup": 3}, ["detected", "change_count", "statistic"]),
+    "RelativeDrop": ({"window": 5}, ["peak", "last"]),
+    "RelativeRise": ({"window": 5}, ["trough", "last"]),
+    "Flatline": ({"window": 5, "rel_tol": 1e-3}, ["is_flat", "range", "max", "min"]),
+    "Autocorrelation": ({"window": 8, "max_lag": 3}, ["lag"]),
+    "SignFlipRate": ({"window": 6}, ["diff_std_ratio"]),
+}
+
+#: invalid constructor arguments that must raise ValueError
+BAD_ARGS: dict[str, list[dict]] = {
+    "EMA": [{}, {"alpha": 0.5, "span": 3}, {"alpha": 0.0}, {"alpha": 1.5}, {"span": 0.5},
+            {"alpha": math.nan}, {"alpha": "x"}, {"alpha": 1e-20}],
+    "RollingMean": [{"window": 0}, {"window": 2.5}, {"window": "3"}, {"window": True}],
+    "RollingVar": [{"window": 1}, {"window": -3}],
+    "RollingStd": [{"window": 1}],
+    "RollingMin": [{"window": 0}],
+    "RollingMax": [{"window": 0}],
+    "RollingMedian": [{"window": 0}],
+    "RollingQuantile": [{"window": 5, "q": 1.5}, {"window": 5, "q": -0.1}, {"window": 0, "q": 0.5}],
+    "RollingMAD": [{"window": 0}, {"window": 5, "scaled": "yes"}],
+    "RobustZ": [{"window": 0}, {"window": 5, "min_periods": 6}, {"window": 5, "min_periods": 0}],
+    "ZScore": [{"window": 1}, {"window": 5, "min_periods": 1}, {"window": 5, "min_periods": 9}],
+    "WarmupBaseline": [{"warmup": 0}],
+    "DDSketch": [{"relative_accuracy": 0.0}, {"relative_accuracy": 1.0}, {"max_bins": 1}],
+    "MannKendall": [{"window": 2}, {"window": 5, "continuity": 1}],
+    "PageHinkley": [{"threshold": 0.0}, {"delta": -1.0}, {"direction": "sideways"},
+                    {"min_instances": 0}],
+    "Cusum": [{"h": 0.0}, {"k": -0.1}, {"warmup": 1}],
+    "RelativeDrop": [{"window": 0}],
+    "RelativeRise": [{"window": 0}],
+    "Flatline": [{"window": 1}, {"window": 5, "rel_tol": -1.0}],
+    "Autocorrelation": [{"window": 4}, {"window": 10, "max_lag": 9}, {"window": 10, "max_lag": 1}],
+    "SignFlipRate": [{"window": 2}],
+}
+
+
+def _all_statistic_classes() -> list[type]:
+    out, todo = [], [Statistic]
+    while todo:
+        cls = todo.pop()
+        for sub in cls.__subclasses__():
+            todo.append(sub)
+            if not sub.__name__.startswith("_"):
+                out.append(sub)
+    return sorted(set(out), key=lambda c: c.__name__)
+
+
+CLASSES = _all_statistic_classes()
+
+
+def make(name: str):
+    kwargs, _ = EXAMPLES[name]
+    return registered_types()[name](**kwargs)
+
+
+def readouts(stat) -> list:
+    _, extra = EXAMPLES[type(stat).__name__]
+    out = [stat.get(), stat.n_skipped]
+    for e in extra:
+        if isinstance(e, tuple):
+            out.append(getattr(stat, e[0])(*e[1:]))
+        else:
+            out.append(getattr(stat, e))
+    return out
+
+
+def same_readouts(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+
+
+# ---- discovery ------------------------------------------------------------------------------
+
+
+def test_every_statistic_is_in_the_tables():
+    names = {c.__name__ for c in CLASSES}
+    assert len(names) >= 20
+    assert names == set(EXAMPLES), "add new statistics to EXAMPLES (and BAD_ARGS)"
+    assert names == set(BAD_ARGS)
+    for name in names:
+        assert registered_types()[name].__name__ == name
+        assert name in S.__all__, f"{name} not exported from streams.stats"
+
+
+def test_public_names_exist():
+    for name in S.__all__:
+        assert hasattr(S, name), name
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_docstring_has_example(cls):
+    assert cls.__doc__ and ">>>" in cls.__doc__
+
+
+# ---- round trips ----------------------------------------------------------------------------
+
+
+def _json_copy(stat):
+    state = stat.to_state()
+    text = json.dumps(state, allow_nan=False)  # strict JSON: NaN/Inf must have been encoded
+    loaded = json.loads(text)
+    assert loaded["type"] == type(stat).__name__
+    return stat_from_state(loaded), type(stat).from_state(json.loads(text))
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+@hsettings(40)
+@given(data=series(max_size=30), cut=st.integers(0, 30))
+def test_round_trips_give_identical_answers(cls, data, cut):
+    stat = make(cls.__name__)
+    head, tail = data[:cut], data[cut:]
+    for x in head:
+        stat.update(x)
+    if head and cut % 2:
+        stat.get()  # exercise caches / lazy state before copying
+    copies = [
+        pickle.loads(pickle.dumps(stat)),
+        copy.deepcopy(stat),
+        pickle.loads(pickle.dumps(stat, protocol=2)),
+        *_json_copy(stat),
+    ]
+    assert same_readouts(readouts(stat), readouts(copies[0]))
+    for x in tail + [1.0, 2.0, 2.0, 5.0]:
+        stat.update(x)
+        want = readouts(stat)
+        for c in copies:
+            c.update(x)
+            assert same_readouts(readouts(c), want), (type(c).__name__, readouts(c), want)
+    final = json.dumps(stat.to_state(), allow_nan=False)
+    for c in copies:
+        assert json.loads(json.dumps(c.to_state(), allow_nan=False))["params"] == json.loads(
+            final
+        )["params"]
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_from_state_rejects_other_types(cls):
+    other = "EMA" if cls.__name__ != "EMA" else "RollingMean"
+    state = make(other).to_state()
+    with pytest.raises(ValueError):
+        cls.from_state(state)
+    with pytest.raises(ValueError):
+        stat_from_state({"type": "NoSuchStatistic", "params": {}, "state": {}})
+    with pytest.raises(ValueError):
+        stat_from_state({"params": {}})
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_nonfinite_and_junk_are_skipped_never_raise(cls):
+    stat = make(cls.__name__)
+    ref = make(cls.__name__)
+    junk = [math.nan, math.inf, -math.inf, float("nan"), np.nan, np.float32("inf"), None, "abc",
+            [1.0], object(), 10**400]
+    for i, x in enumerate([0.5, 1.5, 3.0, 2.0, 7.0, 1.0, 4.0, 4.0, 2.5, 6.0]):
+        stat.update(x)
+        ref.update(x)
+        stat.update(junk[i % len(junk)])
+    assert stat.n_skipped == 10
+    assert ref.n_skipped == 0
+    assert same_readouts(readouts(stat)[2:], readouts(ref)[2:])
+    assert same(stat.get(), ref.get())
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_numeric_types_are_converted(cls):
+    a, b = make(cls.__name__), make(cls.__name__)
+    vals = [1, 2.5, 3, 0.25, 8, 4, 4, 1]
+    for v in vals:
+        a.update(v)
+        b.update(np.float32(v) if isinstance(v, float) else np.int64(v))
+    assert same(a.get(), b.get())
+    json.dumps(b.to_state(), allow_nan=False)  # no numpy scalars leak into the state
+
+
+EMPTY_NEUTRAL = {"PageHinkley": 0.0, "Cusum": 0.0}
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_empty_is_nan(cls):
+    stat = make(cls.__name__)
+    want = EMPTY_NEUTRAL.get(cls.__name__, math.nan)
+    assert same(stat.get(), want)
+    stat.update(math.nan)
+    assert same(stat.get(), want)
+    assert stat.n_skipped == 1
+
+
+@pytest.mark.parametrize("name", sorted(BAD_ARGS))
+def test_bad_arguments_raise_valueerror(name):
+    cls = registered_types()[name]
+    for kwargs in BAD_ARGS[name]:
+        with pytest.raises(ValueError):
+            cls(**kwargs)
+
+
+# ---- bounded memory -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_memory_is_bounded(cls):
+    rnd = random.Random(3)
+    stat = make(cls.__name__)
+    sizes = []
+    for n in (200, 2000):
+        for _ in range(n):
+            stat.update(rnd.gauss(0.0, 1.0) if rnd.random() < 0.9 else rnd.choice([0.0, 1.0]))
+            if rnd.random() < 0.3:
+                stat.get()
+        sizes.append(len(pickle.dumps(stat)))
+    assert sizes[1] <= sizes[0] * 1.2 + 200, sizes
+
+
+def test_ddsketch_bins_are_bounded_under_a_wide_range():
+    sk = S.DDSketch(relative_accuracy=0.01, max_bins=64)
+    for e in range(-300, 300):
+        sk.update(10.0**e)
+        sk.update(-(10.0**e))
+    assert len(sk._pos) <= 64 and len(sk._neg) <= 64
+    assert sk.count == 1200
+    # the largest magnitudes keep their accuracy (collapsing only hits the smallest ones)
+    data = sorted([10.0**e for e in range(-300, 300)] + [-(10.0**e) for e in range(-300, 300)])
+    for q in (0.0, 0.001, 0.01, 0.99, 0.999, 1.0):
+        want = data[int(q * (len(data) - 1))]
+        assert abs(sk.quantile(q) - want) <= 0.01 * abs(want) * (1 + 1e-12), q
+    # ... while the values nearest to zero were folded together
+    assert sk.quantile(0.5) != pytest.approx(data[599], rel=0.01)
+
+
+# ---- the non-scalar stateful classes ---------------------------------------------------------
+
+
+def test_stateful_non_statistics_round_trip():
+    rc = S.RollingCorrelation(window=5)
+    gt = S.GroupTrends(window=6, alpha=0.5)
+    rnd = random.Random(1)
+    for i in range(20):
+        rc.update_pair(rnd.random(), rnd.random() if i % 7 else math.nan)
+        gt.update({"a": rnd.random(), "b": i * 0.1, 3: math.inf if i == 4 else 1.0})
+    for obj in (rc, gt):
+        assert isinstance(obj, Stateful) and not isinstance(obj, Statistic)
+        state = json.loads(json.dumps(obj.to_state(), allow_nan=False))
+        back = stat_from_state(state)
+        assert same(back.get(), obj.get())
+        assert back.n_skipped == obj.n_skipped
+        twin = pickle.loads(pickle.dumps(obj))
+        assert same(twin.get(), obj.get())
+    back = stat_from_state(json.loads(json.dumps(gt.to_state())))
+    assert back.slopes() == pytest.approx(gt.slopes(), nan_ok=True)
+    assert set(back.slopes()) == {"a", "b", 3}
+    assert back.gap_trend() == gt.gap_trend()
