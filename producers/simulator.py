@@ -26,8 +26,14 @@ Everything is deterministic: the noise of a step comes from a generator seeded b
 The catalog ids of ``failure-modes.md`` are the fault names (``FAULTS``). A few need a specific
 algorithm (``FAULT_ALGOS``): a fault that the configured algorithm cannot show runs on one that
 can (``grpo_zero_variance`` -> grpo, ``dpo_saturation`` -> dpo, critic faults -> ppo);
-``Simulator.algo`` and ``tags.algo`` say which. ``rank_outlier`` / ``param_hash_mismatch``
-need several ranks and use 4 when ``world_size`` is 1 (``Simulator.world_size``).
+``Simulator.algo`` and ``tags.algo`` say which. ``param_hash_mismatch`` needs 2+ ranks and
+``rank_outlier`` 3+ (3 x the median of all ranks cannot happen with 2); they use 4 ranks when
+``world_size`` is smaller (``Simulator.world_size``); the faulty rank is the last one
+(``Simulator.bad_rank``).
+
+Healthy levels scale with ``kl_target``: PPO KL plateaus at ~0.3-0.45 x target (0.03-0.045
+for the default 0.1, inside the seeds' 0.01-0.05 band), GRPO at ~0.35 x target with rare
+single-step spikes (< 1.8 x target).
 
 Fault variants (optional ``SimConfig.fault_params``):
 
@@ -39,6 +45,7 @@ Fault variants (optional ``SimConfig.fault_params``):
   climb and then a jump);
 * ``prompt_extreme_reward``: ``{"direction": "low"}`` instead of ``"high"``;
 * ``reward_periodic``: ``{"period": 50}``;
+* ``kl_cycle_delta``: ``{"epochs": 8}`` PPO epochs per rollout after the onset (healthy: 4);
 * ``nan_inf``: ``{"value": "inf"}`` to emit +Inf instead of NaN;
 * any fault: ``{"redevelop_after": 200}`` steps after a rollback before it develops again
   (``None``: never again); ``{"bad_rank": k}`` for the rank-local faults.
@@ -131,7 +138,7 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "clip_frac_high": "PPO clip fraction jumps from ~0.2 to ~0.7",
     "clip_frac_low": "PPO clip fraction falls to ~0 (updates too conservative)",
     "aggressive_update": "clip fraction high and KL rising together",
-    "kl_cycle_delta": "kl/ppo rises > 0.02 within each PPO epoch cycle (sawtooth)",
+    "kl_cycle_delta": "too many PPO epochs (4 -> 8): kl/ppo rises > 0.02 within each cycle",
     "grad_norm_anomaly": "gradient norm explodes (or vanishes) on all ranks",
     "update_ratio": "update/param norm ratio leaves 1e-3..1e-1 (lr misconfigured)",
     "rank_outlier": "one rank's gradient norm is many times the others' (bad shard)",
@@ -419,7 +426,9 @@ class Simulator:
         self.fault = config.fault
         self.algo = effective_algo(config.algo, config.fault)
         ws = config.world_size
-        if self.fault in ("rank_outlier", "param_hash_mismatch") and ws < 2:
+        if self.fault == "param_hash_mismatch" and ws < 2:
+            ws = 4
+        if self.fault == "rank_outlier" and ws < 3:  # "3 x the median of all ranks" needs 3+
             ws = 4
         self.world_size = ws
         fp = config.fault_params or {}
@@ -658,7 +667,12 @@ class Simulator:
             clip = 0.17
         r_std = (0.55 - 0.08 * u) if not grpo else math.sqrt(r_trend * (1 - r_trend) / 7.0)
         kl *= self._kl_scale
-        epoch = step % _PPO_EPOCHS
+        n_epochs = _PPO_EPOCHS
+        epoch = step % n_epochs
+        if fault == "kl_cycle_delta" and since >= 0:
+            # too many PPO epochs per rollout (K 4 -> 8): the policy overfits each batch
+            n_epochs = int(fp.get("epochs", 8))
+            epoch = since % n_epochs
         kl_beta = _BETA0[self.algo] * self.beta_factor
 
         # --- noise -------------------------------------------------------------------------
@@ -811,11 +825,11 @@ class Simulator:
                 kl += 0.3 * T * _ramp(p, 80)
                 grad_mult *= 1.0 + 0.5 * _ramp(p, 20)
             elif fault == "clip_frac_low":
-                clip_noise *= 0.01 + 0.99 * math.exp(-p / 10.0)
+                clip_noise *= 0.002 + 0.998 * math.exp(-p / 10.0)
                 kl_ppo_inc *= 0.02 + 0.98 * math.exp(-p / 10.0)
                 lr_mult *= 0.2 + 0.8 * math.exp(-p / 10.0)
             elif fault == "kl_cycle_delta":
-                kl_ppo_inc += 0.013 * _ramp(p, 20)
+                kl_ppo_inc += 0.0045 * _ramp(p, 15)
             elif fault == "grad_norm_anomaly":
                 if fp.get("mode", "explode") == "vanish":
                     grad_mult = max(math.exp(-p / 12.0), 1e-4)
@@ -845,9 +859,9 @@ class Simulator:
             elif fault == "gpu_memory_spike":
                 mode = fp.get("mode", "jump")
                 if mode == "climb":
-                    mem_extra = 0.15 * since
+                    mem_extra = 0.2 * since
                 else:
-                    mem_extra = 0.05 * min(since, 40) + 10.0 * _sig((since - 40) / 1.5)
+                    mem_extra = 0.08 * min(since, 40) + 18.0 * _sig((since - 40) / 1.5)
             elif fault == "rm_overfit":
                 reward_mu += 0.3 * _ramp(since, 60)
                 judge -= 0.1 * _ramp(since, 60)
@@ -918,7 +932,7 @@ class Simulator:
                      * math.sqrt(self.lr_factor * lr_mult))
         clip_frac = clip_base * (1.0 + 0.12 * epoch / (_PPO_EPOCHS - 1)) * clip_noise
         if fault == "kl_cycle_delta" and active:
-            clip_frac *= 1.0 + 0.3 * _ramp(p, 20) * epoch / (_PPO_EPOCHS - 1)
+            clip_frac = clip_base * (1.0 + 0.04 * epoch) * clip_noise
         if clip_target is not None:
             clip_frac = max(clip_frac, clip_target * clip_noise)
         clip_frac = min(max(clip_frac, 0.0), 0.98)
@@ -933,7 +947,7 @@ class Simulator:
             upd_actor *= 1.0 + 0.5 * _ramp(p, 20)
         if fault == "grad_norm_anomaly" and active and fp.get("mode", "explode") == "vanish":
             upd_actor *= max(grad_mult, 0.05)
-        mem_base = 58.0 if not grpo else 44.0
+        mem_base = 48.0 if not grpo else 40.0
         mem = mem_base + 0.012 * length_mean + 0.0015 * length_max + mem_noise + mem_extra
         judge_score = min(max(judge, 0.0), 1.0)
 
@@ -1209,9 +1223,9 @@ class Simulator:
                     lr_mult = 1.0 + 24.0 * _ramp(since, 25)
             elif fault == "gpu_memory_spike":
                 if fp.get("mode", "jump") == "climb":
-                    mem_extra = 0.15 * since
+                    mem_extra = 0.2 * since
                 else:
-                    mem_extra = 0.05 * min(since, 40) + 10.0 * _sig((since - 40) / 1.5)
+                    mem_extra = 0.08 * min(since, 40) + 18.0 * _sig((since - 40) / 1.5)
         lr_eff = lr_sched * self.lr_factor * lr_mult
         m = {
             "dpo/pref_prob": pref,
@@ -1230,7 +1244,9 @@ class Simulator:
             train += (0.985 - train) * s_
             val -= 0.14 * s_
         if active and fault == "dpo_saturation":
+            # the implicit reward separates every pair (held-out pairs too, though less)
             train += (0.995 - train) * _ramp(p, 40)
+            val += (0.80 - val) * _ramp(p, 40)
         a = self._ar_step("acc", nz)
         m["rm/train_acc"] = min(train + a + 0.006 * nz.g(), 1.0)
         m["rm/val_acc"] = min(val + a + 0.008 * nz.g(), 1.0)

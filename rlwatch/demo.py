@@ -31,7 +31,7 @@ from rlwatch.events import parse_event
 from rules.loader import load_pack
 from streams.processor import Pipeline
 
-__all__ = ["DemoResult", "run_demo"]
+__all__ = ["DemoResult", "Observer", "run_demo"]
 
 COLOURS = {"info": "36", "yellow": "33", "orange": "38;5;208", "red": "31", "black": "1;37;40",
            "resolved": "32", "control": "35", "dim": "2"}
@@ -105,13 +105,24 @@ def _paint(s: str, colour: str, use: bool) -> str:
     return f"\033[{COLOURS[colour]}m{s}\033[0m" if use else s
 
 
+class Observer:
+    """What a live view (the web dashboard) is told about the demo's runs. All no-ops here."""
+
+    def observe_event(self, event) -> None: ...
+    def observe_alert(self, alert: Alert) -> None: ...
+    def observe_command(self, command: Command, state: str) -> None: ...
+
+
 def run_demo(steps: int = 400, onset: int = 120, delay: float = 0.02, pause_hold: float = 2.0,
-             out=None, as_json: bool = False, colour: bool | None = None) -> DemoResult:
+             out=None, as_json: bool = False, colour: bool | None = None,
+             observer: Observer | None = None, control: MemoryControl | None = None,
+             auto_resume: bool = True) -> DemoResult:
     out = out or sys.stdout
     use_colour = (out.isatty() if hasattr(out, "isatty") else False) if colour is None else colour
     pack = load_pack("rlhf")
     pipeline = Pipeline(pack)
-    control = MemoryControl()
+    observer = observer or Observer()
+    control = control or MemoryControl()
     events: queue.Queue = queue.Queue()
     clock = time.time
 
@@ -146,6 +157,7 @@ def run_demo(steps: int = 400, onset: int = 120, delay: float = 0.02, pause_hold
         inbox = CommandInbox(run_id)
         inbox.on_ack = control.record_ack
         control.subscribe(run_id, inbox.deliver_command)
+        control.subscribe(run_id, lambda cmd, i=inbox: observer.observe_command(cmd, i.state))
         w = Worker(run_id, sim, None, inbox, steps, delay)  # type: ignore[arg-type]
         w.monitor = Monitor(run_id, transport=QueueTransport(events), inbox=inbox, redis=False,
                             heartbeat_seconds=0, on_adjust=w.on_adjust, tags={"algo": "ppo"})
@@ -172,8 +184,10 @@ def run_demo(steps: int = 400, onset: int = 120, delay: float = 0.02, pause_hold
                 raw = None
             if raw is not None:
                 event = parse_event(raw, clock())
+                observer.observe_event(event)
                 for alert in pipeline.feed(event, clock()):
                     all_alerts.append(alert)
+                    observer.observe_alert(alert)
                     delivery = await dispatcher.handle(alert)
                     commands.extend(delivery.commands)
             now = clock()
@@ -184,7 +198,7 @@ def run_demo(steps: int = 400, onset: int = 120, delay: float = 0.02, pause_hold
                     w.paused_at = now
                     say(f"  >> worker {w.run_id} is PAUSED at step {w.step}: its training loop is "
                         "blocked in step_boundary() until resume", "control")
-                if (st == "paused" and w.paused_at and now - w.paused_at >= pause_hold
+                if (auto_resume and st == "paused" and w.paused_at and now - w.paused_at >= pause_hold
                         and w.run_id not in resumed):
                     resumed.add(w.run_id)
                     say(f"  >> operator: still at step {w.step} after {pause_hold:.0f}s. "

@@ -64,7 +64,7 @@ SIGNALS = (
     "zscore",       # newest value vs mean/std of the window before it
     "robust_z",     # newest value vs median/MAD of the window before it
     "ratio_to_median",   # newest value / median of the window before it
-    "ratio_to_start",    # newest value / mean of the run's first `window` values
+    "ratio_to_start",    # median of the last 5 values / median of the run's first `window` values
     "rel_drop",     # fraction below the window's peak
     "rel_rise",     # fraction above the window's trough
     "trend_z",      # Mann-Kendall z over the window (> 0 rising)
@@ -77,6 +77,7 @@ SIGNALS = (
     "delta",        # newest value minus the previous one
     "cycle_rise",   # rise of the value since the start of its update cycle (see cycle_metric)
     "rel_trend",    # Theil-Sen slope x window / |median|: relative change across the window
+    "level_change", # median of the window's last values / median of its first values - 1
 )
 DIST_STATS = ("bimodality", "skewness", "mean", "std", "median", "p99", "max", "tail_mass",
               "frac_at_cap", "ratio_to_start")

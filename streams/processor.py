@@ -191,7 +191,7 @@ class Processor:
         """Apply one validated event; return the alerts whose state changed."""
         ts = event.ts if event.ts is not None else now
         state.now_ts = ts
-        fresh = state.seen(event.rank, event.step, ts)
+        fresh = state.seen(event.rank, event.step, ts, event.kind)
         self._take_tags(state, event.tags)
         if isinstance(event, CheckpointEvent):
             state.add_checkpoint(event.step, event.path)

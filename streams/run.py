@@ -40,6 +40,7 @@ class RunState:
         self.alerts: dict[str, Any] = {}          # key -> rules.state.AlertState
         self.checkpoints: list[tuple[int, str]] = []
         self.last_step: dict[int, int] = {}
+        self.last_other: dict[str, dict[int, int]] = {}   # samples: rank -> last step
         self.last_seen: dict[int, float] = {}
         self.last_event_ts: float = math.nan
         self.world_size: int = 1
@@ -69,16 +70,18 @@ class RunState:
             b = self.banks[rank] = SignalBank(self.bank_keys)
         return b
 
-    def seen(self, rank: int, step: int, ts: float) -> bool:
-        """Record an event of ``rank`` at ``step``; False if the step is a duplicate or late."""
+    def seen(self, rank: int, step: int, ts: float, kind: str = "step") -> bool:
+        """Record an event of ``rank`` at ``step``; False if that kind of event of that step
+        was already seen (a duplicate, or a step arriving after a later one)."""
         self.events += 1
         self.last_seen[rank] = ts
         self.last_event_ts = ts if not math.isfinite(self.last_event_ts) else max(self.last_event_ts, ts)
-        last = self.last_step.get(rank)
+        book = self.last_step if kind == "step" else self.last_other.setdefault(kind, {})
+        last = book.get(rank)
         if last is not None and step <= last:
             self.duplicates += 1
             return False
-        self.last_step[rank] = step
+        book[rank] = step
         return True
 
     def add_checkpoint(self, step: int, path: str) -> None:
@@ -123,6 +126,7 @@ class RunState:
             "alerts": {k: v.to_state() for k, v in self.alerts.items()},
             "checkpoints": self.checkpoints,
             "last_step": {str(k): v for k, v in self.last_step.items()},
+            "last_other": {kind: {str(r): s for r, s in d.items()} for kind, d in self.last_other.items()},
             "last_seen": {str(k): v for k, v in self.last_seen.items()},
             "last_event_ts": None if math.isnan(self.last_event_ts) else self.last_event_ts,
             "world_size": self.world_size,
@@ -148,6 +152,8 @@ class RunState:
         rs.alerts = {k: AlertState.from_state(v) for k, v in state.get("alerts", {}).items()}
         rs.checkpoints = [tuple(c) for c in state.get("checkpoints", [])]
         rs.last_step = {int(k): v for k, v in state.get("last_step", {}).items()}
+        rs.last_other = {kind: {int(r): s for r, s in d.items()}
+                         for kind, d in state.get("last_other", {}).items()}
         rs.last_seen = {int(k): v for k, v in state.get("last_seen", {}).items()}
         ts = state.get("last_event_ts")
         rs.last_event_ts = math.nan if ts is None else ts

@@ -10,6 +10,7 @@ serialised with the run's state.
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Callable
 
 from streams import stats as S
@@ -17,6 +18,17 @@ from streams import stats as S
 __all__ = ["Signal", "SignalBank", "SignalKey", "make_signal"]
 
 SignalKey = tuple  # (metric, signal, window, cycle_metric, smooth)
+
+#: values in a "level" (the median that stands for the current value in level comparisons)
+LEVEL_K = 5
+
+
+def _median(xs) -> float:
+    v = sorted(xs)
+    n = len(v)
+    if n == 0:
+        return math.nan
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
 def _nan_none(x):
@@ -140,24 +152,64 @@ def _ratio(x: float, base: float) -> float:
 
 
 class _RatioToStart(Signal):
-    """The new value over the mean of the run's first ``window`` values ("the run's start")."""
+    """The current level over the level of the run's start.
+
+    Both levels are medians (of the first ``window`` values, frozen, and of the last
+    :data:`LEVEL_K` values), so single-step spikes move neither.
+    """
 
     kind = "ratio_to_start"
 
     def __init__(self, window: int):
         super().__init__(window, S.WarmupBaseline(window))
+        self.recent: deque = deque(maxlen=LEVEL_K)
 
     def update(self, x, metrics):
         frozen = self.stat.frozen
         self.stat.update(x)
-        self.out = _ratio(x, self.stat.mean) if frozen else math.nan
+        self.recent.append(x)
+        self.out = _ratio(_median(self.recent), self.stat.median) if frozen else math.nan
+
+    def _extra(self):
+        return {"recent": list(self.recent)}
+
+    def _load(self, state):
+        super()._load(state)
+        self.recent = deque(state.get("recent", []), maxlen=LEVEL_K)
 
 
-def _rel(change: float, st) -> float:
-    med = abs(float(getattr(st, "median", math.nan)))
-    if not math.isfinite(change) or not math.isfinite(med):
-        return math.nan
-    return change / max(med, 1e-12)
+class _Window(Signal):
+    """Signals computed from the raw window of values (levels and trends)."""
+
+    def __init__(self, kind: str, window: int):
+        super().__init__(window)
+        self.kind = kind
+        self.values: deque = deque(maxlen=window)
+
+    def update(self, x, metrics):
+        self.values.append(x)
+        self.out = math.nan  # computed lazily in get()
+        self._cache = None
+
+    def get(self):
+        if getattr(self, "_cache", None) is not None:
+            return self._cache
+        v = list(self.values)
+        out = math.nan
+        if self.kind == "level_change" and len(v) >= max(2 * LEVEL_K, self.window // 2):
+            k = max(LEVEL_K, len(v) // 10)
+            out = _ratio(_median(v[-k:]), _median(v[:k])) - 1.0
+        elif self.kind == "rel_trend" and len(v) >= max(10, self.window // 2):
+            out = S.theil_sen(v) * len(v) / max(abs(_median(v)), 1e-12)
+        self._cache = out
+        return out
+
+    def _extra(self):
+        return {"values": list(self.values)}
+
+    def _load(self, state):
+        super()._load(state)
+        self.values = deque(state.get("values", []), maxlen=self.window)
 
 
 class _Smoothed(Signal):
@@ -176,6 +228,14 @@ class _Smoothed(Signal):
 
     def to_state(self):
         return {"smooth": self.span, "ema": self.stat.to_state(), "inner": self.inner.to_state()}
+
+
+def _trend(st, attr: str) -> float:
+    """A trend statistic; a constant window (all ties) has no trend: 0, not undefined."""
+    value = float(getattr(st, attr))
+    if math.isnan(value) and st.n >= 3:
+        return 0.0
+    return value
 
 
 def make_signal(signal: str, window: int, cycle_metric: str | None = None,
@@ -206,13 +266,13 @@ def make_signal(signal: str, window: int, cycle_metric: str | None = None,
         return _StatSignal(signal, w, S.RelativeRise(w), lambda st: st.get())
     if signal in ("trend_z", "trend_tau", "slope"):
         attr = {"trend_z": "z", "trend_tau": "tau", "slope": "slope"}[signal]
-        return _StatSignal(signal, w, S.MannKendall(w), lambda st, a=attr: float(getattr(st, a)))
-    if signal == "rel_trend":
-        return _StatSignal(signal, w, S.MannKendall(w), lambda st, w=w: _rel(st.slope * w, st))
+        return _StatSignal(signal, w, S.MannKendall(w), lambda st, a=attr: _trend(st, a))
+    if signal in ("rel_trend", "level_change"):
+        return _Window(signal, w)
     if signal == "flat_range":
         return _StatSignal(signal, w, S.Flatline(w, rel_tol=0.01), lambda st: st.get())
     if signal == "autocorr":
-        return _StatSignal(signal, w, S.Autocorrelation(w, max_lag=max(2, w // 3)),
+        return _StatSignal(signal, w, S.Autocorrelation(w, max_lag=max(2, w // 2)),
                            lambda st: st.get())
     if signal == "sign_flip_rate":
         return _StatSignal(signal, w, S.SignFlipRate(w), lambda st: st.get())

@@ -68,30 +68,42 @@ def exact_mean(vals: Sequence[float]) -> float:
     return math.fsum([v / scale for v in vals]) / n * scale
 
 
-def exact_m2(vals: Sequence[float], mean: float) -> float:
-    """Sum of squared deviations from ``mean`` (may overflow to inf / underflow to 0)."""
-    try:
-        return math.fsum([(v - mean) * (v - mean) for v in vals])
-    except OverflowError:
-        return INF
-
-
 def exact_std(vals: Sequence[float], ddof: int) -> float:
-    """Standard deviation, rescaled so that it is accurate for values in [1e-300, 1e300]."""
+    """Standard deviation, accurate for values anywhere in the float range.
+
+    Two-pass: deviations from the (correctly rounded) mean are exact or correctly rounded, and
+    the error of the rounded mean only enters to second order; the deviations are divided by
+    their largest magnitude before squaring, so neither 1e300 nor 1e-300 overflows or
+    underflows.
+    """
     n = len(vals)
     if n - ddof <= 0:
         return NAN
-    scale = max(abs(v) for v in vals)
-    if scale == 0.0:
+    m = exact_mean(vals)
+    factor = 1.0
+    devs = [v - m for v in vals]
+    big = max(abs(d) for d in devs)
+    if big == INF:  # opposite huge signs: halve first (exact for such magnitudes)
+        factor = 2.0
+        hm = m * 0.5
+        devs = [v * 0.5 - hm for v in vals]
+        big = max(abs(d) for d in devs)
+    if big == 0.0:
         return 0.0
-    ys = [v / scale for v in vals]
-    my = math.fsum(ys) / n
-    devs = [y - my for y in ys]
-    s2 = max(abs(d) for d in devs)
-    if s2 == 0.0:
-        return 0.0
-    q = math.fsum([(d / s2) * (d / s2) for d in devs]) / (n - ddof)
-    return scale * (s2 * math.sqrt(q))
+    q = math.fsum([(d / big) * (d / big) for d in devs]) / (n - ddof)
+    return factor * (big * math.sqrt(q))
+
+
+def z_ratio(x: float, center: float, scale: float) -> float:
+    """``(x - center) / scale`` without spurious overflow of the difference."""
+    d = x - center
+    z = d / scale
+    if z - z != 0.0:
+        if d - d != 0.0:  # the difference overflowed (values near the float limits)
+            z = (x * 0.5 - center * 0.5) / (scale * 0.5)
+        if z != z:
+            z = math.copysign(INF, d)
+    return z
 
 
 def half_sum(a: float, b: float) -> float:

@@ -16,7 +16,8 @@ __all__ = ["Autocorrelation", "acf"]
 def acf(values: Any, max_lag: int, detrend: bool = True) -> np.ndarray:
     """Sample autocorrelation ``r_0 .. r_max_lag`` of ``values`` (after removing the least
     squares line when ``detrend``): ``r_k = sum_t y_t y_{t+k} / sum_t y_t^2`` (the usual biased
-    estimator, as ``statsmodels.tsa.stattools.acf``). NaNs when the residuals are all zero.
+    estimator, as ``statsmodels.tsa.stattools.acf``). NaNs when nothing is left after detrending
+    (a constant or, up to rounding, exactly linear series).
     """
     y = np.asarray(values, dtype=float)
     n = y.size
@@ -25,16 +26,16 @@ def acf(values: Any, max_lag: int, detrend: bool = True) -> np.ndarray:
     scale = np.max(np.abs(y))
     if scale > 0:
         y = y / scale  # scale-free; avoids overflow of squares for values near 1e300
+    y = y - y.mean()
+    total = float(np.dot(y, y))
     if detrend and n >= 2:
         t = np.arange(n, dtype=float)
         t -= t.mean()
-        y = y - y.mean()
         y = y - t * (np.dot(t, y) / np.dot(t, t))
-    else:
-        y = y - y.mean()
     denom = float(np.dot(y, y))
     out = np.full(max_lag + 1, np.nan)
-    if not denom > 0.0:
+    # nothing left (constant, or exactly linear up to rounding: residual RMS < 1e-12 of the spread)
+    if not denom > 1e-24 * total:
         return out
     m = min(max_lag, n - 1)
     full = np.correlate(y, y, mode="full")[n - 1 : n + m]

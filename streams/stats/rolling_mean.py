@@ -70,8 +70,8 @@ class RollingMean(Statistic):
             self._err = err
 
     def _recompute(self) -> None:
-        self._sum = exact_sum(self._buf)
-        self._err = 0.0
+        self._sum = s = exact_sum(self._buf)
+        self._err = abs(s)  # the correctly rounded sum is still off by up to eps * |sum|
 
     def get(self) -> float:
         n = len(self._buf)

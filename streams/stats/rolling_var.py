@@ -92,7 +92,8 @@ class _RollingMoments(Statistic):
             self._s2 = math.fsum([d * d for d in devs])
         except OverflowError:
             self._s2 = math.inf
-        self._e = 0.0
+        # the rounding of the two sums themselves: eps * S2 bounds both contributions
+        self._e = self._s2
 
     def _var(self) -> float:
         buf = self._buf
@@ -128,8 +129,11 @@ class _RollingMoments(Statistic):
             return math.nan
         if self._run >= n:
             return buf[-1]
-        m = self._k + self._s1 / n
-        if m - m != 0.0:
+        s1 = self._s1
+        m = self._k + s1 / n
+        # the shifted sums bound the mean's error by ~1e-10 of the spread, as long as the
+        # squares are representable; otherwise (spread near 1e-150 or 1e150) recompute
+        if not _VAR_LOW < (self._s2 - s1 * s1 / n) < _VAR_HIGH or m - m != 0.0:
             return exact_mean(buf)
         return m
 

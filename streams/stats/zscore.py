@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._num import MAD_TO_SIGMA, scale_floor, sorted_mad, sorted_median
+from ._num import MAD_TO_SIGMA, scale_floor, sorted_mad, sorted_median, z_ratio
 from .base import check_int
 from .rolling_quantile import _SortedWindow
 from .rolling_var import _RollingMoments
@@ -108,12 +108,9 @@ class RobustZ(_SortedWindow):
             self._hint = mad
             scale = MAD_TO_SIGMA * mad
             floor = scale_floor(med)
-            d = x - med
             if scale < floor:
                 scale = floor
-            z = d / scale
-            if z != z:  # inf / inf for values near the float limits
-                z = math.copysign(math.inf, d)
+            z = z_ratio(x, med, scale)
         self._z = z
         return z
 
@@ -191,10 +188,7 @@ class ZScore(_RollingMoments):
             floor = scale_floor(mean)
             if sd < floor:
                 sd = floor
-            d = x - mean
-            z = d / sd
-            if z != z:
-                z = math.copysign(math.inf, d)
+            z = z_ratio(x, mean, sd)
         self._z = z
         return z
 

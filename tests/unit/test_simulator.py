@@ -425,11 +425,14 @@ def test_prompt_extreme_reward():
 
 def test_kl_cycle_delta_sawtooth():
     def max_cycle_delta(ev, lo, hi):
-        st = [e["metrics"] for e in _steps(ev) if lo <= e["step"] < hi]
-        out = 0.0
-        for i in range(len(st) - 3):
-            if st[i]["ppo/epoch"] == 0:
-                out = max(out, st[i + 3]["kl/ppo"] - st[i]["kl/ppo"])
+        out, start, last = 0.0, None, None
+        for e in _steps(ev):
+            m = e["metrics"]
+            if last is None or m["ppo/epoch"] <= last:  # a new update cycle starts
+                start = m["kl/ppo"]
+            last = m["ppo/epoch"]
+            if lo <= e["step"] < hi:
+                out = max(out, m["kl/ppo"] - start)
         return out
 
     ev = _run("kl_cycle_delta", ONSET + 101, onset=ONSET)

@@ -1,0 +1,84 @@
+"""rlwatch.alert: identity (fingerprint) and the JSON line of contract section 3."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from rlwatch.alert import SEVERITIES, Alert, fingerprint, severity_rank
+
+
+def make(**kw) -> Alert:
+    base = dict(rule="kl_above_target", severity="red", state="firing", run_id="ppo-8b-a",
+                step=1204, onset_step=1200, value=0.131, threshold=0.125,
+                actions=["pause", "snapshot"], summary="KL high", diagnosis="beta too small",
+                ts=1764500012.5)
+    base.update(kw)
+    return Alert(**base)
+
+
+def test_fingerprint_is_stable_for_the_same_rule_run_rank_tier():
+    a = make(step=1204, value=0.131)
+    b = make(step=1300, value=0.9, onset_step=1290, summary="other text")
+    assert a.fingerprint and a.fingerprint == b.fingerprint
+    assert a.fingerprint == fingerprint("kl_above_target", "ppo-8b-a", None, "red")
+
+
+@pytest.mark.parametrize("change", [
+    {"severity": "black"}, {"severity": "yellow"}, {"run_id": "ppo-8b-b"}, {"rank": 3},
+    {"rule": "kl_rising"},
+])
+def test_fingerprint_differs_when_rule_run_rank_or_tier_differs(change):
+    assert make().fingerprint != make(**change).fingerprint
+
+
+def test_fingerprint_does_not_depend_on_state():
+    # firing and resolved of the same alert share the identity (dedup keys add the state)
+    assert make(state="firing").fingerprint == make(state="resolved").fingerprint
+
+
+def test_rank_zero_and_no_rank_are_different_identities():
+    assert make(rank=0).fingerprint != make(rank=None).fingerprint
+
+
+def test_to_json_has_the_contract_fields_and_round_trips():
+    a = make(rank=2, adjust={"beta": 1.5}, rollback_to={"step": 1100, "checkpoint": "/c/1100"},
+             labels={"seed": "Q12"})
+    line = a.to_json()
+    assert "\n" not in line
+    data = json.loads(line)
+    for key in ("rule", "severity", "state", "run_id", "step", "fingerprint"):
+        assert key in data
+    assert data["severity"] == "red" and data["state"] == "firing" and data["step"] == 1204
+    back = Alert.from_json(line)
+    assert back == a
+    assert Alert.from_json(line.encode()) == a
+
+
+@pytest.mark.parametrize("value, text", [(math.nan, "NaN"), (math.inf, "Infinity"),
+                                         (-math.inf, "-Infinity")])
+def test_nonfinite_value_is_written_as_contract_string_and_read_back(value, text):
+    a = make(rule="nan_inf", severity="black", value=value, threshold=None)
+    line = a.to_json()
+    data = json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in alert JSON"))
+    assert data["value"] == text
+    back = Alert.from_json(line)
+    if math.isnan(value):
+        assert math.isnan(back.value)
+    else:
+        assert back.value == value
+    assert back.fingerprint == a.fingerprint and back.rule == "nan_inf"
+
+
+def test_invalid_severity_or_state_is_refused():
+    with pytest.raises(ValueError):
+        make(severity="purple")
+    with pytest.raises(ValueError):
+        make(state="pending")
+
+
+def test_severity_order_is_info_to_black():
+    assert SEVERITIES == ("info", "yellow", "orange", "red", "black")
+    assert [severity_rank(s) for s in SEVERITIES] == [0, 1, 2, 3, 4]

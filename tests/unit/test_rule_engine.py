@@ -1,0 +1,271 @@
+"""rules.engine through the Pipeline: the kl_above_target tiers, targets, overrides, rollback.
+
+Events are built with parse_event (the real entry point) and fed to streams.processor.Pipeline
+with the built-in pack, as `rlwatch replay` and the worker do.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from alerts.actions import commands_for
+from rules.engine import RuleEngine, render
+from rules.schema import Override
+from streams.processor import Pipeline
+from tests.unit._core import (
+    checkpoint_event,
+    feed_series,
+    firing,
+    only_rules,
+    resolved,
+    rlhf_pack,
+)
+
+TARGET = 0.05           # the pack's default KL target
+YELLOW = 1.5 * TARGET   # 0.075
+RED = 2.5 * TARGET      # 0.125
+CAP = 0.2
+
+
+def kl_alerts(values, run_id="run-a", pack=None, **extra):
+    p = Pipeline(pack or rlhf_pack())
+    return [a for a in feed_series(p, run_id, "kl/mean", values, **extra)
+            if a.rule == "kl_above_target"]
+
+
+# -- yellow: > 1.5 x target for 5 consecutive steps ------------------------------------------
+
+def test_yellow_after_exactly_five_consecutive_steps_above_1_5x_target():
+    values = [0.02] * 20 + [0.08] * 10   # 0.08: above 0.075, below 0.125
+    alerts = kl_alerts(values)
+    y = firing(alerts, severity="yellow")
+    assert len(y) == 1
+    assert y[0].step == 24 and y[0].onset_step == 20   # steps 20..24 = 5 steps
+    assert y[0].threshold == pytest.approx(YELLOW)
+    assert y[0].value == pytest.approx(0.08)
+    assert y[0].actions == ["notify", "adjust"] and y[0].adjust == {"beta": 1.5}
+    assert not firing(alerts, severity="red") and not firing(alerts, severity="black")
+
+
+def test_four_steps_above_do_not_fire_yellow():
+    alerts = kl_alerts([0.02] * 20 + [0.08] * 4 + [0.02] * 10)
+    assert not firing(alerts)
+
+
+def test_a_dip_restarts_the_yellow_count():
+    values = [0.02] * 10 + [0.08] * 4 + [0.05] + [0.08] * 5
+    y = firing(kl_alerts(values), severity="yellow")
+    assert [(a.step, a.onset_step) for a in y] == [(19, 15)]
+
+
+def test_at_exactly_the_threshold_nothing_fires():
+    assert not firing(kl_alerts([0.02] * 5 + [YELLOW] * 10))
+
+
+# -- red: > 2.5 x target in 2 of the last 3 steps --------------------------------------------
+
+def test_single_spike_above_2_5x_target_is_not_red():
+    alerts = kl_alerts([0.02] * 10 + [0.13] + [0.02] * 5)
+    assert not firing(alerts, severity="red")
+
+
+def test_red_when_two_of_the_last_three_steps_exceed_2_5x_target():
+    values = [0.02] * 10 + [0.13, 0.02, 0.13] + [0.02] * 3
+    red = firing(kl_alerts(values), severity="red")
+    assert len(red) == 1 and red[0].step == 12
+    assert red[0].actions == ["pause", "snapshot"]
+    assert red[0].threshold == pytest.approx(RED)
+    assert red[0].rule == "kl_above_target" and red[0].run_id == "run-a"
+
+
+def test_red_on_second_consecutive_step_and_not_black_below_cap():
+    values = [0.02] * 10 + [0.15] * 6
+    alerts = kl_alerts(values)
+    red = firing(alerts, severity="red")
+    assert [a.step for a in red] == [11]
+    assert not firing(alerts, severity="black")
+    assert "beta" in red[0].diagnosis
+
+
+# -- black: over the absolute cap, rollback to the newest checkpoint before the onset ---------
+
+def test_black_over_cap_with_stop_and_rollback_to_checkpoint_before_onset():
+    p = Pipeline(rlhf_pack())
+    alerts = []
+    values = [0.02] * 30 + [0.3] * 6
+    for step, v in enumerate(values):
+        if step in (10, 25):
+            ck = checkpoint_event("run-a", step, f"/ckpt/step-{step}")
+            alerts += p.feed(ck, ck.ts)
+        alerts += feed_series(p, "run-a", "kl/mean", [v], start=step)
+        if step == 34:  # saved after the onset: not a healthy checkpoint
+            ck = checkpoint_event("run-a", step, "/ckpt/step-34")
+            alerts += p.feed(ck, ck.ts)
+    black = firing(alerts, "kl_above_target", "black")
+    assert len(black) == 1
+    b = black[0]
+    assert b.step == 31 and b.onset_step == 31
+    assert b.threshold == pytest.approx(CAP)
+    assert b.actions[:2] == ["stop", "rollback"]
+    assert b.rollback_to == {"step": 25, "checkpoint": "/ckpt/step-25"}
+    cmds = {c.action: c for c in commands_for(b, now=0.0)}
+    assert cmds["rollback"].params == {"to_step": 25, "checkpoint": "/ckpt/step-25"}
+    assert "stop" in cmds and "pause" not in cmds
+
+
+def test_checkpoints_reported_out_of_order_still_give_the_newest_before_onset():
+    p = Pipeline(rlhf_pack())
+    for step, path in ((20, "/c/20"), (5, "/c/5"), (12, "/c/12")):
+        ck = checkpoint_event("run-a", step, path, ts=1.0)
+        p.feed(ck, 1.0)
+    alerts = feed_series(p, "run-a", "kl/mean", [0.02] * 25 + [0.5] * 3)
+    b = firing(alerts, "kl_above_target", "black")[0]
+    assert b.rollback_to == {"step": 20, "checkpoint": "/c/20"}
+
+
+def test_black_without_any_checkpoint_has_no_rollback_target():
+    b = firing(kl_alerts([0.02] * 10 + [0.4] * 3), severity="black")[0]
+    assert b.rollback_to is None
+    assert [c.action for c in commands_for(b, now=0.0)] == ["stop", "snapshot"]
+
+
+# -- resolution ----------------------------------------------------------------------------
+
+def test_recovery_emits_resolved_for_each_fired_tier_with_the_same_fingerprint():
+    values = [0.02] * 10 + [0.3] * 8 + [0.02] * 12
+    alerts = kl_alerts(values)
+    fired = {a.severity: a for a in firing(alerts)}
+    assert set(fired) == {"yellow", "red", "black"}
+    done = {a.severity: a for a in resolved(alerts)}
+    assert set(done) == {"yellow", "red", "black"}
+    for sev in fired:
+        assert done[sev].fingerprint == fired[sev].fingerprint
+        assert done[sev].step > fired[sev].step
+        assert done[sev].actions == []
+        assert done[sev].onset_step == fired[sev].onset_step
+    # red/black follow the 3-step median: back under after two low steps
+    assert done["red"].step == 19 and done["black"].step == 19
+    # yellow keeps firing for 5 steps of recovery, resolves at the 6th
+    assert done["yellow"].step == 23
+    # nothing fires twice for one incident
+    assert len(firing(alerts)) == 3
+
+
+def test_every_alert_has_the_contract_required_fields():
+    for a in kl_alerts([0.02] * 10 + [0.3] * 8 + [0.02] * 12):
+        assert a.rule and a.severity in ("info", "yellow", "orange", "red", "black")
+        assert a.state in ("firing", "resolved") and a.run_id == "run-a"
+        assert isinstance(a.step, int) and a.fingerprint
+
+
+# -- per-run targets ---------------------------------------------------------------------------
+
+def test_target_tag_changes_the_thresholds_for_that_run_only():
+    values = [0.02] * 5 + [0.06] * 10  # above 2.5 x 0.02 but below 1.5 x 0.05
+    tagged = kl_alerts(values, run_id="strict", tags={"target.kl": "0.02"})
+    y = firing(tagged, severity="yellow")
+    assert [a.step for a in y] == [9]
+    assert y[0].threshold == pytest.approx(0.03)
+    assert [a.step for a in firing(tagged, severity="red")] == [6]  # 2 of 3 above 0.05
+    assert firing(tagged, severity="red")[0].threshold == pytest.approx(0.05)
+    assert not firing(kl_alerts(values, run_id="default"))
+
+
+def test_target_tag_on_the_first_event_only_still_applies_later():
+    p = Pipeline(rlhf_pack())
+    alerts = feed_series(p, "r", "kl/mean", [0.02], tags={"target.kl": "0.2"})
+    alerts += feed_series(p, "r", "kl/mean", [0.4] * 6, start=1)
+    # with target 0.2: red at 0.5 and yellow at 0.3 -> 0.4 is yellow only; cap 0.2 still black
+    assert [a.severity for a in firing(alerts, "kl_above_target")] == ["black", "yellow"]
+    assert firing(alerts, severity="yellow")[0].threshold == pytest.approx(0.3)
+
+
+def test_unparseable_target_tag_is_ignored():
+    alerts = kl_alerts([0.02] * 5 + [0.08] * 6, tags={"target.kl": "lots"})
+    assert firing(alerts, severity="yellow")[0].threshold == pytest.approx(YELLOW)
+
+
+# -- pack overrides ----------------------------------------------------------------------------
+
+def with_overrides(*ovs):
+    pack = rlhf_pack()
+    return pack.model_copy(update={"overrides": [*pack.overrides, *ovs]})
+
+
+def test_override_params_raise_the_cap_for_matching_runs_only():
+    pack = with_overrides(Override(runs="exp-*", params={"kl_above_target": {"cap": 0.5}}))
+    values = [0.02] * 10 + [0.3] * 4
+    exp = kl_alerts(values, run_id="exp-7", pack=pack)
+    prod = kl_alerts(values, run_id="prod-1", pack=pack)
+    assert {a.severity for a in firing(exp)} == {"red"}
+    assert {a.severity for a in firing(prod)} == {"red", "black"}
+
+
+def test_override_targets_apply_by_glob():
+    pack = with_overrides(Override(runs="ppo-8b-*", targets={"kl": 0.1}))
+    values = [0.02] * 10 + [0.16] * 6   # > 2.5 x 0.05, < 2.5 x 0.1
+    matched = kl_alerts(values, run_id="ppo-8b-a", pack=pack)
+    other = kl_alerts(values, run_id="ppo-70b-a", pack=pack)
+    assert {a.severity for a in firing(matched)} == {"yellow"}
+    assert firing(matched)[0].threshold == pytest.approx(0.15)
+    assert "red" in {a.severity for a in firing(other)}
+
+
+def test_override_disable_silences_a_rule_for_matching_runs():
+    pack = with_overrides(Override(runs="quiet-*", disable=["kl_above_target", "nan_inf"]))
+    values = [0.02] * 10 + [0.5] * 6 + ["NaN"]
+    assert kl_alerts(values, run_id="quiet-1", pack=pack) == []
+    p = Pipeline(pack)
+    assert not [a for a in feed_series(p, "quiet-1", "kl/mean", values) if a.state == "firing"
+                and a.rule in ("kl_above_target", "nan_inf")]
+    assert firing(kl_alerts(values, run_id="loud-1", pack=pack))
+
+
+def test_reported_target_overrides_pack_override_target():
+    pack = with_overrides(Override(runs="*", targets={"kl": 0.1}))
+    alerts = kl_alerts([0.02] * 5 + [0.04] * 6, pack=pack, tags={"target.kl": "0.02"})
+    assert firing(alerts, severity="yellow")[0].threshold == pytest.approx(0.03)
+
+
+def test_for_run_resolves_targets_disable_and_params():
+    pack = with_overrides(Override(runs="a*", targets={"kl": 0.3}, disable=["stagnation"],
+                                   params={"kl_above_target": {"cap": 0.9}}))
+    engine = RuleEngine(pack)
+    rr = engine.for_run("abc", {"kl": 0.07})
+    assert rr.targets["kl"] == 0.07
+    assert "stagnation" not in {r.id for r in rr.rules}
+    assert rr.params["kl_above_target"]["cap"] == 0.9
+    rr2 = engine.for_run("zzz")
+    assert rr2.targets["kl"] == 0.05 and "stagnation" in {r.id for r in rr2.rules}
+    assert rr2.params["kl_above_target"]["cap"] == 0.2
+
+
+def test_disabled_rule_in_the_pack_never_fires():
+    pack = rlhf_pack()
+    rules = [r.model_copy(update={"enabled": False}) if r.id == "kl_above_target" else r
+             for r in pack.rules]
+    p = pack.model_copy(update={"rules": rules})
+    assert kl_alerts([0.02] * 5 + [0.5] * 8, pack=p) == []
+
+
+def test_only_the_kl_rule_pack_gives_the_same_kl_alerts_as_the_full_pack():
+    values = [0.02] * 10 + [0.3] * 8 + [0.02] * 12
+    full = [(a.severity, a.state, a.step) for a in kl_alerts(values)]
+    small = [(a.severity, a.state, a.step)
+             for a in kl_alerts(values, pack=only_rules("kl_above_target"))]
+    assert full == small
+
+
+# -- summaries ---------------------------------------------------------------------------------
+
+def test_summary_is_rendered_with_numbers_and_onset():
+    y = firing(kl_alerts([0.02] * 20 + [0.08] * 5), severity="yellow")[0]
+    assert "0.08" in y.summary and "0.075" in y.summary and "20" in y.summary
+    assert "{" not in y.summary
+
+
+def test_render_never_raises():
+    assert render("{value:.3g} / {missing} / {threshold:.2f}", value=None, threshold=float("nan")) \
+        == "n/a / {missing} / NaN"
+    assert render("{value:.3g}", value="text") == "text"
+    assert render("{", value=1) == "{"
