@@ -8,6 +8,7 @@ float result is expected to be close to the exact one, so that adversarial input
 from __future__ import annotations
 
 import math
+import os
 from fractions import Fraction
 
 from hypothesis import HealthCheck, settings
@@ -15,9 +16,10 @@ from hypothesis import strategies as st
 
 
 def hsettings(max_examples: int):
-    """Modest, deterministic-time hypothesis settings (no example database on disk)."""
+    """Modest hypothesis settings (no example database on disk). For a longer hunt set
+    ``STATS_TEST_SCALE=20`` in the environment (multiplies every ``max_examples``)."""
     return settings(
-        max_examples=max_examples,
+        max_examples=max_examples * int(os.environ.get("STATS_TEST_SCALE", "1")),
         deadline=None,
         database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -1,0 +1,159 @@
+"""rules.testing: promtool-style series notation and rule unit test files."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import pytest
+
+from rules.loader import RuleFileError
+from rules.testing import expand_series, run_rule_tests
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("1x3", [1.0, 1.0, 1.0, 1.0]),
+    ("0+0.5x2", [0.0, 0.5, 1.0]),
+    ("_", [None]),
+    ("_x2", [None, None, None]),
+    ("1 2 _ 4", [1.0, 2.0, None, 4.0]),
+    ("-1+1x2", [-1.0, 0.0, 1.0]),
+    ("1-0.25x2", [1.0, 0.75, 0.5]),
+    ("-0.5x1", [-0.5, -0.5]),
+    ("0.02x2 0.02+0.02x2", [0.02, 0.02, 0.02, 0.02, 0.04, 0.06]),
+    ("1e-3", [0.001]),
+    ("Inf -Inf", [math.inf, -math.inf]),
+])
+def test_expand_series_promtool_notation(spec, expected):
+    got = expand_series(spec)
+    assert len(got) == len(expected), got
+    for g, e in zip(got, expected):
+        assert (g is None) == (e is None), got
+        if e is not None:
+            assert g == pytest.approx(e), got
+
+
+def test_expand_series_nan_and_lists():
+    assert math.isnan(expand_series("NaN")[0])
+    out = expand_series([1, None, "_", 2.5, "NaN"])
+    assert out[:4] == [1.0, None, None, 2.5] and math.isnan(out[4])
+
+
+def test_expand_series_counts():
+    assert len(expand_series("0x99")) == 100
+    assert len(expand_series("0+1x9 _x4")) == 15
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("1e-7x3", [1e-7] * 4),             # a KL of ~0 (kl_zero tests), repeated
+    ("1e-3+1e-3x2", [1e-3, 2e-3, 3e-3]),
+    ("2.5e+1x1", [25.0, 25.0]),
+])
+def test_expand_series_scientific_notation_with_repeat(spec, expected):
+    assert expand_series(spec) == pytest.approx(expected)
+
+
+TEST_FILE = """
+rules: rlhf
+tests:
+  - name: KL blow-up pauses
+    run_id: t1
+    series:
+      kl/mean: "0.02x19 0.3x5"
+    expect:
+      - {rule: kl_above_target, severity: red, step: 21, within: 1}
+      - {rule: kl_above_target, severity: black}
+    absent: [nan_inf]
+  - name: healthy KL stays quiet (wrongly expects an alert)
+    series:
+      kl/mean: "0.02x29"
+    expect:
+      - {rule: kl_above_target, severity: yellow}
+"""
+
+
+def test_run_rule_tests_reports_pass_and_fail(tmp_path):
+    f = tmp_path / "kl_test.yaml"
+    f.write_text(textwrap.dedent(TEST_FILE))
+    outcomes = run_rule_tests(f)
+    assert [o.name for o in outcomes] == ["KL blow-up pauses",
+                                          "healthy KL stays quiet (wrongly expects an alert)"]
+    ok, bad = outcomes
+    assert ok.passed and ok.problems == []
+    assert "kl_above_target/red@21" in ok.fired
+    assert not bad.passed
+    assert len(bad.problems) == 1
+    assert "kl_above_target/yellow" in bad.problems[0] and "nothing" in bad.problems[0]
+
+
+def test_absent_rule_that_fires_fails_the_case(tmp_path):
+    f = tmp_path / "t.yaml"
+    f.write_text(textwrap.dedent("""
+        rules: rlhf
+        tests:
+          - name: nan must not fire (but does)
+            series:
+              kl/mean: "0.02x5 NaN 0.02"
+            absent: [nan_inf]
+        """))
+    [o] = run_rule_tests(f)
+    assert not o.passed and "nan_inf must not fire" in o.problems[0]
+
+
+def test_targets_in_a_case_change_the_thresholds(tmp_path):
+    f = tmp_path / "t.yaml"
+    f.write_text(textwrap.dedent("""
+        rules: rlhf
+        tests:
+          - name: strict target
+            run_id: strict
+            targets: {kl: 0.02}
+            series:
+              kl/mean: "0.02x4 0.04x6"
+            expect:
+              - {rule: kl_above_target, severity: yellow, step: 9}
+          - name: default target
+            series:
+              kl/mean: "0.02x4 0.04x6"
+            absent: [kl_above_target]
+        """))
+    assert [o.passed for o in run_rule_tests(f)] == [True, True]
+
+
+def test_rules_relative_to_the_test_file(tmp_path):
+    (tmp_path / "mine.yaml").write_text(textwrap.dedent("""
+        pack: mine
+        rules:
+          - id: loss_high
+            tiers:
+              - severity: orange
+                when: {metric: loss/policy, above: 2}
+                for: 2
+        """))
+    f = tmp_path / "mine_test.yaml"
+    f.write_text(textwrap.dedent("""
+        rules: mine.yaml
+        tests:
+          - name: loss fires after 2 steps
+            series:
+              loss/policy: "1 1 3 3 3"
+            expect:
+              - {rule: loss_high, severity: orange, step: 3}
+        """))
+    [o] = run_rule_tests(f)
+    assert o.passed, o.problems
+    assert o.fired == ["loss_high/orange@3"]
+
+
+def test_a_case_without_series_fails_with_a_reason(tmp_path):
+    f = tmp_path / "t.yaml"
+    f.write_text("rules: rlhf\ntests:\n  - name: empty\n")
+    [o] = run_rule_tests(f)
+    assert not o.passed and "no series" in o.problems[0]
+
+
+def test_a_file_without_tests_is_an_error(tmp_path):
+    f = tmp_path / "t.yaml"
+    f.write_text("rules: rlhf\n")
+    with pytest.raises(RuleFileError):
+        run_rule_tests(f)

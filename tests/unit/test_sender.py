@@ -1,0 +1,191 @@
+"""producers.sender.BackgroundSender: bounded buffer, exact drop accounting, drop report,
+non-blocking put, flush on close. The transport is a fake (no Kafka)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from producers.sender import BackgroundSender
+
+WAIT = 10.0  # generous upper bound for background progress; tests finish far sooner
+
+
+class FakeTransport:
+    """Raises while down, records while up; can also block inside send() on a gate."""
+
+    def __init__(self, up: bool = True):
+        self.up = up
+        self.gate = threading.Event()
+        self.gate.set()
+        self.in_send = threading.Event()
+        self.lock = threading.Lock()
+        self.attempts = 0
+        self.delivered: list[tuple[bytes, dict]] = []
+        self.closed = False
+
+    def send(self, items):
+        with self.lock:
+            self.attempts += 1
+        self.in_send.set()
+        self.gate.wait()
+        if not self.up:
+            raise ConnectionError("broker down")
+        with self.lock:
+            self.delivered.extend((k, json.loads(v)) for k, v in items)
+
+    def close(self, timeout):
+        self.closed = True
+
+    # helpers for the tests
+    def steps(self):
+        return [e["step"] for _, e in self.delivered if e["kind"] == "step"]
+
+    def reports(self):
+        return [e for _, e in self.delivered if "dropped_events" in e]
+
+
+def wait_until(cond, timeout=WAIT):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def ev(step, run_id="run-a"):
+    return {"schema": 1, "kind": "step", "run_id": run_id, "rank": 0, "step": step,
+            "ts": 1764500000.0 + step, "metrics": {"kl/mean": 0.02, "x": float("nan")}}
+
+
+@pytest.fixture
+def senders():
+    made = []
+    yield made
+    for s, t in made:
+        t.up = True
+        t.gate.set()
+        s.close(timeout=2.0)
+
+
+def make(senders, transport, **kw):
+    s = BackgroundSender(transport, **kw)
+    senders.append((s, transport))
+    return s
+
+
+def test_events_are_delivered_as_strict_json_with_their_key(senders):
+    t = FakeTransport(up=True)
+    s = make(senders, t, capacity=100)
+    for i in range(10):
+        s.put(b"run-a", ev(i))
+    assert s.flush(WAIT)
+    assert t.steps() == list(range(10))
+    assert {k for k, _ in t.delivered} == {b"run-a"}
+    assert t.delivered[0][1]["metrics"]["x"] == "NaN"   # non-finite as the contract string
+    assert s.dropped_total == 0 and s.sent == 10 and t.reports() == []
+
+
+def test_exactly_put_minus_capacity_events_are_dropped_while_down_and_reported_after(senders):
+    capacity, n = 50, 130
+    t = FakeTransport(up=False)
+    s = make(senders, t, capacity=capacity)
+    for i in range(n):
+        s.put(b"run-a", ev(i))
+    # let the sender settle: two attempts after the last put means every event was taken
+    # from the buffer after the puts ended, so all drops are accounted for
+    a0 = t.attempts
+    assert wait_until(lambda: t.attempts >= a0 + 2)
+    assert s.dropped_total == n - capacity
+    assert t.delivered == []
+    assert s.failures >= 2 and "broker down" in s.last_error
+
+    t.up = True
+    assert s.flush(WAIT)
+    # the newest `capacity` events got through, the oldest were dropped
+    assert t.steps() == list(range(n - capacity, n))
+    [report] = t.reports()
+    assert report["dropped_events"] == n - capacity
+    assert report["kind"] == "heartbeat" and report["run_id"] == "run-a"
+    assert s.dropped_total == n - capacity and s.dropped == 0
+    # the report is a valid contract event
+    from rlwatch.events import parse_event
+    assert parse_event(json.dumps(report), 0.0).kind == "heartbeat"
+
+
+def test_a_drop_report_is_sent_once(senders):
+    t = FakeTransport(up=False)
+    s = make(senders, t, capacity=5)
+    for i in range(8):
+        s.put(b"k", ev(i))
+    a0 = t.attempts
+    assert wait_until(lambda: t.attempts >= a0 + 2)
+    t.up = True
+    assert s.flush(WAIT)
+    for i in range(8, 12):
+        s.put(b"k", ev(i))
+    assert s.flush(WAIT)
+    assert [r["dropped_events"] for r in t.reports()] == [3]
+    assert t.steps() == list(range(3, 12))
+
+
+def test_put_never_blocks_while_the_transport_is_stuck(senders):
+    t = FakeTransport(up=True)
+    t.gate.clear()                 # send() will block until the gate opens
+    s = make(senders, t, capacity=20)
+    s.put(b"k", ev(0))
+    assert t.in_send.wait(WAIT)    # the sender thread is now stuck inside send()
+
+    done = threading.Event()
+
+    def producer():
+        for i in range(1, 101):
+            s.put(b"k", ev(i))
+        done.set()
+
+    th = threading.Thread(target=producer, daemon=True)
+    th.start()
+    assert done.wait(WAIT), "put() blocked while the transport was blocked"
+    assert t.gate.is_set() is False   # still stuck: put() did not wait for it
+    assert s.pending() == 20 and s.dropped_total == 80
+
+    t.gate.set()
+    assert s.flush(WAIT)
+    assert t.steps() == [0] + list(range(81, 101))
+    assert [r["dropped_events"] for r in t.reports()] == [80]
+
+
+def test_close_flushes_what_is_buffered(senders):
+    t = FakeTransport(up=True)
+    s = BackgroundSender(t, capacity=1000, batch=7)
+    for i in range(200):
+        s.put(b"k", ev(i))
+    assert s.close(timeout=WAIT) is True
+    assert t.steps() == list(range(200))
+    assert t.closed
+
+
+def test_close_returns_false_when_the_transport_stays_down(senders):
+    t = FakeTransport(up=False)
+    s = BackgroundSender(t, capacity=10)
+    s.put(b"k", ev(0))
+    assert s.close(timeout=0.3) is False
+    assert t.closed and t.delivered == []
+
+
+def test_errors_are_reported_once_while_down(senders):
+    messages = []
+    t = FakeTransport(up=False)
+    s = make(senders, t, capacity=10, on_error=messages.append)
+    s.put(b"k", ev(0))
+    assert wait_until(lambda: t.attempts >= 3)
+    assert len(messages) == 1 and "training continues" in messages[0]
+
+
+def test_capacity_must_be_positive():
+    with pytest.raises(ValueError):
+        BackgroundSender(FakeTransport(), capacity=0)
