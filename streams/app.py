@@ -67,15 +67,17 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> None:
 class RunStates:
     """Decoded run states in front of the Faust table (the table is the source of truth).
 
-    Faust only lets a table be written while an event of the same partition is being
-    processed, so a run's state is written back from the agent: at most once a second, and
-    at once when the event raised an alert.
+    Writing the whole state per event would cost more than processing it, so changed runs are
+    written back once a second, at once when an event raised an alert, before a rebalance takes
+    partitions away and when the worker shuts down. The table uses the producer's key
+    partitioner (the same murmur2 hashing as the events topic), which allows those writes
+    from outside an agent.
     """
 
     def __init__(self, table, processor: Processor):
         self.table, self.processor = table, processor
         self.cache: dict[str, RunState] = {}
-        self.written: dict[str, float] = {}
+        self.dirty: set[str] = set()
 
     def get(self, run_id: str) -> RunState:
         st = self.cache.get(run_id)
@@ -85,19 +87,24 @@ class RunStates:
             self.cache[run_id] = st
         return st
 
-    def save(self, run_id: str, now: float, force: bool = False) -> None:
-        """Write the run's state to the table (inside stream iteration only)."""
-        if not force and now - self.written.get(run_id, 0.0) < FLUSH_SECONDS:
-            return
-        st = self.cache.get(run_id)
-        if st is not None:
-            self.table[run_id.encode()] = json.dumps(st.to_state(), allow_nan=True).encode()
-            self.written[run_id] = now
+    def touch(self, run_id: str) -> None:
+        self.dirty.add(run_id)
+
+    def flush(self) -> int:
+        """Write every changed run's state to the table."""
+        n = 0
+        for run_id in list(self.dirty):
+            st = self.cache.get(run_id)
+            if st is not None:
+                self.table[run_id.encode()] = json.dumps(st.to_state(), allow_nan=True).encode()
+                n += 1
+        self.dirty.clear()
+        return n
 
     def forget(self) -> None:
         """After a rebalance the table may hold newer states than the cache: drop the cache."""
         self.cache.clear()
-        self.written.clear()
+        self.dirty.clear()
 
 
 def build_app(settings: Settings) -> faust.App:
@@ -121,7 +128,8 @@ def build_app(settings: Settings) -> faust.App:
     events = app.topic(settings.events_topic, key_type=bytes, value_type=bytes)
     alerts_topic = app.topic(settings.alerts_topic, key_type=bytes, value_type=bytes)
     dlq = app.topic(settings.dlq_topic, key_type=bytes, value_type=bytes)
-    table = app.Table("rlwatch-runs", default=None, partitions=PARTITIONS, key_type=bytes, value_type=bytes)
+    table = app.Table("rlwatch-runs", default=None, partitions=PARTITIONS, key_type=bytes,
+                      value_type=bytes, use_partitioner=True)
     states = RunStates(table, processor)
     counters = {"events": 0, "dlq": 0, "alerts": 0}
     dispatcher_box: list = []
@@ -153,8 +161,9 @@ def build_app(settings: Settings) -> faust.App:
             counters["events"] += 1
             st = states.get(event.run_id)
             alerts = processor.process(st, event, now)
-            states.save(event.run_id, now, force=bool(alerts))
+            states.touch(event.run_id)
             if alerts:
+                states.flush()
                 await publish(alerts)
 
     @app.agent(alerts_topic)
@@ -167,11 +176,16 @@ def build_app(settings: Settings) -> faust.App:
                 continue
             await dispatcher().handle(alert)
 
+    @app.timer(interval=FLUSH_SECONDS)
+    async def flush_states():
+        states.flush()
+
     @app.timer(interval=settings.tick_seconds)
     async def liveness():
         now = time.time()
         for run_id in list(states.cache):
             await publish(processor.tick(states.get(run_id), now))
+            states.touch(run_id)
 
     @app.timer(interval=60.0)
     async def report():
@@ -179,7 +193,12 @@ def build_app(settings: Settings) -> faust.App:
 
     @app.on_partitions_revoked.connect
     async def on_revoked(app_, revoked, **kwargs):
+        states.flush()
         states.forget()
+
+    @app.on_before_shutdown.connect
+    async def on_shutdown(app_, **kwargs):
+        states.flush()
 
     app.rlwatch_counters = counters
     app.rlwatch_states = states

@@ -110,12 +110,12 @@ class _View:
         g = self.s.groups.get(f"{metric}|{window}")
         if g is None:
             return math.nan, None
-        slopes = self._once(("slopes", metric, window), g.slopes)
+        slopes, gap_trend = self.s.group_trends(f"{metric}|{window}", g)
         finite = {k: v for k, v in slopes.items() if math.isfinite(v)}
         if stat == "gap":
             return g.gap(), None
         if stat == "gap_slope":
-            return self._once(("gap_trend", metric, window), g.gap_trend), _slopes_detail(finite)
+            return gap_trend, _slopes_detail(finite)
         if not finite:
             return math.nan, None
         if stat == "min_slope":

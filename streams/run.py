@@ -25,6 +25,7 @@ __all__ = ["RunState"]
 MAX_CHECKPOINTS = 64
 MAX_PROMPTS = 2000
 MAX_PENDING_STEPS = 8
+GROUP_TREND_EVERY = 10
 
 
 def _finite(xs: list[float]) -> list[float]:
@@ -62,6 +63,7 @@ class RunState:
         self.hashes_step: int | None = None
         self.samples: list = []
         self.latest_metrics: dict[str, float] = {}
+        self._group_cache: dict[str, tuple] = {}
 
     # -- bookkeeping -------------------------------------------------------------------------
     def bank(self, rank: int) -> SignalBank:
@@ -198,6 +200,15 @@ class RunState:
                 if g is None:
                     g = self.groups[f"{metric}|{window}"] = S.GroupTrends(window)
                 g.update(event.groups[metric])
+
+    def group_trends(self, key: str, g) -> tuple[dict[str, float], float]:
+        """Per-category slopes and the gap's slope, recomputed every GROUP_TREND_EVERY steps
+        (Theil-Sen over a window is quadratic; category trends move slowly)."""
+        step = self.last_step.get(0, 0)
+        cached = self._group_cache.get(key)
+        if cached is None or step - cached[0] >= GROUP_TREND_EVERY or step < cached[0]:
+            cached = self._group_cache[key] = (step, g.slopes(), g.gap_trend())
+        return cached[1], cached[2]
 
     def update_samples(self, event: SamplesEvent) -> None:
         """Tally per-prompt reward extremes (z against the batch) for prompt_extreme_reward."""

@@ -156,3 +156,30 @@ def test_malformed_events_go_to_the_dlq_and_processing_continues(services, recor
     finally:
         mon.close()
         producer.close()
+
+
+def test_a_restarted_worker_resumes_the_run_state(services, recorder, start_worker, session_id):
+    """Three steps over the yellow line before a restart and two after make the five that
+    `kl_above_target` needs: only a worker that resumed the run's state raises it."""
+    env = worker_env(services, f"{session_id}r", recorder)
+    first = start_worker(env)
+    run_id = f"it-restart-{uuid.uuid4().hex[:6]}"
+    mon = Monitor(run_id, kafka=services["kafka"], redis=False, topic=env["RLWATCH_EVENTS_TOPIC"],
+                  heartbeat_seconds=0)
+    try:
+        for step in range(3):
+            mon.log(step, {"kl/mean": 0.09})       # yellow line: 1.5 x 0.05 = 0.075
+        assert mon.flush(10)
+        time.sleep(5)                              # processed, state flushed, offsets committed
+        first.stop()
+        assert not recorder.on("/hook"), "nothing should have fired after three steps"
+        start_worker(env)
+        for step in range(3, 5):
+            mon.log(step, {"kl/mean": 0.09})
+        assert mon.flush(10)
+        hook = recorder.wait_for("/hook", lambda r: r.json()["run_id"] == run_id, timeout=30)
+        alert = hook[0].json()
+        assert (alert["rule"], alert["severity"]) == ("kl_above_target", "yellow")
+        assert alert["onset_step"] == 0 and alert["step"] == 4
+    finally:
+        mon.close()

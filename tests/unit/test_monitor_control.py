@@ -1,0 +1,275 @@
+"""producers.monitor.Monitor + producers.control.CommandInbox, in process (no Kafka, no Redis):
+pause blocks the training thread until resume, stop raises, adjust calls back, acks are
+reported, and forged commands are rejected."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from producers import Monitor, TrainingStopped
+from producers.control import CommandInbox
+from rlwatch.commands import Command, RunControl
+from rlwatch.events import parse_event
+from streams.processor import Pipeline
+from tests.unit._core import firing, rlhf_pack
+
+WAIT = 10.0
+RUN = "ppo-8b-a"
+
+
+class RecordingTransport:
+    def __init__(self):
+        self.items: list[tuple[bytes, bytes]] = []
+        self.lock = threading.Lock()
+
+    def send(self, items):
+        with self.lock:
+            self.items.extend(items)
+
+    def close(self, timeout):
+        pass
+
+    def events(self):
+        return [json.loads(v) for _, v in self.items]
+
+
+def command(action, params=None, secret=None, run_id=RUN, **kw) -> Command:
+    return Command(run_id=run_id, action=action, params=params or {}, ts=time.time(),
+                   reason=f"test {action}", issuer="test", **kw).signed(secret)
+
+
+@pytest.fixture
+def rig():
+    """A Monitor with a fake transport and an in-process inbox; acks collected."""
+    made = []
+
+    def build(secret=None, **kw):
+        inbox = CommandInbox(RUN, rank=0, secret=secret)
+        acks: list[dict] = []
+        inbox.on_ack = acks.append
+        transport = RecordingTransport()
+        mon = Monitor(RUN, redis=False, transport=transport, inbox=inbox, heartbeat_seconds=0,
+                      **kw)
+        made.append(mon)
+        return mon, inbox, acks, transport
+
+    yield build
+    for mon in made:
+        mon.control.close()  # releases a thread still blocked in a pause
+        mon.close(timeout=2.0)
+
+
+def in_thread(fn):
+    """Run fn in a thread; the outcome ('returned' or the exception) lands in the dict."""
+    out: dict = {}
+    started = threading.Event()
+
+    def target():
+        started.set()
+        try:
+            fn()
+            out["result"] = "returned"
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            out["result"] = exc
+
+    th = threading.Thread(target=target, daemon=True)
+    th.start()
+    started.wait(WAIT)
+    return th, out
+
+
+def test_step_boundary_is_a_no_op_without_commands(rig):
+    mon, inbox, acks, _ = rig()
+    th, out = in_thread(mon.step_boundary)
+    th.join(WAIT)
+    assert out["result"] == "returned" and acks == [] and mon.state == "running"
+
+
+def test_pause_blocks_step_boundary_until_resume(rig):
+    mon, inbox, acks, _ = rig()
+    pause = command("pause")
+    inbox.deliver_command(pause)
+    assert mon.state == "paused"
+    th, out = in_thread(mon.step_boundary)
+    th.join(0.3)
+    assert th.is_alive(), "step_boundary returned while the run was paused"
+    assert "result" not in out
+    assert [(a["action"], a["status"], a["command_id"]) for a in acks] == [
+        ("pause", "applied", pause.id)]
+
+    resume = command("resume")
+    inbox.deliver_command(resume)
+    th.join(WAIT)
+    assert not th.is_alive() and out["result"] == "returned"
+    assert mon.state == "running"
+    assert [(a["action"], a["status"]) for a in acks] == [("pause", "applied"),
+                                                          ("resume", "applied")]
+    assert all(a["run_id"] == RUN and a["rank"] == 0 and a["type"] == "ack" for a in acks)
+    # the next boundary does not block again
+    th, out = in_thread(mon.step_boundary)
+    th.join(WAIT)
+    assert out["result"] == "returned"
+
+
+def test_stop_raises_training_stopped_with_the_reason(rig):
+    mon, inbox, acks, _ = rig()
+    inbox.deliver_command(command("stop"))
+    with pytest.raises(TrainingStopped, match="test stop"):
+        mon.step_boundary()
+    assert [(a["action"], a["status"]) for a in acks] == [("stop", "applied")]
+    # a stopped run stays stopped: resume does not revive it
+    inbox.deliver_command(command("resume"))
+    assert mon.state == "stopped"
+
+
+def test_stop_while_paused_releases_the_blocked_thread_with_training_stopped(rig):
+    mon, inbox, acks, _ = rig()
+    inbox.deliver_command(command("pause"))
+    th, out = in_thread(mon.step_boundary)
+    th.join(0.2)
+    assert th.is_alive()
+    inbox.deliver_command(command("stop"))
+    th.join(WAIT)
+    assert isinstance(out.get("result"), TrainingStopped)
+
+
+def test_adjust_calls_on_adjust_with_params_and_acks(rig):
+    calls = []
+    mon, inbox, acks, _ = rig(on_adjust=lambda params, cmd: calls.append((params, cmd.id)))
+    adj = command("adjust", {"beta": 1.5, "lr": 0.5})
+    inbox.deliver_command(adj)
+    mon.step_boundary()
+    assert calls == [({"beta": 1.5, "lr": 0.5}, adj.id)]
+    assert [(a["action"], a["status"], a["command_id"]) for a in acks] == [
+        ("adjust", "applied", adj.id)]
+    assert mon.applied == [adj]
+    # the same command delivered twice (e.g. state replay on reconnect) is applied once
+    inbox.deliver_command(adj)
+    mon.step_boundary()
+    assert len(calls) == 1
+
+
+def test_adjust_without_callback_is_acked_as_ignored(rig):
+    mon, inbox, acks, _ = rig()
+    inbox.deliver_command(command("adjust", {"beta": 2.0}))
+    mon.step_boundary()
+    assert [(a["action"], a["status"]) for a in acks] == [("adjust", "ignored")]
+
+
+def test_failing_callback_is_acked_as_failed_not_raised(rig):
+    def boom(params, cmd):
+        raise RuntimeError("optimizer has no beta")
+
+    mon, inbox, acks, _ = rig(on_adjust=boom)
+    inbox.deliver_command(command("adjust", {"beta": 2.0}))
+    mon.step_boundary()
+    assert [(a["status"], a["detail"]) for a in acks] == [("failed", "optimizer has no beta")]
+
+
+def test_rollback_and_snapshot_callbacks(rig):
+    rolled, snaps = [], []
+    mon, inbox, acks, _ = rig(on_rollback=lambda p, c: rolled.append(p),
+                              on_snapshot=lambda c: snaps.append(c.action))
+    inbox.deliver_command(command("rollback", {"to_step": 100, "checkpoint": "/c/100"}))
+    inbox.deliver_command(command("snapshot"))
+    mon.step_boundary()
+    assert rolled == [{"to_step": 100, "checkpoint": "/c/100"}] and snaps == ["snapshot"]
+    assert sorted(a["action"] for a in acks if a["status"] == "applied") == ["rollback",
+                                                                              "snapshot"]
+
+
+def test_adjust_delivered_during_a_pause_is_applied_on_resume(rig):
+    calls = []
+    mon, inbox, acks, _ = rig(on_adjust=lambda p, c: calls.append(p))
+    inbox.deliver_command(command("pause"))
+    th, out = in_thread(mon.step_boundary)
+    th.join(0.2)
+    inbox.deliver_command(command("adjust", {"beta": 2.0}))
+    inbox.deliver_command(command("resume"))
+    th.join(WAIT)
+    assert out["result"] == "returned"
+    assert calls == [{"beta": 2.0}]
+
+
+def test_command_signed_with_the_wrong_secret_is_rejected(rig):
+    mon, inbox, acks, _ = rig(secret="right")
+    inbox.deliver_command(command("stop", secret="wrong"))
+    inbox.deliver_command(command("pause"))                 # unsigned
+    assert inbox.rejected == 2
+    assert mon.state == "running"
+    mon.step_boundary()          # neither blocks nor raises
+    assert acks == []
+    # a correctly signed command is obeyed
+    inbox.deliver_command(command("stop", secret="right"))
+    with pytest.raises(TrainingStopped):
+        mon.step_boundary()
+
+
+def test_forged_state_message_is_rejected(rig):
+    mon, inbox, acks, _ = rig(secret="right")
+    forged = RunControl(run_id=RUN, state="stopped", command=command("stop", secret="wrong"))
+    inbox.deliver_message(forged.model_dump_json())
+    assert mon.state == "running" and inbox.rejected == 1
+    good = RunControl(run_id=RUN, state="paused", command=command("pause", secret="right"))
+    inbox.deliver_message(good.model_dump_json())
+    assert mon.state == "paused"
+
+
+def test_malformed_control_message_is_ignored(rig):
+    mon, inbox, acks, _ = rig()
+    inbox.deliver_message(b"{not json")
+    inbox.deliver_message(json.dumps({"action": "explode", "run_id": RUN, "ts": 0}))
+    assert mon.state == "running"
+    mon.step_boundary()
+
+
+# -- publishing ------------------------------------------------------------------------------
+
+def test_log_publishes_contract_events_that_the_processor_accepts(rig):
+    mon, inbox, acks, transport = rig(rank=0, world_size=1, targets={"kl": 0.02},
+                                      tags={"algo": "ppo"})
+    for step in range(12):
+        mon.step_boundary()
+        mon.log(step, {"kl/mean": 0.02 if step < 5 else 0.04, "reward/mean": 1.0},
+                dists={"reward": [1.0, 2.0]}, hashes={"actor": "sha256:x"})
+    mon.log_checkpoint(4, "/ckpt/4")
+    mon.log_samples(11, [{"prompt_id": "p", "response": "hi", "reward": 1.0}])
+    assert mon.flush(WAIT)
+    events = transport.events()
+    assert [e["kind"] for e in events] == ["step"] * 12 + ["checkpoint", "samples"]
+    assert {k for k, _ in transport.items} == {RUN.encode()}
+    first = events[0]
+    assert first["schema"] == 1 and first["run_id"] == RUN and first["rank"] == 0
+    assert first["tags"] == {"algo": "ppo", "target.kl": "0.02"}
+    # the events parse and the per-run target reaches the rules
+    p = Pipeline(rlhf_pack())
+    alerts = []
+    for _, raw in transport.items:
+        e = parse_event(raw, 0.0)
+        alerts += p.feed(e, e.ts)
+    y = firing(alerts, "kl_above_target", "yellow")
+    assert y and y[0].threshold == pytest.approx(0.03)
+
+
+def test_log_with_nan_is_published_as_contract_string(rig):
+    mon, inbox, acks, transport = rig()
+    mon.log(0, {"loss/value": float("nan"), "x": float("inf")})
+    assert mon.flush(WAIT)
+    [e] = transport.events()
+    assert e["metrics"] == {"loss/value": "NaN", "x": "Infinity"}
+
+
+def test_monitor_rejects_a_bad_run_id():
+    with pytest.raises(ValueError):
+        Monitor("has space", kafka=False, redis=False)
+
+
+def test_monitor_without_any_side_is_inert():
+    with Monitor("solo", kafka=False, redis=False) as mon:
+        mon.log(0, {"kl/mean": 0.1})
+        mon.step_boundary()
+        assert mon.state == "running" and mon.dropped == 0
