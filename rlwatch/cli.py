@@ -35,7 +35,19 @@ def _pack(rules: str | None, preset_name: str | None = None):
 def cmd_demo(args) -> int:
     from rlwatch.demo import run_demo
 
-    result = run_demo(steps=args.steps, onset=args.onset, as_json=args.json)
+    hooks, server = {}, None
+    if args.web:  # the dashboard on the embedded run: a Fleet fed by the demo, buttons on its control
+        from alerts.control import MemoryControl
+        from web.server import start_web
+
+        control = MemoryControl()
+        server = start_web(args.web, control=control, mode="demo")
+        hooks = {"observer": server.fleet, "control": control, "auto_resume": False}
+    result = run_demo(steps=args.steps, onset=args.onset, as_json=args.json, **hooks)
+    if server is not None:
+        print(f"rlwatch demo: runs finished; the dashboard stays at {server.url} until Ctrl-C",
+              file=sys.stderr, flush=True)
+        server.wait()
     ok = bool(result.paused_runs) and not any(a.run_id == "ppo-healthy" and a.severity in ("orange", "red", "black")
                                               for a in result.alerts)
     return 0 if ok else 1
@@ -52,7 +64,14 @@ def cmd_worker(args) -> int:
         ensure_topics(settings)
     except Exception as exc:  # noqa: BLE001 - say what is wrong with the broker, then stop
         raise SystemExit(f"rlwatch worker: cannot reach Kafka at {settings.kafka}: {exc}") from None
-    app = build_app(settings)
+    server = None
+    if args.web:  # the dashboard in a background thread, fed by the agents, commands over Redis
+        from alerts.control import RedisControl
+        from web.server import start_web
+
+        server = start_web(args.web, control_factory=lambda: RedisControl(settings.redis),
+                           pack=settings.rules, mode="worker", secret=settings.control_secret)
+    app = build_app(settings, **({"observer": server.fleet} if server else {}))
     sys.argv = ["rlwatch-worker", "worker", "-l", args.loglevel.lower(), "--without-web"]
     app.main()
     return 0
@@ -202,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=int, default=400)
     d.add_argument("--onset", type=int, default=120, help="step at which the KL fault starts")
     d.add_argument("--json", action="store_true", help="alerts as JSON lines")
+    d.add_argument("--web", metavar="HOST:PORT",
+                   help="serve the dashboard (fleet, cockpit, controls, /metrics) on HOST:PORT; "
+                        "keeps serving after the runs end, until Ctrl-C; no automatic resume")
     d.set_defaults(fn=cmd_demo)
 
     w = sub.add_parser("worker", help="the stream processor on Kafka + Redis (Faust)")
@@ -209,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--redis", help="Redis URL (RLWATCH_REDIS, default redis://localhost:6379/0)")
     w.add_argument("--rules", help="built-in pack name or rule file(s), comma-separated (default rlhf)")
     w.add_argument("--loglevel", default="info", choices=["crit", "error", "warn", "info", "debug"])
+    w.add_argument("--web", metavar="HOST:PORT",
+                   help="serve the dashboard (fleet, cockpit, controls, /metrics) on HOST:PORT")
     w.set_defaults(fn=cmd_worker)
 
     r = sub.add_parser("replay", help="backtest recorded runs through the rules")

@@ -107,7 +107,7 @@ class RunStates:
         self.dirty.clear()
 
 
-def build_app(settings: Settings) -> faust.App:
+def build_app(settings: Settings, observer=None) -> faust.App:
     broker_credentials = None
     if settings.kafka_sasl_mechanism:
         broker_credentials = faust.SASLCredentials(
@@ -142,6 +142,8 @@ def build_app(settings: Settings) -> faust.App:
     async def publish(alerts: list[Alert]) -> None:
         for a in alerts:
             counters["alerts"] += 1
+            if observer is not None:
+                observer.observe_alert(a)
             await alerts_topic.send(key=a.run_id.encode(), value=a.to_json().encode())
 
     @app.agent(events)
@@ -159,6 +161,8 @@ def build_app(settings: Settings) -> faust.App:
                      "raw": body.decode("utf-8", "replace")[:100_000]}).encode())
                 continue
             counters["events"] += 1
+            if observer is not None:
+                observer.observe_event(event)
             st = states.get(event.run_id)
             alerts = processor.process(st, event, now)
             states.touch(event.run_id)

@@ -68,11 +68,12 @@ class SignFlipRate(Statistic):
             c = (math.nan, math.nan)
         else:
             x = np.asarray(self._buf, dtype=float)
+            with np.errstate(over="ignore"):
+                sg = np.sign(np.diff(x))  # signs from the raw values (an overflow keeps its sign)
             scale = float(np.max(np.abs(x)))
             if scale > 0:
-                x = x / scale  # both outputs are scale-free; avoids overflow near 1e300
+                x = x / scale  # the ratio is scale-free; avoids overflow near 1e300
             d = np.diff(x)
-            sg = np.sign(d)
             prod = sg[:-1] * sg[1:]
             valid = int(np.count_nonzero(prod))
             rate = float(np.count_nonzero(prod < 0)) / valid if valid else math.nan
