@@ -29,6 +29,22 @@ __all__ = ["Pipeline", "Processor", "TARGET_TAG_PREFIX"]
 TARGET_TAG_PREFIX = "target."
 
 
+def _inputs(rule: Rule) -> frozenset[str] | None:
+    """Names a step rule reads (metrics, dists, groups); None when it reads every metric."""
+    names: set[str] = set()
+    for tier in rule.tiers:
+        for leaf in leaves(tier.when):
+            if leaf.nonfinite is not None:
+                if leaf.nonfinite == "any":
+                    return None
+                names.update(leaf.nonfinite)
+            for name in (leaf.metric, leaf.dist, leaf.groups):
+                if name is not None:
+                    names.add(name)
+            names.update(leaf.corr or ())
+    return frozenset(names)
+
+
 def _trigger(rule: Rule) -> str:
     srcs = set()
     for tier in rule.tiers:
@@ -168,6 +184,7 @@ class Processor:
         self.corr_keys = sorted(corr_keys)
         self.group_keys = sorted(group_keys)
         self.triggers = {r.id: _trigger(r) for r in self.engine.rules}
+        self.inputs = {r.id: _inputs(r) for r in self.engine.rules}
         self._run_rules: dict[tuple, RunRules] = {}
 
     # -- state ----------------------------------------------------------------------------------
@@ -232,10 +249,18 @@ class Processor:
         rr = self.rules_for(state)
         view = _View(state, rank, now, rank_step)
 
+        present = state.metrics.keys() | state.dists.keys() | state.groups_step.keys()
+
         def applies(rule: Rule) -> bool:
             if self.triggers[rule.id] != trigger:
                 return False
-            return trigger != "step" or rank == 0 or rule.scope == "each_rank"
+            if trigger != "step":
+                return True
+            if rank != 0 and rule.scope != "each_rank":
+                return False
+            needed = self.inputs[rule.id]
+            # a rule none of whose inputs were logged would only hold its state: skip it
+            return needed is None or not needed.isdisjoint(present)
 
         shown_rank = None if trigger in ("ranks", "tick") or rank == 0 else rank
         return rr.evaluate(view, state.alerts, step=step, ts=ts, rank=shown_rank,

@@ -184,11 +184,14 @@
       scales.v = {};
     }
     if (spec.kl) {
-      // keep the threshold lines in view without letting a far cap flatten the data
-      scales.y = { range: (u, min, max) => {
-        const lines = ["target", "yellow", "red"].map(k => S.kl[k]).filter(v => v != null);
-        const hi = Math.max(max == null ? 0 : max, ...lines) * 1.08;
-        return [Math.min(0, min == null ? 0 : min), hi || 1];
+      // range from the KL data and the target/yellow/red lines, not from the far stop cap
+      scales.y = { range: u => {
+        let lo = 0, hi = 0;
+        for (let i = 1; i <= spec.series.length; i++) {
+          for (const v of u.data[i] || []) if (v != null) { if (v > hi) hi = v; if (v < lo) lo = v; }
+        }
+        for (const k of ["target", "yellow", "red"]) if (S.kl[k] != null && S.kl[k] > hi) hi = S.kl[k];
+        return [lo, (hi || 1) * 1.08];
       } };
     }
     return {
@@ -456,7 +459,7 @@
       `<td class="num">${RW.num(s.reward)}</td><td class="num">${RW.num(s.kl)}</td>` +
       `<td class="num">${s.length == null ? "–" : s.length}${s.truncated ? ' <span class="trunc" title="truncated">✂</span>' : ""}</td>` +
       `<td class="text"><details><summary>${RW.esc(s.prompt)}</summary><p>${RW.esc(s.response)}</p></details></td>` +
-      `<td class="mono">${RW.esc(s.token_kl_argmax || "")}${s.token_kl_max != null ? ` <span class="muted">${RW.num(s.token_kl_max, 3)}</span>` : ""}</td></tr>`
+      `<td class="mono tok" title="${RW.esc(s.token_kl_argmax || "")}">${RW.esc(s.token_kl_argmax || "")}${s.token_kl_max != null ? ` <span class="muted">${RW.num(s.token_kl_max, 3)}</span>` : ""}</td></tr>`
     ).join("") || `<tr><td colspan="7" class="muted">no samples yet</td></tr>`;
   }
   const loadSamplesSoon = throttle(loadSamples, 2000);
@@ -575,8 +578,6 @@
         if (v.dists !== S.dv) { S.dv = v.dists; loadDistsSoon(); }
         if (v.samples !== S.sv) { S.sv = v.samples; loadSamplesSoon(); }
         if (v.commands !== S.cv) { S.cv = v.commands; loadAuditSoon(); }
-        const groupsNow = v.dists;   // groups appear with the first step; cheap check below
-        void groupsNow;
       },
     }, $("live"));
   }
