@@ -6,6 +6,7 @@ Each action of a rule is *enforced* (a command is sent to the run's workers) or 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 from rlwatch.alert import Alert
@@ -37,8 +38,12 @@ class Enforcement:
 
 
 def commands_for(alert: Alert, now: float, enforcement: Enforcement = Enforcement(),
-                 secret: str | None = None) -> list[Command]:
-    """The commands a firing alert sends (in order: stop before pause before the rest)."""
+                 secret: str | None = None, key: str | None = None) -> list[Command]:
+    """The commands a firing alert sends (in order: stop before pause before the rest).
+
+    With ``key`` (the alert's delivery key) each command's id is derived from it, so handling
+    the same alert again (a redelivery after a crash) sends the same commands, which workers
+    apply once."""
     if alert.state != "firing":
         return []
     wanted = [a for a in alert.actions if a in COMMAND_ACTIONS and a not in enforcement.advisory]
@@ -56,7 +61,8 @@ def commands_for(alert: Alert, now: float, enforcement: Enforcement = Enforcemen
             if not alert.rollback_to:
                 continue  # no checkpoint reported before the onset: nothing to roll back to
             params = {"to_step": alert.rollback_to["step"], "checkpoint": alert.rollback_to["checkpoint"]}
-        cmd = Command(run_id=alert.run_id, action=action, params=params, ts=now,
+        ids = {"id": hashlib.sha256(f"{key}|{action}".encode()).hexdigest()[:32]} if key else {}
+        cmd = Command(**ids, run_id=alert.run_id, action=action, params=params, ts=now,
                       reason=f"{alert.rule} ({alert.severity}): {alert.summary}",
                       issuer=f"rule:{alert.rule}", rule=alert.rule, severity=alert.severity,
                       step=alert.step)

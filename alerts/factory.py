@@ -1,35 +1,108 @@
-"""Build the delivery edges a worker uses from its settings (one place, for CLI and worker)."""
+"""Build the delivery edges a worker uses from its settings (one place, for CLI and worker).
+
+Receivers configured by the environment get fixed names: ``console``, ``slack-webhook``,
+``slack-bot``, ``webhook``, ``alertmanager``, ``pagerduty``. A routes file (``RLWATCH_ROUTES``)
+may define more under ``receivers:`` and route between them; without one, every alert goes to
+every receiver.
+"""
 
 from __future__ import annotations
 
 import time
 
 from alerts.actions import Enforcement
+from alerts.alertmanager import AlertmanagerNotifier
 from alerts.control import RedisControl
 from alerts.dedup import RedisDedup
 from alerts.dispatch import Dispatcher
+from alerts.escalation import RedisAcks
+from alerts.incidents import RedisIncidents
 from alerts.notifiers import ConsoleNotifier, Notifier
-from alerts.slack import SlackBotNotifier, SlackWebhookNotifier
+from alerts.outbox import RedisOutbox
+from alerts.pagerduty import PagerDutyNotifier
+from alerts.routing import ReceiverSpec, Routing, RoutesFileError, load_routes
+from alerts.silences import RedisSilences
+from alerts.slack import RedisThreads, SlackBotNotifier, SlackWebhookNotifier
 from alerts.webhook import WebhookNotifier
 from rlwatch.settings import Settings
 
-__all__ = ["build_dispatcher", "build_notifiers"]
+__all__ = ["build_dispatcher", "build_notifiers", "build_routing", "receiver_notifier"]
+
+#: Quick in-process retries only: the outbox retries for as long as it takes.
+QUICK_RETRIES = 1
 
 
-def build_notifiers(s: Settings) -> list[Notifier]:
+def build_notifiers(s: Settings, redis=None) -> list[Notifier]:
+    threads = RedisThreads(redis) if redis is not None else None
     out: list[Notifier] = [ConsoleNotifier()]
     if s.slack_webhook:
-        out.append(SlackWebhookNotifier(s.slack_webhook))
+        out.append(SlackWebhookNotifier(s.slack_webhook, max_retries=QUICK_RETRIES))
     if s.slack_token:
         if not s.slack_channel:
             raise SystemExit("rlwatch: RLWATCH_SLACK_TOKEN needs RLWATCH_SLACK_CHANNEL")
-        out.append(SlackBotNotifier(s.slack_token, s.slack_channel, base_url=s.slack_api_url))
+        out.append(SlackBotNotifier(s.slack_token, s.slack_channel, base_url=s.slack_api_url,
+                                    threads=threads, max_retries=QUICK_RETRIES))
     if s.webhook_url:
-        out.append(WebhookNotifier(s.webhook_url, secret=s.webhook_secret))
+        out.append(WebhookNotifier(s.webhook_url, secret=s.webhook_secret, retries=QUICK_RETRIES))
+    if s.alertmanager_url:
+        out.append(AlertmanagerNotifier(s.alertmanager_url, generator_url=_run_url(s), retries=QUICK_RETRIES))
+    if s.pagerduty_routing_key:
+        out.append(PagerDutyNotifier(s.pagerduty_routing_key, s.pagerduty_url, client_url=_run_url(s),
+                                     retries=QUICK_RETRIES))
     return out
+
+
+def _run_url(s: Settings) -> str | None:
+    return f"{s.public_url.rstrip('/')}/run?run={{run_id}}" if s.public_url else None
+
+
+def receiver_notifier(spec: ReceiverSpec, s: Settings, redis=None) -> Notifier:
+    """A receiver defined in the routes file."""
+    def need(*names: str) -> None:
+        missing = [n for n in names if not getattr(spec, n)]
+        if missing:
+            raise RoutesFileError(f"receiver {spec.name!r} ({spec.type}) needs {', '.join(missing)}")
+
+    if spec.type == "console":
+        n: Notifier = ConsoleNotifier()
+        n.name = spec.name  # type: ignore[misc]
+        return n
+    if spec.type == "slack_webhook":
+        need("url")
+        return SlackWebhookNotifier(spec.url, name=spec.name, max_retries=QUICK_RETRIES)  # type: ignore[arg-type]
+    if spec.type == "slack_bot":
+        need("token", "channel")
+        return SlackBotNotifier(spec.token, spec.channel, base_url=spec.api_url or s.slack_api_url,  # type: ignore[arg-type]
+                                threads=RedisThreads(redis) if redis is not None else None, name=spec.name,
+                                max_retries=QUICK_RETRIES)
+    if spec.type == "webhook":
+        need("url")
+        return WebhookNotifier(spec.url, secret=spec.secret, name=spec.name, retries=QUICK_RETRIES)  # type: ignore[arg-type]
+    if spec.type == "alertmanager":
+        need("url")
+        return AlertmanagerNotifier(spec.url, name=spec.name, generator_url=_run_url(s),  # type: ignore[arg-type]
+                                    retries=QUICK_RETRIES)
+    need("routing_key")
+    return PagerDutyNotifier(spec.routing_key, spec.url or spec.api_url, name=spec.name,  # type: ignore[arg-type]
+                             client_url=_run_url(s), retries=QUICK_RETRIES)
+
+
+def build_routing(s: Settings, notifiers: list[Notifier], redis=None) -> tuple[Routing, list[Notifier]]:
+    """The routing configuration and the full list of notifiers (environment + file)."""
+    advisory = Enforcement.parse(s.advisory).advisory
+    names = [n.name for n in notifiers]
+    if not s.routes:
+        return Routing.default(names, advisory, s.ack_timeout), notifiers
+    routing = load_routes(s.routes, names, advisory, s.ack_timeout)
+    extra = [receiver_notifier(spec, s, redis) for spec in routing.receivers if spec.name not in names]
+    return routing, [*notifiers, *extra]
 
 
 def build_dispatcher(s: Settings) -> Dispatcher:
     control = RedisControl(s.redis)
-    return Dispatcher(build_notifiers(s), control, RedisDedup(control.redis), clock=time.time,
-                      enforcement=Enforcement.parse(s.advisory), secret=s.control_secret)
+    redis = control.redis
+    routing, notifiers = build_routing(s, build_notifiers(s, redis), redis)
+    return Dispatcher(notifiers, control, RedisDedup(redis), clock=time.time,
+                      enforcement=Enforcement(routing.policy.default), secret=s.control_secret,
+                      routing=routing, outbox=RedisOutbox(redis), silences=RedisSilences(redis),
+                      incidents=RedisIncidents(redis), acks=RedisAcks(redis))

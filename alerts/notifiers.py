@@ -8,11 +8,15 @@ from typing import Protocol, TextIO
 from alerts.render import text
 from rlwatch.alert import Alert
 
-__all__ = ["ConsoleNotifier", "DeliveryError", "Notifier"]
+__all__ = ["ConsoleNotifier", "DeliveryError", "Notifier", "PermanentDeliveryError"]
 
 
 class DeliveryError(RuntimeError):
-    """A sink refused or could not take an alert after its retries."""
+    """A sink refused or could not take an alert after its retries (the outbox retries later)."""
+
+
+class PermanentDeliveryError(DeliveryError):
+    """A sink refused an alert in a way retrying cannot fix (e.g. HTTP 400/404): dead-lettered."""
 
 
 class Notifier(Protocol):
@@ -20,7 +24,11 @@ class Notifier(Protocol):
 
     async def send(self, alert: Alert, done: list[str]) -> None:
         """Deliver one alert; ``done`` lists the commands the monitor sent for it.
-        Raise :class:`DeliveryError` (or any error) when it could not be delivered."""
+        Raise :class:`DeliveryError` (or any error) when it could not be delivered. Error
+        messages must not contain the sink's secrets (URLs with tokens, keys).
+
+        A sink may also offer ``send_batch(alerts, dones)`` to take a group's alerts in one
+        request; the dispatcher uses it when a group flushes several at once."""
 
     async def close(self) -> None: ...
 

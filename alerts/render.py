@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlwatch.alert import Alert
 
-__all__ = ["TIER_COLOURS", "slack_blocks", "text"]
+__all__ = ["TIER_COLOURS", "num", "slack_batch", "slack_blocks", "text"]
 
 TIER_COLOURS = {"info": "#439FE0", "yellow": "#F2C744", "orange": "#F2952F", "red": "#D93F3F",
                 "black": "#1D1C1D"}
@@ -13,6 +13,9 @@ TIER_ICONS = {"info": "ℹ️", "yellow": "🟡", "orange": "🟠", "red": "🔴
 
 def _num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4g}"
+
+
+num = _num
 
 
 def text(alert: Alert, done: list[str] | None = None) -> str:
@@ -43,8 +46,31 @@ def slack_blocks(alert: Alert, done: list[str] | None = None) -> tuple[str, list
     if alert.diagnosis and alert.state == "firing":
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": alert.diagnosis[:2900]}})
     did = ", ".join(done) if done else ("nothing (notify only)" if alert.state == "firing" else "—")
+    context = f"monitor did: *{did}*"
+    advisory = getattr(alert, "actions_advisory", None)
+    if advisory and alert.state == "firing":
+        context += f" · advisory, not enforced for this run: {', '.join(advisory)}"
+    incident = getattr(alert, "incident", None)
+    if incident:
+        context += f" · snapshot `rlwatch incidents show {incident}`"
     blocks.append({"type": "context", "elements": [
-        {"type": "mrkdwn", "text": f"monitor did: *{did}* · fingerprint `{alert.fingerprint}`"}]})
+        {"type": "mrkdwn", "text": f"{context} · fingerprint `{alert.fingerprint}`"}]})
     colour = "#2EB67D" if alert.state == "resolved" else TIER_COLOURS.get(alert.severity, "#888888")
     attachments = [{"color": colour, "blocks": blocks[1:]}]
     return text(alert, done), blocks[:1], attachments
+
+
+def slack_batch(alerts: list[Alert], dones: list[list[str]]) -> tuple[str, list[dict], list[dict]]:
+    """One message for a group's alerts (a webhook has no threads to keep them apart)."""
+    if len(alerts) == 1:
+        return slack_blocks(alerts[0], dones[0])
+    runs = sorted({a.run_id for a in alerts})
+    title = f"{len(alerts)} alerts — {', '.join(runs)[:100]}"
+    attachments = []
+    for a, d in zip(alerts, dones):
+        _, head, att = slack_blocks(a, d)
+        attachments.append({"color": att[0]["color"], "blocks": [
+            {"type": "section", "text": {"type": "mrkdwn", "text": f"*{head[0]['text']['text']}*"}},
+            *att[0]["blocks"]]})
+    fallback = "\n".join(text(a, d) for a, d in zip(alerts, dones))
+    return fallback, [{"type": "header", "text": {"type": "plain_text", "text": title[:150]}}], attachments[:20]

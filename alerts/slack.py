@@ -1,16 +1,32 @@
 """Slack through the official ``slack_sdk``: incoming webhooks and bot tokens.
 
-Rate limits (HTTP 429) and passing server errors are retried by ``slack_sdk``'s own retry
-handlers. Point ``base_url`` / the webhook URL at a local server to test without Slack.
+Rate limits (HTTP 429, with Retry-After) and passing server errors are retried by ``slack_sdk``'s
+own retry handlers; what still fails goes back to the outbox. Point ``base_url`` / the webhook
+URL at a local server to test without Slack.
+
+With a bot token, everything about one alert (run, rule, rank) lands in one thread: the first
+firing message starts it, an escalation to a higher tier is posted in the thread *and* to the
+channel, the resolution is a reply. The thread's ``ts`` is kept in a :class:`ThreadStore`
+(Redis for workers: ``rlwatch:slack:thread:<channel>:<run>/<rule>/<rank>``), so a restarted or
+second worker continues the same thread.
+
+``slack_sdk`` logs the webhook URL (a secret) when it retries; both clients get a logger of ours
+that stays quiet below WARNING and redacts (:func:`alerts.redact.guarded_logger`).
 """
 
 from __future__ import annotations
 
-from alerts.notifiers import DeliveryError
-from alerts.render import slack_blocks
-from rlwatch.alert import Alert
+import json
+from typing import Protocol
 
-__all__ = ["SlackBotNotifier", "SlackWebhookNotifier"]
+from alerts.notifiers import DeliveryError, PermanentDeliveryError
+from alerts.redact import guarded_logger, redact
+from alerts.render import slack_batch, slack_blocks
+from rlwatch.alert import SEVERITIES, Alert
+
+__all__ = ["MemoryThreads", "RedisThreads", "SlackBotNotifier", "SlackWebhookNotifier", "ThreadStore"]
+
+THREAD_TTL = 14 * 24 * 3600
 
 
 def _retry_handlers(max_retries: int = 3):
@@ -26,52 +42,113 @@ def _retry_handlers(max_retries: int = 3):
 
 
 class SlackWebhookNotifier:
-    """An incoming webhook (``https://hooks.slack.com/services/...``)."""
+    """An incoming webhook (``https://hooks.slack.com/services/...``). A group's alerts go in
+    one message."""
 
-    name = "slack-webhook"
-
-    def __init__(self, url: str, timeout: float = 10.0):
+    def __init__(self, url: str, timeout: float = 10.0, name: str = "slack-webhook", max_retries: int = 3):
         from slack_sdk.webhook.async_client import AsyncWebhookClient
 
-        self.client = AsyncWebhookClient(url, timeout=int(timeout), retry_handlers=_retry_handlers())
+        self.name = name
+        self.secrets = (url,)
+        self.client = AsyncWebhookClient(url, timeout=int(timeout), retry_handlers=_retry_handlers(max_retries),
+                                         logger=guarded_logger(name, self.secrets))
 
     async def send(self, alert: Alert, done: list[str]) -> None:
-        fallback, blocks, attachments = slack_blocks(alert, done)
-        resp = await self.client.send(text=fallback, blocks=blocks, attachments=attachments)
+        await self.send_batch([alert], [done])
+
+    async def send_batch(self, alerts: list[Alert], dones: list[list[str]]) -> None:
+        fallback, blocks, attachments = slack_batch(alerts, dones)
+        try:
+            resp = await self.client.send(text=fallback, blocks=blocks, attachments=attachments)
+        except Exception as exc:  # noqa: BLE001 - network errors after the retry handlers
+            raise DeliveryError(redact(f"Slack webhook unreachable: {type(exc).__name__}: {exc}",
+                                       self.secrets)) from None
         if resp.status_code != 200:
-            raise DeliveryError(f"Slack webhook answered {resp.status_code}: {resp.body[:200]}")
+            body = redact(str(resp.body)[:200], self.secrets)
+            err = PermanentDeliveryError if resp.status_code in (400, 403, 404, 410) else DeliveryError
+            raise err(f"Slack webhook answered {resp.status_code}: {body}")
 
     async def close(self) -> None:
         return None
 
 
+class ThreadStore(Protocol):
+    async def get(self, key: str) -> dict | None: ...
+    async def set(self, key: str, value: dict) -> None: ...
+
+
+class MemoryThreads:
+    def __init__(self):
+        self.threads: dict[str, dict] = {}
+
+    async def get(self, key: str) -> dict | None:
+        return self.threads.get(key)
+
+    async def set(self, key: str, value: dict) -> None:
+        self.threads[key] = value
+
+
+class RedisThreads:
+    def __init__(self, redis):
+        self.redis = redis
+
+    async def get(self, key: str) -> dict | None:
+        raw = await self.redis.get(f"rlwatch:slack:thread:{key}")
+        return None if raw is None else json.loads(raw)
+
+    async def set(self, key: str, value: dict) -> None:
+        await self.redis.set(f"rlwatch:slack:thread:{key}", json.dumps(value), ex=THREAD_TTL)
+
+
 class SlackBotNotifier:
     """``chat.postMessage`` with a bot token; follow-ups of an alert go in its thread."""
 
-    name = "slack-bot"
-
-    def __init__(self, token: str, channel: str, base_url: str | None = None, timeout: float = 10.0):
+    def __init__(self, token: str, channel: str, base_url: str | None = None, timeout: float = 10.0,
+                 threads: ThreadStore | None = None, name: str = "slack-bot", max_retries: int = 3):
         from slack_sdk.web.async_client import AsyncWebClient
 
+        self.name = name
+        self.secrets = (token,)
         kwargs = {"base_url": base_url} if base_url else {}
-        self.client = AsyncWebClient(token=token, timeout=int(timeout), **kwargs)
-        self.client.retry_handlers.extend(_retry_handlers())
+        self.client = AsyncWebClient(token=token, timeout=int(timeout), logger=guarded_logger(name, self.secrets),
+                                     **kwargs)
+        self.client.retry_handlers.extend(_retry_handlers(max_retries))
         self.channel = channel
-        self.threads: dict[str, str] = {}   # (run, rule) -> thread ts of the first message
+        self.threads: ThreadStore = threads or MemoryThreads()
+
+    def thread_key(self, alert: Alert) -> str:
+        return f"{self.channel}:{alert.run_id}/{alert.rule}/{'' if alert.rank is None else alert.rank}"
 
     async def send(self, alert: Alert, done: list[str]) -> None:
         from slack_sdk.errors import SlackApiError
 
         fallback, blocks, attachments = slack_blocks(alert, done)
-        thread_key = f"{alert.run_id}/{alert.rule}/{alert.rank}"
+        key = self.thread_key(alert)
+        thread = await self.threads.get(key)
+        kwargs: dict = {}
+        escalation = False
+        if thread:
+            kwargs["thread_ts"] = thread["ts"]
+            was = thread.get("severity", "info")
+            escalation = alert.state == "firing" and SEVERITIES.index(alert.severity) > SEVERITIES.index(was)
+            if escalation:
+                kwargs["reply_broadcast"] = True   # an escalation is news for the channel too
         try:
-            resp = await self.client.chat_postMessage(
-                channel=self.channel, text=fallback, blocks=blocks, attachments=attachments,
-                thread_ts=self.threads.get(thread_key))
+            resp = await self.client.chat_postMessage(channel=self.channel, text=fallback, blocks=blocks,
+                                                      attachments=attachments, **kwargs)
         except SlackApiError as exc:
-            raise DeliveryError(f"Slack chat.postMessage failed: {exc.response.get('error')}") from None
-        if thread_key not in self.threads and resp.get("ts"):
-            self.threads[thread_key] = resp["ts"]
+            error = exc.response.get("error") if exc.response is not None else "unknown"
+            err = PermanentDeliveryError if error in (
+                "channel_not_found", "not_in_channel", "invalid_auth", "account_inactive",
+                "token_revoked", "is_archived", "invalid_blocks") else DeliveryError
+            raise err(f"Slack chat.postMessage failed: {error}") from None
+        except Exception as exc:  # noqa: BLE001 - network errors after the retry handlers
+            raise DeliveryError(redact(f"Slack API unreachable: {type(exc).__name__}: {exc}",
+                                       self.secrets)) from None
+        if thread is None and resp.get("ts"):
+            await self.threads.set(key, {"ts": resp["ts"], "severity": alert.severity})
+        elif thread is not None and escalation:
+            await self.threads.set(key, {**thread, "severity": alert.severity})
 
     async def close(self) -> None:
         return None

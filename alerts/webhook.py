@@ -1,15 +1,23 @@
-"""A generic JSON webhook: the alert as in contract section 3, signed, retried, idempotent."""
+"""A generic JSON webhook: the alert as in contract section 3, signed, retried, idempotent.
+
+Also the small HTTP helper the Alertmanager and PagerDuty sinks share (:class:`JsonPoster`):
+one aiohttp session, a few quick retries for 429/5xx/network errors (the outbox retries for
+longer), 4xx answers other than 408/429 raised as permanent, and error messages that name the
+host only, never the URL's path or query (where tokens live).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import hmac
+import json
 
-from alerts.notifiers import DeliveryError
+from alerts.notifiers import DeliveryError, PermanentDeliveryError
+from alerts.redact import redact, safe_url
 from rlwatch.alert import Alert
 
-__all__ = ["WebhookNotifier", "signature"]
+__all__ = ["JsonPoster", "WebhookNotifier", "signature"]
 
 
 def signature(secret: str, body: bytes) -> str:
@@ -17,12 +25,11 @@ def signature(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-class WebhookNotifier:
-    name = "webhook"
-
-    def __init__(self, url: str, secret: str | None = None, retries: int = 3,
-                 backoff: float = 0.5, timeout: float = 10.0):
-        self.url, self.secret, self.retries, self.backoff, self.timeout = url, secret, retries, backoff, timeout
+class JsonPoster:
+    def __init__(self, what: str, retries: int = 3, backoff: float = 0.5, timeout: float = 10.0,
+                 secrets: tuple[str | None, ...] = ()):
+        self.what, self.retries, self.backoff, self.timeout = what, retries, backoff, timeout
+        self.secrets = tuple(s for s in secrets if s)
         self._session = None
 
     async def _client(self):
@@ -32,28 +39,56 @@ class WebhookNotifier:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         return self._session
 
-    async def send(self, alert: Alert, done: list[str]) -> None:
-        body = alert.model_copy(update={"actions_taken": done}).to_json().encode()
-        headers = {"Content-Type": "application/json",
-                   "Idempotency-Key": f"{alert.fingerprint}:{alert.state}:{alert.onset_step}"}
-        if self.secret:
-            headers["X-Rlwatch-Signature"] = signature(self.secret, body)
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> int:
         session = await self._client()
         last = ""
         for attempt in range(self.retries + 1):
             try:
-                async with session.post(self.url, data=body, headers=headers) as resp:
+                async with session.post(url, data=body, headers=headers) as resp:
                     if resp.status < 300:
-                        return
+                        return resp.status
                     last = f"HTTP {resp.status}"
-                    if resp.status < 500 and resp.status != 429:
-                        break  # a client error will not get better by retrying
+                    if resp.status < 500 and resp.status not in (408, 429):
+                        text = redact((await resp.text())[:200], self.secrets)
+                        raise PermanentDeliveryError(
+                            f"{self.what} at {safe_url(url)} refused the alert: HTTP {resp.status} {text}")
+            except PermanentDeliveryError:
+                raise
             except Exception as exc:  # noqa: BLE001 - network errors are retried
-                last = f"{type(exc).__name__}: {exc}"
+                last = redact(f"{type(exc).__name__}: {exc}".replace(url, safe_url(url)), self.secrets)
             if attempt < self.retries:
                 await asyncio.sleep(self.backoff * 2 ** attempt)
-        raise DeliveryError(f"webhook {self.url} failed: {last}")
+        raise DeliveryError(f"{self.what} at {safe_url(url)} failed: {last}")
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+class WebhookNotifier:
+    """POSTs each alert as one JSON object, with ``actions_taken`` and ``actions_advisory``.
+
+    Headers: ``X-Rlwatch-Signature`` (HMAC-SHA256 of the body with the shared secret) and
+    ``Idempotency-Key`` (one per receiver and alert key: a receiver can drop a repeat that a
+    crash between send and bookkeeping let through)."""
+
+    def __init__(self, url: str, secret: str | None = None, retries: int = 3,
+                 backoff: float = 0.5, timeout: float = 10.0, name: str = "webhook"):
+        self.name, self.url, self.secret = name, url, secret
+        self.http = JsonPoster(f"webhook {name}", retries, backoff, timeout, secrets=(url, secret))
+        self.secrets = (url, secret)
+
+    async def send(self, alert: Alert, done: list[str]) -> None:
+        body = alert.model_copy(update={"actions_taken": done}).to_json().encode()
+        headers = {"Content-Type": "application/json",
+                   "Idempotency-Key": f"{self.name}:{alert.fingerprint}:{alert.state}:{alert.onset_step}"}
+        if self.secret:
+            headers["X-Rlwatch-Signature"] = signature(self.secret, body)
+        await self.http.post(self.url, body, headers)
+
+    async def close(self) -> None:
+        await self.http.close()
+
+
+def dumps(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()

@@ -201,7 +201,7 @@ def run_demo(steps: int = 400, onset: int = 120, delay: float = 0.02, pause_hold
                 if (auto_resume and st == "paused" and w.paused_at and now - w.paused_at >= pause_hold
                         and w.run_id not in resumed):
                     resumed.add(w.run_id)
-                    say(f"  >> operator: still at step {w.step} after {pause_hold:.0f}s. "
+                    say(f"  >> operator: still at step {w.step} after {pause_hold:.1f}s. "
                         f"Raise beta x2 and resume {w.run_id}", "control")
                     for action, params in (("adjust", {"beta": 2.0}), ("resume", {})):
                         cmd = Command(run_id=w.run_id, action=action, params=params, ts=now,

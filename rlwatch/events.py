@@ -89,6 +89,13 @@ class _Base(BaseModel):
     ts: float | None = None
     tags: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("schema_", mode="before")
+    @classmethod
+    def _schema(cls, v: Any) -> Any:
+        if isinstance(v, bool) or v != 1:
+            raise ValueError(f"unsupported schema {v!r} (this version reads schema 1)")
+        return v
+
     @field_validator("step", "rank", "world_size", mode="before")
     @classmethod
     def _integral(cls, v: Any) -> Any:
@@ -237,7 +244,7 @@ def parse_event(raw: bytes | str | dict, received_at: float) -> StepEvent | Samp
         except UnicodeDecodeError as exc:
             raise EventError(f"event is not UTF-8 text: {exc}") from None
     if isinstance(raw, str):
-        if len(raw) > MAX_EVENT_BYTES:
+        if len(raw) > MAX_EVENT_BYTES // 4 and len(raw.encode()) > MAX_EVENT_BYTES:
             raise EventError(f"event is {len(raw)} bytes, over the {MAX_EVENT_BYTES}-byte limit")
         try:
             raw = json.loads(raw)

@@ -24,7 +24,17 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
 
 
-SECRET_FIELDS = {"slack_webhook", "slack_token", "webhook_secret", "control_secret", "webhook_url"}
+SECRET_FIELDS = {"slack_webhook", "slack_token", "webhook_secret", "control_secret", "webhook_url",
+                 "pagerduty_routing_key", "kafka_sasl_password"}
+#: URLs that may carry a password (``redis://:pw@host``): only the password is masked.
+URL_FIELDS = {"redis", "kafka", "alertmanager_url", "pagerduty_url", "slack_api_url", "public_url"}
+
+
+def _mask_userinfo(url: str) -> str:
+    import re
+
+    return re.sub(r"(?<=://)([^/@:\s]*)(:[^/@\s]*)?@", lambda m: (m.group(1) + ":***@") if m.group(2)
+                  else "***@", url)
 
 
 @dataclass
@@ -49,6 +59,17 @@ class Settings:
     kafka_sasl_mechanism: str | None = None
     kafka_sasl_username: str | None = None
     kafka_sasl_password: str | None = None
+    kafka_ssl_cafile: str | None = None
+    kafka_ssl_certfile: str | None = None
+    kafka_ssl_keyfile: str | None = None
+    # delivery (alerts/): routing file, more receivers, the outbox timer, the brake's ack timeout
+    routes: str | None = None
+    alertmanager_url: str | None = None
+    pagerduty_routing_key: str | None = None
+    pagerduty_url: str | None = None
+    public_url: str | None = None
+    delivery_tick_seconds: float = 2.0
+    ack_timeout: float = 60.0
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
@@ -63,5 +84,58 @@ class Settings:
         return s
 
     def describe(self) -> dict:
-        return {f.name: ("***" if f.name in SECRET_FIELDS and getattr(self, f.name) else getattr(self, f.name))
-                for f in fields(self)}
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in SECRET_FIELDS and v:
+                v = "***"
+            elif f.name in URL_FIELDS and isinstance(v, str):
+                v = _mask_userinfo(v)
+            out[f.name] = v
+        return out
+
+    # -- Kafka security, for each client library --------------------------------------------------
+    def kafka_python_kwargs(self) -> dict:
+        """Security settings as kafka-python's clients (KafkaAdminClient, KafkaProducer) take them."""
+        out: dict = {}
+        if self.kafka_security_protocol:
+            out["security_protocol"] = self.kafka_security_protocol.upper()
+        elif self.kafka_sasl_mechanism:
+            out["security_protocol"] = "SASL_PLAINTEXT"
+        if self.kafka_sasl_mechanism:
+            out["sasl_mechanism"] = self.kafka_sasl_mechanism.upper()
+            out["sasl_plain_username"] = self.kafka_sasl_username
+            out["sasl_plain_password"] = self.kafka_sasl_password
+        for name in ("cafile", "certfile", "keyfile"):
+            value = getattr(self, f"kafka_ssl_{name}")
+            if value:
+                out[f"ssl_{name}"] = value
+        return out
+
+    def kafka_ssl_context(self):
+        """An ``ssl.SSLContext`` when the protocol uses TLS (SSL / SASL_SSL), else None."""
+        proto = (self.kafka_security_protocol or "").upper()
+        if proto not in ("SSL", "SASL_SSL"):
+            return None
+        import ssl
+
+        ctx = ssl.create_default_context(cafile=self.kafka_ssl_cafile or None)
+        if self.kafka_ssl_certfile:
+            ctx.load_cert_chain(self.kafka_ssl_certfile, self.kafka_ssl_keyfile or None)
+        return ctx
+
+    def faust_broker_credentials(self):
+        """The ``broker_credentials`` of the Faust app (SASL and/or SSL), or None."""
+        import faust
+
+        ctx = self.kafka_ssl_context()
+        if self.kafka_sasl_mechanism:
+            mech = self.kafka_sasl_mechanism.upper()
+            if mech == "GSSAPI":
+                return faust.GSSAPICredentials(kerberos_service_name=self.kafka_sasl_username or "kafka",
+                                               ssl_context=ctx)
+            return faust.SASLCredentials(username=self.kafka_sasl_username, password=self.kafka_sasl_password,
+                                         mechanism=mech, ssl_context=ctx)
+        if ctx is not None:
+            return faust.SSLCredentials(ctx)
+        return None

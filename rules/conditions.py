@@ -44,6 +44,7 @@ class Verdict:
     threshold: float | None = None
     metric: str | None = None
     detail: str | None = None
+    rank: int | None = None      # the rank the verdict is about (cross-rank checks)
 
 
 UNKNOWN = Verdict(None)
@@ -109,14 +110,16 @@ def evaluate(cond: Condition, view: RunView, targets: dict[str, float],
                        bad[0] if bad else None, ", ".join(bad) if bad else None)
     if cond.ranks is not None:
         value, rank = view.rank_stat(cond.ranks, cond.stat)
-        return _compare(value, cond, targets, params, cond.ranks,
-                        None if rank is None else f"rank {rank}")
+        v = _compare(value, cond, targets, params, cond.ranks,
+                     None if rank is None else f"rank {rank}")
+        return Verdict(v.holds, v.value, v.threshold, v.metric, v.detail, rank)
     if cond.hashes is not None:
         bad = view.hash_mismatch(cond.hashes)
         if bad is None:
             return Verdict(None, metric=f"hashes.{cond.hashes}")
         return Verdict(bool(bad), float(len(bad)), 0.0, f"hashes.{cond.hashes}",
-                       ("ranks " + ", ".join(map(str, bad)) + " differ from rank 0") if bad else None)
+                       ("ranks " + ", ".join(map(str, bad)) + " differ from rank 0") if bad else None,
+                       bad[0] if bad else None)
     if cond.dist is not None:
         cap = resolve_threshold(cond.cap, targets, params)
         return _compare(view.dist_stat(cond.dist, cond.stat, cond.window, cap), cond, targets,
@@ -141,8 +144,8 @@ def evaluate(cond: Condition, view: RunView, targets: dict[str, float],
 def _first_numbers(parts: list[Verdict]) -> tuple:
     for p in parts:
         if p.value is not None:
-            return p.value, p.threshold, p.metric, p.detail
-    return None, None, None, None
+            return p.value, p.threshold, p.metric, p.detail, p.rank
+    return None, None, None, None, None
 
 
 def leaves(cond: Condition) -> Iterator[Condition]:

@@ -77,7 +77,8 @@ class RunRules:
                         continue  # keep the state table small: only what has been true
                     st = states[key] = AlertState()
                 if verdict.holds:
-                    st.value, st.threshold = verdict.value, verdict.threshold
+                    st.value, st.threshold, st.metric = verdict.value, verdict.threshold, verdict.metric
+                    st.rank = verdict.rank
                 change = advance(st, verdict.holds, step, ts, for_steps=tier.for_,
                                  for_seconds=tier.for_seconds, keep_firing_for=tier.keep_firing_for,
                                  escalate_after=tier.escalate_after)
@@ -100,7 +101,9 @@ class RunRules:
                checkpoint_before, escalated: bool) -> Alert:
         value = verdict.value if state == "firing" else st.value
         threshold = verdict.threshold if state == "firing" else st.threshold
-        metric = verdict.metric
+        metric = st.metric if st.metric is not None else verdict.metric
+        if st.rank is not None:
+            rank = st.rank   # a cross-rank check names the rank it is about
         fields = dict(value=value, threshold=threshold, onset_step=st.onset_step, step=step,
                       run_id=self.run_id, rank=rank, tier=severity, metric=metric,
                       detail=verdict.detail or "", rule=rule.id, **params,

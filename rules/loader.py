@@ -42,6 +42,26 @@ def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
     return line
 
 
+def _check_unique_ids(node: yaml.Node | None, source: str) -> None:
+    """Repeated rule ids, reported at the line of the repetition."""
+    if not isinstance(node, yaml.MappingNode):
+        return
+    rules = next((v for k, v in node.value if getattr(k, "value", None) == "rules"), None)
+    if not isinstance(rules, yaml.SequenceNode):
+        return
+    seen: dict[str, int] = {}
+    for item in rules.value:
+        if not isinstance(item, yaml.MappingNode):
+            continue
+        for k, v in item.value:
+            if getattr(k, "value", None) == "id" and isinstance(v, yaml.ScalarNode):
+                line = v.start_mark.line + 1
+                if v.value in seen:
+                    raise RuleFileError(f"{source}:{line}: rules.id: rule id {v.value!r} is already "
+                                        f"used on line {seen[v.value]}; ids must be unique")
+                seen[v.value] = line
+
+
 def load_pack_text(text: str, source: str = "<rules>") -> Pack:
     try:
         node = yaml.compose(text)
@@ -52,6 +72,7 @@ def load_pack_text(text: str, source: str = "<rules>") -> Pack:
         raise RuleFileError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
     if not isinstance(data, dict):
         raise RuleFileError(f"{source}:1: a rule file is a mapping with 'rules:' (got {type(data).__name__})")
+    _check_unique_ids(node, source)
     try:
         return Pack.model_validate(data)
     except ValidationError as exc:

@@ -32,6 +32,8 @@ class AlertState:
     escalated: bool = False
     value: float | None = None
     threshold: float | None = None
+    metric: str | None = None
+    rank: int | None = None
 
     def to_state(self) -> dict:
         return asdict(self)
@@ -57,7 +59,7 @@ def advance(s: AlertState, holds: bool | None, step: int, ts: float, *, for_step
             s.status, s.fired_step = "firing", step
             return "firing"
         if (s.status == "firing" and escalate_after is not None and not s.escalated
-                and step - (s.fired_step or step) >= escalate_after):
+                and step - (s.fired_step if s.fired_step is not None else step) >= escalate_after):
             s.escalated = True
             return "escalated"
         return None

@@ -50,8 +50,10 @@ def expand_series(spec) -> list[float | None]:
         if "x" in tok and not tok.lower().startswith(("nan", "inf")):
             head, n = tok.rsplit("x", 1)
             count = int(n)
-            if "+" in head[1:] or "-" in head[1:]:
-                idx = max(head.rfind("+"), head.rfind("-"))
+            # the +/- between start and increment (not an exponent's sign, as in 1e-3)
+            idx = max((i for i in range(1, len(head))
+                       if head[i] in "+-" and head[i - 1] not in "eE"), default=-1)
+            if idx > 0:
                 start, inc = float(head[:idx]), float(head[idx:])
                 out.extend(start + inc * i for i in range(count + 1))
             else:

@@ -76,7 +76,7 @@ def kl_lines_from_pack(pack) -> dict[str, float]:
                 out[tier.severity] = float(targets[th.target]) * th.factor
             elif th.param is not None and th.param in rule.params:
                 out[tier.severity] = float(rule.params[th.param]) * th.factor
-    return out
+    return {k: round(v, 9) for k, v in out.items()}
 
 
 class _Run:
@@ -553,5 +553,16 @@ class Fleet:
                     "active": {(m["rule"], m["severity"]) for m in r.active.values()},
                     "alert_keys": set(r.alert_keys),
                     "kl_lines": dict(r.kl_lines),
+                    "quantiles": {name: _quantiles(h.latest) for name, h in r.dists.items() if h.latest},
                 })
             return out
+
+
+EXPORT_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+
+
+def _quantiles(values: list[float]) -> dict[float, float]:
+    import numpy as np
+
+    qs = np.quantile(np.asarray(values, dtype=float), EXPORT_QUANTILES)
+    return {q: float(v) for q, v in zip(EXPORT_QUANTILES, qs)}

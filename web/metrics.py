@@ -5,6 +5,8 @@ Families (all per ``run_id``):
 * ``rlwatch_metric_ema{run_id, metric}``: EMA of every step metric the run logs (canonical
   names as labels, e.g. ``metric="kl/mean"``), span = the dashboard's ``ema_span``;
 * ``rlwatch_group_metric_ema{run_id, metric, category}``: per-prompt-category metrics;
+* ``rlwatch_dist_quantile{run_id, dist, q}``: quantiles (0.05 .. 0.95) of the latest
+  step's per-sample distributions (``reward``, ``response_length``);
 * ``rlwatch_alert_active{run_id, rule, severity}``: 1 while an alert of that rule and tier is
   firing, 0 once it resolved (every pair seen so far is exported, so ``== 0`` is meaningful);
 * ``rlwatch_alerts_fired_total{run_id, severity}``;
@@ -70,8 +72,15 @@ class FleetCollector:
                                      labels=["run_id"])
         kl = GaugeMetricFamily("rlwatch_kl_threshold", "KL target and tier thresholds of the run",
                                labels=["run_id", "level"])
+        dist = GaugeMetricFamily("rlwatch_dist_quantile",
+                                 "Quantile of a per-sample distribution (reward, response_length) "
+                                 "at the run's latest step", labels=["run_id", "dist", "q"])
         for r in runs:
             rid = r["run_id"]
+            for name, qs in sorted(r["quantiles"].items()):
+                for q, v in qs.items():
+                    if _ok(v):
+                        dist.add_metric([rid, name, f"{q:g}"], v)
             for name, v in sorted(r["ema"].items()):
                 if _ok(v):
                     ema.add_metric([rid, name], v)
@@ -98,7 +107,7 @@ class FleetCollector:
         errors = CounterMetricFamily("rlwatch_web_observer_errors",
                                      "Events or alerts the dashboard could not ingest")
         errors.add_metric([], float(self.fleet.errors))
-        yield from (ema, grp, active, fired, state, step, rate, seen, events, kl, runs_g, errors)
+        yield from (ema, grp, dist, active, fired, state, step, rate, seen, events, kl, runs_g, errors)
 
 
 def registry_for(fleet: Fleet) -> CollectorRegistry:

@@ -58,14 +58,20 @@ def exact_mean(vals: Sequence[float]) -> float:
     n = len(vals)
     if n == 0:
         return NAN
+    lo = min(vals)
+    hi = max(vals)
+    if lo == hi:
+        return lo + 0.0  # exactly the constant (and -0.0 -> 0.0)
     try:
         s = math.fsum(vals)
-        if s - s == 0.0:
-            return s / n
+        m = s / n if s - s == 0.0 else NAN
     except OverflowError:
-        pass
-    scale = max(abs(v) for v in vals)
-    return math.fsum([v / scale for v in vals]) / n * scale
+        m = NAN
+    if m != m:
+        scale = max(-lo, hi)
+        m = math.fsum([v / scale for v in vals]) / n * scale
+    # rounding must not push the mean outside the data
+    return lo if m < lo else hi if m > hi else m
 
 
 def exact_std(vals: Sequence[float], ddof: int) -> float:

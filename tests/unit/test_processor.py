@@ -70,6 +70,17 @@ def test_nan_resolves_when_metrics_are_finite_again():
     assert [(a.state, a.step) for a in alerts] == [("firing", 1), ("resolved", 3)]
 
 
+def test_resolved_nan_alert_still_names_the_metric():
+    p = Pipeline(only_rules("nan_inf"))
+    alerts = feed_series(p, "r", "loss/value", [0.5, "NaN", 0.5])
+    fired, done = alerts
+    assert fired.metric == "loss/value" and "loss/value" in fired.summary
+    assert done.state == "resolved"
+    # the resolution message must say what recovered, not "n/a became nan"
+    assert done.metric == "loss/value", done.summary
+    assert "n/a" not in done.summary, done.summary
+
+
 def test_nan_metric_does_not_poison_the_kl_signals():
     p = Pipeline(rlhf_pack())
     values = [0.02] * 10 + ["NaN"] + [0.02] * 10

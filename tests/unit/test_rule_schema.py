@@ -282,3 +282,35 @@ def test_merge_packs_later_rule_with_same_id_wins():
     assert [r.id for r in m.rules] == ["x", "y"]
     assert m.rules[0].title == "new"
     assert m.targets == {"kl": 0.1}
+
+
+def test_error_inside_a_composite_points_at_the_nested_line():
+    msg = error_of("""
+        pack: mine
+        rules:
+          - id: a
+            tiers:
+              - severity: red
+                when:
+                  any:
+                    - {metric: kl/mean, above: 0.1}
+                    - metric: kl/mean
+                      signal: bogus
+                      above: 0.2
+        """)
+    assert lines_of(msg) == [10] and "any.1.signal" in msg
+
+
+def test_error_in_an_override_points_at_its_line():
+    msg = error_of("""
+        pack: mine
+        rules:
+          - id: a
+            tiers:
+              - severity: red
+                when: {metric: kl/mean, above: 0.1}
+        overrides:
+          - runs: "x*"
+            params: {a: {cap: lots}}
+        """)
+    assert lines_of(msg) == [9] and "cap" in msg

@@ -38,7 +38,7 @@ def test_rows_of_simulated_runs(clock):
     assert a["checkpoint"]["step"] == 50
     assert rows["grpo-b"]["tags"]["algo"] == "grpo"
     # paused runs decay to 0 steps/s; silent runs age
-    clock.t += 60
+    clock.t = a["last_seen"] + 60
     assert f.row("ppo-a")["steps_per_s"] == 0.0
     assert f.row("ppo-a")["age_s"] >= 60
 
@@ -158,7 +158,7 @@ def test_samples_filter_by_category_and_step(clock):
 def test_tail_for_live_views(clock):
     f = Fleet(clock=clock, tail_rows=8)
     _feed(f, clock, sim_events("r", 5))
-    rows, seq, ok = f.tail("r", 2)
+    rows, seq, ok = f.tail("r", 3)          # sequence numbers count rows from 1
     assert ok and seq == 5 and [r["step"] for r in rows] == [3, 4]
     assert "kl/mean" in rows[0]["v"] and "kl/mean" in rows[0]["e"]
     assert f.tail("r", 5) == ([], 5, True)

@@ -174,7 +174,7 @@
 
   function lineOpts(spec, width) {
     const axes = [
-      { stroke: C.axis, grid: { stroke: C.grid, width: 1 }, ticks: { stroke: C.grid, width: 1 }, size: 36 },
+      { stroke: C.axis, grid: { stroke: C.grid, width: 1 }, ticks: { stroke: C.grid, width: 1 }, size: S.x === "time" ? 48 : 36 },
       { stroke: C.axis, grid: { stroke: C.grid, width: 1 }, ticks: { stroke: C.grid, width: 1 }, size: 52,
         values: axisFmt },
     ];
@@ -240,9 +240,14 @@
       width, height: 190,
       series: [{ label: xLabel(), value: (u, v) => (v == null ? "–" : S.x === "time" ? RW.clock(v) : v) },
                { label: "median", stroke: "#ffffff", width: 1, points: { show: false }, value: (u, v) => RW.num(v) }],
-      axes: [{ stroke: C.axis, grid: { show: false }, ticks: { stroke: C.grid }, size: 36 },
+      axes: [{ stroke: C.axis, grid: { show: false }, ticks: { stroke: C.grid }, size: S.x === "time" ? 48 : 36 },
              { stroke: C.axis, grid: { show: false }, size: 52, values: axisFmt }],
-      scales: { x: { time: S.x === "time" },
+      scales: { x: { time: S.x === "time",
+                     // the same x range as the line charts, so columns line up with them
+                     range: (u, min, max) => {
+                       const x = S.data ? xs() : [];
+                       return x.length > 1 ? [Math.min(x[0], min), Math.max(x[x.length - 1], max)] : [min, max];
+                     } },
                 y: { range: () => {
                   const E = (S.dists[spec.dist] || { heatmap: { edges: [] } }).heatmap.edges;
                   return E.length ? [E[0], E[E.length - 1]] : [0, 1];

@@ -1,0 +1,109 @@
+"""Incident snapshots: what a person needs to look at an alert that fired with ``snapshot``.
+
+The processor attaches a snapshot to such an alert (:func:`streams.snapshot.attach_snapshot`:
+the metric window around the onset, the offending step's samples beside the last stable
+step's, ranks and batch ids); the dispatcher stores it once, under an id derived from the
+alert's identity and onset, in ``rlwatch:incident:<id>`` (30 days), indexed by time in
+``rlwatch:incidents``. ``rlwatch incidents list`` / ``rlwatch incidents show ID``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Protocol
+
+from rlwatch.alert import Alert
+from rlwatch.events import to_jsonable
+
+__all__ = ["IncidentStore", "MemoryIncidents", "RedisIncidents", "incident_id", "make_incident"]
+
+TTL = 30 * 24 * 3600
+INDEX = "rlwatch:incidents"
+
+
+def incident_id(alert: Alert) -> str:
+    return "inc-" + hashlib.sha256(f"{alert.fingerprint}:{alert.onset_step}".encode()).hexdigest()[:12]
+
+
+def make_incident(alert: Alert, snapshot: dict | None, now: float, done: list[str]) -> dict:
+    data = json.loads(alert.to_json())
+    data.pop("snapshot", None)
+    return {
+        "id": incident_id(alert), "created": now, "run_id": alert.run_id, "rule": alert.rule,
+        "severity": alert.severity, "step": alert.step, "onset_step": alert.onset_step,
+        "summary": alert.summary, "actions_taken": done, "alert": data,
+        "snapshot": to_jsonable(snapshot) if snapshot else
+        {"note": "no snapshot data came with this alert (the processor keeps none for this run)"},
+    }
+
+
+def summary_of(inc: dict) -> dict:
+    return {k: inc.get(k) for k in ("id", "created", "run_id", "rule", "severity", "step",
+                                    "onset_step", "summary")}
+
+
+class IncidentStore(Protocol):
+    async def save(self, incident: dict) -> bool: ...
+    async def list(self, run_id: str | None = None, limit: int = 50) -> list[dict]: ...
+    async def get(self, incident_id: str) -> dict | None: ...
+
+
+class MemoryIncidents:
+    def __init__(self):
+        self.items: dict[str, dict] = {}
+
+    async def save(self, incident: dict) -> bool:
+        if incident["id"] in self.items:
+            return False
+        self.items[incident["id"]] = incident
+        return True
+
+    async def list(self, run_id: str | None = None, limit: int = 50) -> list[dict]:
+        out = sorted(self.items.values(), key=lambda i: i["created"], reverse=True)
+        return [summary_of(i) for i in out if run_id in (None, i["run_id"])][:limit]
+
+    async def get(self, incident_id: str) -> dict | None:
+        hits = [v for k, v in self.items.items() if k.startswith(incident_id)]
+        return hits[0] if len(hits) == 1 else None
+
+
+class RedisIncidents:
+    def __init__(self, redis):
+        self.redis = redis
+
+    async def save(self, incident: dict) -> bool:
+        key = f"rlwatch:incident:{incident['id']}"
+        ok = await self.redis.set(key, json.dumps(incident, allow_nan=False), nx=True, ex=TTL)
+        if ok:
+            await self.redis.zadd(INDEX, {incident["id"]: incident["created"]})
+        return bool(ok)
+
+    async def list(self, run_id: str | None = None, limit: int = 50) -> list[dict]:
+        ids = [i.decode() if isinstance(i, bytes) else i
+               for i in await self.redis.zrevrange(INDEX, 0, max(limit * 5, 200) - 1)]
+        out: list[dict[str, Any]] = []
+        stale = []
+        for i in ids:
+            raw = await self.redis.get(f"rlwatch:incident:{i}")
+            if raw is None:
+                stale.append(i)
+                continue
+            inc = json.loads(raw)
+            if run_id in (None, inc["run_id"]):
+                out.append(summary_of(inc))
+            if len(out) >= limit:
+                break
+        if stale:
+            await self.redis.zrem(INDEX, *stale)
+        return out
+
+    async def get(self, incident_id: str) -> dict | None:
+        raw = await self.redis.get(f"rlwatch:incident:{incident_id}")
+        if raw is None:  # a unique prefix is enough, as with silences
+            ids = [i.decode() if isinstance(i, bytes) else i for i in await self.redis.zrange(INDEX, 0, -1)]
+            hits = [i for i in ids if i.startswith(incident_id)]
+            if len(hits) != 1:
+                return None
+            raw = await self.redis.get(f"rlwatch:incident:{hits[0]}")
+        return None if raw is None else json.loads(raw)

@@ -1,0 +1,370 @@
+"""The durable outbox: every notification is written down before it is sent, and stays until a
+receiver took it.
+
+One item per (receiver, alert key): enqueuing the same one twice is a no-op, and once sent its
+marker stays for two weeks, so a restarted or second worker, or a redelivered alert, never sends
+it again. A failed send is retried with exponential backoff (the item keeps its attempts and
+next-try time); nothing is dropped while Slack or a webhook is down, and an item that keeps
+failing for a day (or that the receiver refuses outright) moves to a dead-letter list, loudly.
+
+Items wait in a sorted set per receiver scored by their next-try time; a drain takes the due
+ones under a short lease (atomically, so two workers never send the same item at once). Items
+held for a group's ``group_wait``/``group_interval`` are simply not due yet; when the wait is
+counted in steps, they are released by the first alert of their run at or after that step.
+
+The outbox also keeps what the dispatcher shares between workers: the groups' clocks, the
+firing alerts (for inhibition and repeats) and the latest step seen per run.
+
+Redis keys (prefix ``rlwatch:outbox:``): ``items`` (hash id -> item), ``due:<receiver>`` (zset),
+``steps:<run>`` (zset id -> step), ``mark:<id>`` (outcome), ``dead:<receiver>`` (list),
+``groups`` (hash), ``active`` (hash fingerprint -> alert), ``runstep`` (hash run -> step).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from alerts.routing import GroupClock
+from rlwatch.alert import Alert
+
+__all__ = ["MemoryOutbox", "Outbox", "OutboxItem", "RedisOutbox", "backoff", "item_id"]
+
+P = "rlwatch:outbox:"
+MARK_TTL = 14 * 24 * 3600
+ACTIVE_MAX_AGE = 24 * 3600.0
+GROUP_MAX_AGE = 7 * 24 * 3600.0
+
+
+def item_id(receiver: str, key: str, variant: str = "") -> str:
+    """The idempotency key of one notification: (receiver, alert key[, repeat])."""
+    return hashlib.sha256(f"{receiver}|{variant}|{key}".encode()).hexdigest()[:32]
+
+
+def backoff(attempts: int, base: float = 1.0, cap: float = 300.0) -> float:
+    """Seconds before the next try after ``attempts`` failures: 1, 2, 4, ... capped.
+
+    >>> [backoff(n) for n in (1, 2, 3, 10, 20)]
+    [1.0, 2.0, 4.0, 300.0, 300.0]
+    """
+    return min(cap, base * 2 ** max(0, min(attempts - 1, 30)))
+
+
+@dataclass
+class OutboxItem:
+    id: str
+    receiver: str
+    group: str
+    key: str
+    run_id: str
+    alert: str                      # the alert's JSON line
+    done: list[str] = field(default_factory=list)
+    enqueued: float = 0.0
+    next_try: float = 0.0
+    due_step: int | None = None
+    attempts: int = 0
+    last_error: str = ""
+    variant: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "OutboxItem":
+        return cls(**json.loads(raw))
+
+    def alert_obj(self) -> Alert:
+        return Alert.from_json(self.alert)
+
+    @property
+    def step(self) -> int:
+        return int(json.loads(self.alert).get("step", 0))
+
+
+class Outbox(Protocol):
+    async def enqueue(self, item: OutboxItem) -> bool: ...
+    async def take_due(self, receiver: str, now: float, limit: int = 100, lease: float = 30.0) -> list[OutboxItem]: ...
+    async def finish(self, item: OutboxItem, outcome: str) -> None: ...
+    async def retry(self, item: OutboxItem, next_try: float, error: str, count: bool = True) -> None: ...
+    async def bury(self, item: OutboxItem, error: str) -> None: ...
+    async def outcome(self, receiver: str, key: str, variant: str = "") -> str | None: ...
+    async def release_steps(self, run_id: str, step: int, now: float) -> int: ...
+    async def pending(self, receiver: str | None = None) -> int: ...
+    async def dead(self, receiver: str) -> list[OutboxItem]: ...
+    async def clock(self, group: str) -> GroupClock | None: ...
+    async def set_clock(self, group: str, clock: GroupClock) -> None: ...
+    async def clocks(self) -> dict[str, GroupClock]: ...
+    async def drop_clock(self, group: str) -> None: ...
+    async def activate(self, alert: Alert, now: float) -> None: ...
+    async def deactivate(self, alert: Alert) -> None: ...
+    async def active(self, now: float) -> list[Alert]: ...
+    async def note_step(self, run_id: str, step: int) -> None: ...
+    async def run_step(self, run_id: str) -> int | None: ...
+
+
+class MemoryOutbox:
+    """The outbox in process (embedded demo, replay, unit tests): same semantics, no Redis."""
+
+    def __init__(self):
+        self.items: dict[str, OutboxItem] = {}
+        self.due: dict[str, dict[str, float]] = {}
+        self.steps: dict[str, dict[str, int]] = {}
+        self.marks: dict[str, str] = {}
+        self.dead_items: dict[str, list[OutboxItem]] = {}
+        self.groups: dict[str, GroupClock] = {}
+        self.firing: dict[str, tuple[float, Alert]] = {}
+        self.run_steps: dict[str, int] = {}
+
+    async def enqueue(self, item: OutboxItem) -> bool:
+        if item.id in self.marks:
+            return False
+        self.marks[item.id] = "queued"
+        self.items[item.id] = item
+        self.due.setdefault(item.receiver, {})[item.id] = item.next_try
+        if item.due_step is not None:
+            self.steps.setdefault(item.run_id, {})[item.id] = item.due_step
+        return True
+
+    async def take_due(self, receiver: str, now: float, limit: int = 100, lease: float = 30.0) -> list[OutboxItem]:
+        q = self.due.get(receiver, {})
+        ids = sorted((i for i, t in q.items() if t <= now), key=lambda i: (q[i], i))[:limit]
+        out = []
+        for i in ids:
+            q[i] = now + lease
+            it = self.items.get(i)
+            if it is None:
+                q.pop(i, None)
+                continue
+            self.steps.get(it.run_id, {}).pop(i, None)
+            out.append(it)
+        return out
+
+    def _drop(self, item: OutboxItem) -> None:
+        self.items.pop(item.id, None)
+        self.due.get(item.receiver, {}).pop(item.id, None)
+        self.steps.get(item.run_id, {}).pop(item.id, None)
+
+    async def finish(self, item: OutboxItem, outcome: str) -> None:
+        self._drop(item)
+        self.marks[item.id] = outcome
+
+    async def retry(self, item: OutboxItem, next_try: float, error: str, count: bool = True) -> None:
+        if count:
+            item.attempts += 1
+        item.next_try, item.last_error = next_try, error
+        self.items[item.id] = item
+        self.due.setdefault(item.receiver, {})[item.id] = next_try
+
+    async def bury(self, item: OutboxItem, error: str) -> None:
+        item.last_error = error
+        self._drop(item)
+        self.marks[item.id] = "dead"
+        self.dead_items.setdefault(item.receiver, []).insert(0, item)
+
+    async def outcome(self, receiver: str, key: str, variant: str = "") -> str | None:
+        return self.marks.get(item_id(receiver, key, variant))
+
+    async def release_steps(self, run_id: str, step: int, now: float) -> int:
+        waiting = self.steps.get(run_id, {})
+        ready = [i for i, s in waiting.items() if s <= step]
+        for i in ready:
+            waiting.pop(i)
+            it = self.items.get(i)
+            if it is not None:
+                q = self.due.setdefault(it.receiver, {})
+                if i in q:
+                    q[i] = min(q[i], now)
+        return len(ready)
+
+    async def pending(self, receiver: str | None = None) -> int:
+        return sum(len(q) for r, q in self.due.items() if receiver in (None, r))
+
+    async def dead(self, receiver: str) -> list[OutboxItem]:
+        return list(self.dead_items.get(receiver, []))
+
+    async def clock(self, group: str) -> GroupClock | None:
+        return self.groups.get(group)
+
+    async def set_clock(self, group: str, clock: GroupClock) -> None:
+        self.groups[group] = clock
+
+    async def clocks(self) -> dict[str, GroupClock]:
+        return dict(self.groups)
+
+    async def drop_clock(self, group: str) -> None:
+        self.groups.pop(group, None)
+
+    async def activate(self, alert: Alert, now: float) -> None:
+        self.firing[alert.fingerprint] = (now, alert)
+
+    async def deactivate(self, alert: Alert) -> None:
+        self.firing.pop(alert.fingerprint, None)
+
+    async def active(self, now: float) -> list[Alert]:
+        for fp, (at, _) in list(self.firing.items()):
+            if now - at > ACTIVE_MAX_AGE:
+                self.firing.pop(fp)
+        return [a for _, a in self.firing.values()]
+
+    async def note_step(self, run_id: str, step: int) -> None:
+        self.run_steps[run_id] = max(step, self.run_steps.get(run_id, step))
+
+    async def run_step(self, run_id: str) -> int | None:
+        return self.run_steps.get(run_id)
+
+
+_ENQUEUE = """
+if redis.call('SET', KEYS[1], 'queued', 'NX', 'EX', ARGV[4]) then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+  redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
+  if ARGV[5] ~= '' then redis.call('ZADD', KEYS[4], ARGV[5], ARGV[1]) end
+  return 1
+end
+return 0
+"""
+
+_TAKE = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+for _, id in ipairs(ids) do redis.call('ZADD', KEYS[1], ARGV[2], id) end
+return ids
+"""
+
+
+def _s(x) -> str:
+    return x.decode() if isinstance(x, bytes) else x
+
+
+class RedisOutbox:
+    """The outbox in Redis (redis.asyncio client), shared by every worker."""
+
+    def __init__(self, redis):
+        self.redis = redis
+        self._enqueue = redis.register_script(_ENQUEUE)
+        self._take = redis.register_script(_TAKE)
+
+    async def enqueue(self, item: OutboxItem) -> bool:
+        return bool(await self._enqueue(
+            keys=[P + "mark:" + item.id, P + "items", P + "due:" + item.receiver, P + "steps:" + item.run_id],
+            args=[item.id, item.to_json(), item.next_try, MARK_TTL,
+                  "" if item.due_step is None else item.due_step]))
+
+    async def take_due(self, receiver: str, now: float, limit: int = 100, lease: float = 30.0) -> list[OutboxItem]:
+        ids = [_s(i) for i in await self._take(keys=[P + "due:" + receiver], args=[now, now + lease, limit])]
+        if not ids:
+            return []
+        raws = await self.redis.hmget(P + "items", ids)
+        out, gone = [], []
+        for i, raw in zip(ids, raws):
+            if raw is None:
+                gone.append(i)
+            else:
+                out.append(OutboxItem.from_json(raw))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if gone:
+                pipe.zrem(P + "due:" + receiver, *gone)
+            for it in out:
+                if it.due_step is not None:
+                    pipe.zrem(P + "steps:" + it.run_id, it.id)
+            await pipe.execute()
+        return out
+
+    async def _drop(self, pipe, item: OutboxItem) -> None:
+        pipe.hdel(P + "items", item.id)
+        pipe.zrem(P + "due:" + item.receiver, item.id)
+        pipe.zrem(P + "steps:" + item.run_id, item.id)
+
+    async def finish(self, item: OutboxItem, outcome: str) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            await self._drop(pipe, item)
+            pipe.set(P + "mark:" + item.id, outcome, ex=MARK_TTL)
+            await pipe.execute()
+
+    async def retry(self, item: OutboxItem, next_try: float, error: str, count: bool = True) -> None:
+        if count:
+            item.attempts += 1
+        item.next_try, item.last_error = next_try, error
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(P + "items", item.id, item.to_json())
+            pipe.zadd(P + "due:" + item.receiver, {item.id: next_try})
+            await pipe.execute()
+
+    async def bury(self, item: OutboxItem, error: str) -> None:
+        item.last_error = error
+        async with self.redis.pipeline(transaction=True) as pipe:
+            await self._drop(pipe, item)
+            pipe.set(P + "mark:" + item.id, "dead", ex=MARK_TTL)
+            pipe.lpush(P + "dead:" + item.receiver, item.to_json())
+            pipe.ltrim(P + "dead:" + item.receiver, 0, 9999)
+            await pipe.execute()
+
+    async def outcome(self, receiver: str, key: str, variant: str = "") -> str | None:
+        raw = await self.redis.get(P + "mark:" + item_id(receiver, key, variant))
+        return None if raw is None else _s(raw)
+
+    async def release_steps(self, run_id: str, step: int, now: float) -> int:
+        key = P + "steps:" + run_id
+        ids = [_s(i) for i in await self.redis.zrangebyscore(key, "-inf", step)]
+        if not ids:
+            return 0
+        raws = await self.redis.hmget(P + "items", ids)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for i, raw in zip(ids, raws):
+                if raw is not None:
+                    # lt: only bring a waiting item forward (never re-open one under a lease)
+                    pipe.zadd(P + "due:" + OutboxItem.from_json(raw).receiver, {i: now}, xx=True, lt=True)
+            pipe.zrem(key, *ids)
+            await pipe.execute()
+        return len(ids)
+
+    async def pending(self, receiver: str | None = None) -> int:
+        if receiver is not None:
+            return int(await self.redis.zcard(P + "due:" + receiver))
+        return int(await self.redis.hlen(P + "items"))
+
+    async def dead(self, receiver: str) -> list[OutboxItem]:
+        return [OutboxItem.from_json(r) for r in await self.redis.lrange(P + "dead:" + receiver, 0, -1)]
+
+    async def clock(self, group: str) -> GroupClock | None:
+        raw = await self.redis.hget(P + "groups", group)
+        return None if raw is None else GroupClock.from_dict(json.loads(raw))
+
+    async def set_clock(self, group: str, clock: GroupClock) -> None:
+        await self.redis.hset(P + "groups", group, json.dumps(clock.to_dict()))
+
+    async def clocks(self) -> dict[str, GroupClock]:
+        raw = await self.redis.hgetall(P + "groups")
+        return {_s(k): GroupClock.from_dict(json.loads(v)) for k, v in raw.items()}
+
+    async def drop_clock(self, group: str) -> None:
+        await self.redis.hdel(P + "groups", group)
+
+    async def activate(self, alert: Alert, now: float) -> None:
+        await self.redis.hset(P + "active", alert.fingerprint,
+                              json.dumps({"at": now, "alert": alert.to_json()}))
+
+    async def deactivate(self, alert: Alert) -> None:
+        await self.redis.hdel(P + "active", alert.fingerprint)
+
+    async def active(self, now: float) -> list[Alert]:
+        raw = await self.redis.hgetall(P + "active")
+        out, stale = [], []
+        for fp, v in raw.items():
+            d = json.loads(v)
+            if now - d["at"] > ACTIVE_MAX_AGE:
+                stale.append(fp)
+            else:
+                out.append(Alert.from_json(d["alert"]))
+        if stale:
+            await self.redis.hdel(P + "active", *stale)
+        return out
+
+    async def note_step(self, run_id: str, step: int) -> None:
+        current = await self.redis.hget(P + "runstep", run_id)
+        if current is None or int(current) < step:
+            await self.redis.hset(P + "runstep", run_id, step)
+
+    async def run_step(self, run_id: str) -> int | None:
+        raw = await self.redis.hget(P + "runstep", run_id)
+        return None if raw is None else int(raw)

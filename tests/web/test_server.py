@@ -1,0 +1,255 @@
+"""The dashboard's HTTP routes on a real aiohttp server: pages, API, controls, SSE, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from alerts.control import MemoryControl
+from rlwatch.alert import Alert
+from rlwatch.commands import Command
+from tests.web.conftest import sim_events
+from web.fleet import Fleet
+from web.server import WebServer, build_web_app, parse_address
+
+TOKEN = "s3cret-operator"
+SECRET = "hmac-key"
+
+
+def _fleet(runs=("ppo-a", "ppo-b"), steps=40) -> Fleet:
+    f = Fleet(kl_lines={"target": 0.05, "red": 0.125})
+    for i, r in enumerate(runs):
+        for ev in sim_events(r, steps, seed=i, t0=time.time() - steps):
+            f.observe_event(ev)
+    f.observe_alert(Alert(rule="kl_above_target", severity="red", state="firing", run_id="ppo-b",
+                          step=30, onset_step=28, summary="KL high", threshold=0.125, value=0.2))
+    return f
+
+
+def run(coro_fn, fleet=None, control=None, **kw):
+    """Start the app on a real loopback port, run ``coro_fn(session, base, fleet, control)``."""
+    fleet = fleet or _fleet()
+    control = control if control is not None else MemoryControl()
+
+    async def main():
+        app = build_web_app(fleet, control, sse_interval=0.05, state_poll=0.05, **kw)
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        try:
+            async with aiohttp.ClientSession() as s:
+                return await coro_fn(s, str(server.make_url("")).rstrip("/"), fleet, control)
+        finally:
+            await server.close()
+
+    return asyncio.run(main())
+
+
+def test_pages_and_the_built_charting_library_are_served():
+    async def go(s, base, fleet, control):
+        for path, needle in (("/", "fleet.js"), ("/run?run=ppo-a", "uPlot.iife.min.js"),
+                             ("/static/cockpit.js", "uPlot"), ("/static/vendor/uPlot.min.css", ".uplot")):
+            async with s.get(base + path) as r:
+                assert r.status == 200, path
+                assert needle in await r.text(), path
+        async with s.get(base + "/static/vendor/uPlot.iife.min.js") as r:
+            body = await r.text()
+            assert r.status == 200 and "uPlot" in body and len(body) > 20_000
+        async with s.get(base + "/healthz") as r:
+            assert (await r.json()) == {"ok": True, "runs": 2}
+    run(go)
+
+
+def test_fleet_and_run_api():
+    async def go(s, base, fleet, control):
+        async with s.get(base + "/api/fleet?sort=-severity") as r:
+            data = await r.json()
+        assert [x["run_id"] for x in data["rows"]] == ["ppo-b", "ppo-a"]
+        assert data["rows"][0]["worst"]["rule"] == "kl_above_target"
+        async with s.get(base + "/api/fleet?q=ppo-a") as r:
+            assert [x["run_id"] for x in (await r.json())["rows"]] == ["ppo-a"]
+        async with s.get(base + "/api/run?run=ppo-b&points=16") as r:
+            snap = await r.json()
+        assert snap["row"]["run_id"] == "ppo-b" and snap["kl_lines"]["red"] == 0.125
+        assert len(snap["series"]["step"]) <= 32 and snap["markers"][0]["onset_step"] == 28
+        assert snap["active"][0]["severity"] == "red"
+        async with s.get(base + "/api/run/series?run=ppo-a&metrics=kl/mean") as r:
+            ser = await r.json()
+        assert list(ser["raw"]) == ["kl/mean"] and len(ser["step"]) == 40
+        async with s.get(base + "/api/run/dists?run=ppo-a") as r:
+            assert "reward" in (await r.json())["dists"]
+        async with s.get(base + "/api/run/samples?run=ppo-a&category=safety") as r:
+            smp = await r.json()
+        assert smp["samples"] and {x["category"] for x in smp["samples"]} == {"safety"}
+        for path, status in (("/api/run?run=nope", 404), ("/api/run", 400), ("/api/run/dists?run=nope", 404),
+                             ("/api/run/samples?run=nope", 404), ("/api/run/series?run=ppo-a&points=x", 400)):
+            async with s.get(base + path) as r:
+                assert r.status == status, path
+        async with s.get(base + "/api/config") as r:
+            cfg = await r.json()
+        assert cfg["controls"]["enabled"] is False and "RLWATCH_OPERATOR_TOKEN" in cfg["controls"]["reason"]
+        assert "kl" in cfg["charts"]
+    run(go)
+
+
+def test_json_never_carries_nan():
+    f = _fleet(steps=5)
+    from rlwatch.events import parse_event
+    f.observe_event(parse_event({"schema": 1, "kind": "step", "run_id": "ppo-a", "step": 99,
+                                 "metrics": {"loss/value": "NaN", "kl/mean": "Infinity"}}, time.time()))
+
+    async def go(s, base, fleet, control):
+        async with s.get(base + "/api/run?run=ppo-a") as r:
+            text = await r.text()
+        assert "NaN" not in text and "Infinity" not in text
+        json.loads(text)
+    run(go, fleet=f)
+
+
+def test_controls_are_disabled_without_a_token():
+    async def go(s, base, fleet, control):
+        async with s.post(base + "/api/run/command?run=ppo-a", json={"action": "pause", "reason": "x",
+                                                                      "token": "anything"}) as r:
+            assert r.status == 403 and "RLWATCH_OPERATOR_TOKEN" in (await r.json())["error"]
+        assert not control.audit
+    run(go, token=None)
+
+
+def test_operator_commands_go_through_the_control_channel_signed():
+    delivered: list[Command] = []
+
+    async def go(s, base, fleet, control):
+        control.subscribe("ppo-a", delivered.append)
+        url = base + "/api/run/command?run=ppo-a"
+        cases = [
+            ({}, {"action": "pause", "reason": "r"}, 401),                                # no token
+            ({"X-RLWatch-Token": "wrong"}, {"action": "pause", "reason": "r"}, 401),
+            ({"X-RLWatch-Token": TOKEN}, {"action": "pause"}, 400),                       # no reason
+            ({"X-RLWatch-Token": TOKEN}, {"action": "rollback", "reason": "r"}, 400),     # not from the web
+        ]
+        for headers, body, status in cases:
+            async with s.post(url, json=body, headers=headers) as r:
+                assert r.status == status, (headers, body, await r.text())
+        assert not delivered
+        async with s.post(base + "/api/run/command?run=nope", json={"action": "pause", "reason": "r"},
+                          headers={"X-RLWatch-Token": TOKEN}) as r:
+            assert r.status == 404
+        async with s.post(url, json={"action": "pause", "reason": "grad spikes"},
+                          headers={"X-RLWatch-Token": TOKEN}) as r:
+            out = await r.json()
+            assert r.status == 200 and out["state"] == "paused"
+        cmd = delivered[-1]
+        assert cmd.action == "pause" and cmd.issuer == "web:operator" and cmd.reason == "grad spikes"
+        assert cmd.signature and cmd.verify(SECRET) and not cmd.verify("other")
+        assert (await control.status("ppo-a")).state == "paused"
+        assert fleet.row("ppo-a")["state"] == "paused"
+        # the token as a form field, and as a bearer token
+        async with s.post(url, data={"action": "resume", "reason": "looked fine", "token": TOKEN}) as r:
+            assert r.status == 200 and (await r.json())["state"] == "running"
+        async with s.post(url, json={"action": "stop", "reason": "done"},
+                          headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+            assert (await r.json())["state"] == "stopped"
+        async with s.get(base + "/api/run/audit?run=ppo-a") as r:
+            audit = await r.json()
+        assert audit["state"] == "stopped"
+        assert [e["action"] for e in audit["history"]] == ["pause", "resume", "stop"]
+        assert {e["issuer"] for e in audit["history"]} == {"web:operator"}
+        async with s.get(base + "/api/config") as r:
+            assert (await r.json())["controls"]["enabled"] is True
+    run(go, token=TOKEN, secret=SECRET)
+
+
+def test_state_set_elsewhere_reaches_the_rows():
+    async def go(s, base, fleet, control):
+        await control.apply(Command(run_id="ppo-a", action="pause", ts=time.time(), reason="from the CLI",
+                                    issuer="cli:someone"))
+        for _ in range(100):
+            if fleet.row("ppo-a")["state"] == "paused":
+                break
+            await asyncio.sleep(0.02)
+        row = fleet.row("ppo-a")
+        assert row["state"] == "paused" and row["state_issuer"] == "cli:someone"
+    run(go)
+
+
+async def _events(resp, want: set[str], timeout: float = 5.0) -> dict[str, list]:
+    """Read server-sent events until one of each name in ``want`` arrived."""
+    got: dict[str, list] = {}
+    name = None
+    end = time.monotonic() + timeout
+    while not want <= set(got) and time.monotonic() < end:
+        line = (await asyncio.wait_for(resp.content.readline(), timeout)).decode().rstrip("\n")
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: ") and name:
+            got.setdefault(name, []).append(json.loads(line[6:]))
+    return got
+
+
+def test_server_sent_events_for_the_fleet_and_a_run():
+    async def go(s, base, fleet, control):
+        async with s.get(base + "/api/stream") as r:
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            got = await _events(r, {"fleet"})
+            first = got["fleet"][0]
+            assert first["full"] and {x["run_id"] for x in first["rows"]} == {"ppo-a", "ppo-b"}
+            for ev in sim_events("ppo-a", 3, start=40):
+                fleet.observe_event(ev)
+            got = await _events(r, {"fleet"})
+            # only changed rows travel (ppo-b's may too: its steps/s decays with the clock)
+            changed = {x["run_id"]: x["last_step"] for x in got["fleet"][0]["rows"]}
+            assert changed["ppo-a"] == 42 and not got["fleet"][0]["full"]
+        seq = fleet.versions("ppo-a")["seq"]
+        aseq = fleet.versions("ppo-a")["alert_seq"]
+        async with s.get(base + f"/api/stream?run=ppo-a&since={seq}&asince={aseq}") as r:
+            got = await _events(r, {"row", "changed"})
+            assert got["row"][0]["run_id"] == "ppo-a"
+            for ev in sim_events("ppo-a", 2, start=43):
+                fleet.observe_event(ev)
+            fleet.observe_alert(Alert(rule="entropy_collapse", severity="orange", state="firing",
+                                      run_id="ppo-a", step=44, onset_step=40))
+            got = await _events(r, {"steps", "alerts"})
+            steps = [row["step"] for e in got["steps"] for row in e["rows"]]
+            assert steps == [43, 44]
+            assert got["steps"][0]["rows"][0]["v"]["kl/mean"] is not None
+            assert got["alerts"][0]["markers"][0]["rule"] == "entropy_collapse"
+        async with s.get(base + "/api/stream?run=ppo-a&since=1") as r:    # too far behind
+            assert "resync" in await _events(r, {"resync"})
+    f = Fleet()
+    for r in ("ppo-a", "ppo-b"):
+        for ev in sim_events(r, 40):
+            f.observe_event(ev)
+    f.tail_rows = 8
+    for run_ in f.runs.values():
+        from collections import deque
+        run_.tail = deque(run_.tail, maxlen=8)
+    run(go, fleet=f)
+
+
+def test_web_server_thread_on_a_free_port():
+    fleet = _fleet(steps=3)
+    srv = WebServer(fleet, "127.0.0.1", 0, control=MemoryControl(), token=None).start()
+    try:
+        assert srv.port > 0 and srv.url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(srv.url + "api/fleet", timeout=5) as r:
+            assert len(json.load(r)["rows"]) == 2
+        with urllib.request.urlopen(srv.url + "metrics", timeout=5) as r:
+            assert r.headers["Content-Type"].startswith("text/plain") and b"rlwatch_metric_ema" in r.read()
+    finally:
+        srv.stop()
+    assert not srv._thread.is_alive()
+
+
+def test_parse_address():
+    assert parse_address("127.0.0.1:8765") == ("127.0.0.1", 8765)
+    assert parse_address("8765") == ("127.0.0.1", 8765)
+    assert parse_address("[::1]:80") == ("::1", 80)
+    assert parse_address("0.0.0.0:0") == ("0.0.0.0", 0)
+    for bad in ("localhost", "host:port", "h:99999"):
+        with pytest.raises(ValueError):
+            parse_address(bad)
