@@ -195,7 +195,7 @@ class Dispatcher:
         active, silences = context
         notifier = self.notifiers[name]
         groups: OrderedDict[str, list[OutboxItem]] = OrderedDict()
-        for it in sorted(items, key=lambda i: (i.enqueued, i.id)):
+        for it in sorted(items, key=lambda i: (i.enqueued, i.step, i.id)):
             groups.setdefault(it.group, []).append(it)
         settled = 0
         units: list[list[OutboxItem]] = []

@@ -100,7 +100,7 @@ class RedisSilences:
 
     KEEP_EXPIRED = 7 * 86400
 
-    def __init__(self, redis, cache_seconds: float = 2.0, clock=time.time):
+    def __init__(self, redis, cache_seconds: float = 0.0, clock=time.time):
         self.redis, self.cache_seconds, self.clock = redis, cache_seconds, clock
         self._cache: tuple[float, list[Silence]] | None = None
 

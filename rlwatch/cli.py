@@ -57,8 +57,16 @@ def cmd_worker(args) -> int:
     from rlwatch.settings import Settings
     from streams.app import build_app, ensure_topics
 
-    settings = Settings.from_env(kafka=args.kafka, redis=args.redis, rules=args.rules)
+    settings = Settings.from_env(kafka=args.kafka, redis=args.redis, rules=args.rules, routes=args.routes)
     logging.basicConfig(level=getattr(logging, args.loglevel.upper(), logging.INFO))
+    if settings.routes:  # a bad routes file stops the worker at once, with the line at fault
+        from alerts.factory import build_notifiers, build_routing
+        from alerts.routing import RoutesFileError
+
+        try:
+            build_routing(settings, build_notifiers(settings))
+        except RoutesFileError as exc:
+            raise SystemExit(f"rlwatch worker: {exc}") from None
     logging.getLogger("rlwatch").info("rlwatch worker: %s", settings.describe())
     try:
         ensure_topics(settings)
@@ -213,6 +221,112 @@ def cmd_status(args) -> int:
     return 0
 
 
+def _redis_run(args, fn):
+    """Run ``fn(redis)`` on the configured Redis; a Redis failure is one clear line."""
+    from rlwatch.settings import Settings
+
+    async def go():
+        import redis.asyncio as aioredis
+
+        r = aioredis.Redis.from_url(Settings.from_env(redis=args.redis).redis, socket_timeout=5,
+                                    socket_connect_timeout=3)
+        try:
+            return await fn(r)
+        finally:
+            await r.aclose()
+
+    try:
+        return asyncio.run(go())
+    except Exception as exc:
+        if type(exc).__module__.startswith("redis") or isinstance(exc, OSError):
+            raise SystemExit(f"rlwatch: cannot reach Redis: {exc}") from None
+        raise
+
+
+def cmd_silence(args) -> int:
+    from alerts.matchers import parse_matcher_args
+    from alerts.silences import RedisSilences, Silence, parse_duration
+
+    now = time.time()
+    if args.silence_cmd == "add":
+        try:
+            matchers = parse_matcher_args(args.matchers)
+            silence = Silence(matchers=matchers, starts_at=now, ends_at=now + parse_duration(args.duration),
+                              created_by=args.author or getpass.getuser(), comment=args.comment or "")
+        except ValueError as exc:
+            raise SystemExit(f"rlwatch silence: {exc}") from None
+        _redis_run(args, lambda r: RedisSilences(r).add(silence))
+        print(f"silence {silence.id} until {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(silence.ends_at))}")
+        return 0
+    if args.silence_cmd == "expire":
+        got = _redis_run(args, lambda r: RedisSilences(r).expire(args.id, now))
+        if got is None:
+            raise SystemExit(f"rlwatch silence: no single silence with id {args.id!r}")
+        print(f"silence {got.id} expired")
+        return 0
+    silences = _redis_run(args, lambda r: RedisSilences(r).all())
+    shown = [s for s in silences if args.all or s.state(now) != "expired"]
+    if args.json:
+        for s in shown:
+            print(json.dumps({**s.model_dump(), "state": s.state(now)}))
+        return 0
+    if not shown:
+        print("no active silences" + ("" if args.all else " (--all shows expired ones)"))
+    for s in shown:
+        until = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.ends_at))
+        what = " ".join(f"{k}={'|'.join(v) if isinstance(v, list) else v}" for k, v in s.matchers.items())
+        print(f"{s.id}  {s.state(now):8s} until {until}  {what}  by {s.created_by}: {s.comment}")
+    return 0
+
+
+def cmd_incidents(args) -> int:
+    from alerts.incidents import RedisIncidents
+
+    if args.incidents_cmd == "show":
+        inc = _redis_run(args, lambda r: RedisIncidents(r).get(args.id))
+        if inc is None:
+            raise SystemExit(f"rlwatch incidents: no single incident with id {args.id!r}")
+        if args.json:
+            print(json.dumps(inc, indent=2))
+            return 0
+        snap = inc.get("snapshot", {})
+        print(f"{inc['id']}  {inc['severity'].upper()} {inc['rule']}  run {inc['run_id']}  step {inc['step']} "
+              f"(onset {inc['onset_step']})")
+        print(f"  {inc['summary']}")
+        print(f"  monitor did: {', '.join(inc.get('actions_taken') or []) or 'nothing'}")
+        if "note" in snap:
+            print(f"  {snap['note']}")
+            return 0
+        print(f"  {snap.get('metric') or 'value'}: {snap.get('value')} vs {snap.get('threshold')}; "
+              f"rollback to: {snap.get('rollback_to') or 'none'}")
+        window = snap.get("window", {}).get("steps", [])
+        metric = snap.get("metric")
+        if window:
+            series = [f"{w['step']}:{w['metrics'].get(metric, '-')}" for w in window] if metric else \
+                [str(w["step"]) for w in window]
+            print(f"  window (rank {snap['window'].get('rank')}, {len(window)} steps): {' '.join(series[-30:])}")
+        for label, part in (("offending step", snap.get("offending", {})), ("last stable step", snap.get("last_stable", {}))):
+            print(f"  {label} {part.get('step')}: {len(part.get('samples', []))} samples")
+            for smp in part.get("samples", [])[:3]:
+                resp = str(smp.get("response", ""))[:100].replace("\n", " ")
+                print(f"    reward {smp.get('reward')} kl {smp.get('kl')}: {resp!r}")
+        for rank, entry in sorted(snap.get("ranks", {}).items()):
+            print(f"  rank {rank}: value {entry.get('value')} batches {', '.join(entry.get('batch_ids', [])[:8])}")
+        print("  (--json for everything)")
+        return 0
+    items = _redis_run(args, lambda r: RedisIncidents(r).list(args.run, args.limit))
+    if args.json:
+        for i in items:
+            print(json.dumps(i))
+        return 0
+    if not items:
+        print("no incidents recorded")
+    for i in items:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i["created"]))
+        print(f"{i['id']}  {when}  {i['severity']:6s} {i['rule']:28s} {i['run_id']} step {i['step']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlwatch", description="Real-time monitoring for RLHF training.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -230,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--kafka", help="bootstrap servers (RLWATCH_KAFKA, default localhost:9092)")
     w.add_argument("--redis", help="Redis URL (RLWATCH_REDIS, default redis://localhost:6379/0)")
     w.add_argument("--rules", help="built-in pack name or rule file(s), comma-separated (default rlhf)")
+    w.add_argument("--routes", help="alert routing file (YAML: receivers, routes, grouping, inhibition, "
+                                    "enforcement; RLWATCH_ROUTES); default: every alert to every receiver")
     w.add_argument("--loglevel", default="info", choices=["crit", "error", "warn", "info", "debug"])
     w.add_argument("--web", metavar="HOST:PORT",
                    help="serve the dashboard (fleet, cockpit, controls, /metrics) on HOST:PORT")
@@ -264,6 +380,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--redis")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_status)
+
+    si = sub.add_parser("silence", help="mute notifications of matching alerts for a while (commands still go)")
+    ssub = si.add_subparsers(dest="silence_cmd", required=True)
+    sa = ssub.add_parser("add", help="e.g. silence add run=exp-7 'rule=kl_*' --duration 2h --comment ...")
+    sa.add_argument("matchers", nargs="+", help="name=glob or name!=glob (severity=>=red works too)")
+    sa.add_argument("--duration", default="1h", help="30m, 2h, 1d (default 1h)")
+    sa.add_argument("--comment")
+    sa.add_argument("--author")
+    sl = ssub.add_parser("list")
+    sl.add_argument("--all", action="store_true", help="include expired silences")
+    sl.add_argument("--json", action="store_true")
+    se = ssub.add_parser("expire")
+    se.add_argument("id", help="silence id (a unique prefix is enough)")
+    for q in (sa, sl, se):
+        q.add_argument("--redis")
+    si.set_defaults(fn=cmd_silence)
+
+    inc = sub.add_parser("incidents", help="incident snapshots kept for alerts with the snapshot action")
+    isub = inc.add_subparsers(dest="incidents_cmd", required=True)
+    il = isub.add_parser("list")
+    il.add_argument("--run")
+    il.add_argument("--limit", type=int, default=50)
+    ish = isub.add_parser("show")
+    ish.add_argument("id", help="incident id (a unique prefix is enough)")
+    for q in (il, ish):
+        q.add_argument("--redis")
+        q.add_argument("--json", action="store_true")
+    inc.set_defaults(fn=cmd_incidents)
     return p
 
 

@@ -50,20 +50,14 @@ def _envelope(record: dict, run_id: str, preset: Preset | None) -> dict:
 
 def iter_records(path: Path) -> Iterator[tuple[int, dict | str]]:
     """(line number, record) pairs, or (line number, error text) for unusable lines."""
-    text = path.read_text()
-    if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            yield exc.lineno, f"bad JSON: {exc}"
-            return
-        rows = data.get("log_history") if isinstance(data, dict) else data
-        if not isinstance(rows, list):
-            yield 1, "a .json file must be a trainer_state.json (log_history) or a list of records"
-            return
-        for i, row in enumerate(rows, 1):
-            yield i, row if isinstance(row, dict) else f"entry {i} is not an object"
+    if path.suffix != ".jsonl":  # trainer_state.json, TensorBoard, W&B CSV, console logs ...
+        from rlwatch.recorded import iter_recorded
+
+        yield from iter_recorded(path)
         return
+    from rlwatch.recorded import normalise_record
+
+    text = path.read_text()
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -72,6 +66,8 @@ def iter_records(path: Path) -> Iterator[tuple[int, dict | str]]:
         except json.JSONDecodeError as exc:
             yield n, f"bad JSON: {exc.msg}"
             continue
+        if isinstance(rec, dict) and not {"step", "kind", "schema"} & rec.keys():
+            rec = normalise_record(rec) or rec  # W&B history lines: _step, global_step
         yield n, rec if isinstance(rec, dict) else "a line must be a JSON object"
 
 

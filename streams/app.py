@@ -30,6 +30,7 @@ from rlwatch.settings import Settings
 from rules.loader import load_pack
 from streams.processor import Processor
 from streams.run import RunState
+from streams.snapshot import SnapshotRecorder, attach_snapshot
 
 __all__ = ["build_app", "ensure_topics"]
 
@@ -49,7 +50,7 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> None:
     from kafka.errors import TopicAlreadyExistsError
 
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka.split(","), client_id="rlwatch-admin",
-                             request_timeout_ms=int(timeout * 1000))
+                             request_timeout_ms=int(timeout * 1000), **settings.kafka_python_kwargs())
     try:
         existing = set(admin.list_topics())
         wanted = [settings.events_topic, settings.alerts_topic, settings.dlq_topic]
@@ -108,11 +109,7 @@ class RunStates:
 
 
 def build_app(settings: Settings, observer=None) -> faust.App:
-    broker_credentials = None
-    if settings.kafka_sasl_mechanism:
-        broker_credentials = faust.SASLCredentials(
-            username=settings.kafka_sasl_username, password=settings.kafka_sasl_password,
-            mechanism=settings.kafka_sasl_mechanism)
+    broker_credentials = settings.faust_broker_credentials()   # SASL and/or SSL, or None
     app = faust.App(
         settings.app_id,
         broker=[f"kafka://{h}" for h in settings.kafka.split(",")],
@@ -131,6 +128,7 @@ def build_app(settings: Settings, observer=None) -> faust.App:
     table = app.Table("rlwatch-runs", default=None, partitions=PARTITIONS, key_type=bytes,
                       value_type=bytes, use_partitioner=True)
     states = RunStates(table, processor)
+    recorder = SnapshotRecorder()   # recent steps and samples per run, for incident snapshots
     counters = {"events": 0, "dlq": 0, "alerts": 0}
     dispatcher_box: list = []
 
@@ -144,6 +142,7 @@ def build_app(settings: Settings, observer=None) -> faust.App:
             counters["alerts"] += 1
             if observer is not None:
                 observer.observe_alert(a)
+            a = attach_snapshot(a, recorder, states.cache.get(a.run_id))
             await alerts_topic.send(key=a.run_id.encode(), value=a.to_json().encode())
 
     @app.agent(events)
@@ -161,6 +160,7 @@ def build_app(settings: Settings, observer=None) -> faust.App:
                      "raw": body.decode("utf-8", "replace")[:100_000]}).encode())
                 continue
             counters["events"] += 1
+            recorder.observe(event)
             if observer is not None:
                 observer.observe_event(event)
             st = states.get(event.run_id)
@@ -179,6 +179,11 @@ def build_app(settings: Settings, observer=None) -> faust.App:
                 log.error("rlwatch: unreadable alert on %s: %s", settings.alerts_topic, exc)
                 continue
             await dispatcher().handle(alert)
+
+    @app.timer(interval=settings.delivery_tick_seconds)
+    async def deliver_due():
+        """The outbox's retries and held groups, repeats, unacknowledged brakes."""
+        await dispatcher().tick()
 
     @app.timer(interval=FLUSH_SECONDS)
     async def flush_states():

@@ -46,7 +46,9 @@ class DistHistory:
             arr = arr[:: math.ceil(arr.size / MAX_LATEST)]
         self.latest = arr.tolist()
         self.latest_step = step
-        q = np.quantile(arr, QUANTILES)
+        # linear-interpolated quantiles (numpy's default method), without np.quantile's overhead
+        arr = np.sort(arr)
+        q = np.interp(QUANTILES * (arr.size - 1), np.arange(arr.size), arr)
         if self.q and self._pending < self.width:
             self._fold(step, ts, q)
             return

@@ -21,12 +21,13 @@ import math
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from web.dists import DistHistory, heatmap, histogram
 from web.series import StepTable, ema_alpha
 
-__all__ = ["CHARTS", "Fleet", "SEVERITIES", "kl_lines_from_pack"]
+__all__ = ["CHARTS", "CHART_METRICS", "SEVERITIES", "Fleet", "charted", "kl_lines_from_pack"]
 
 SEVERITIES = ("info", "yellow", "orange", "red", "black")
 _SEV_RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -42,6 +43,14 @@ CHARTS: dict[str, list[str]] = {
     "eos": ["response/eos_frac", "response/truncated_frac"],
     "grad": ["grad_norm/actor", "grad_norm/critic"],
 }
+#: What the cockpit draws: the charts' metrics and every per-category group metric.
+CHART_METRICS = frozenset(m for ms in CHARTS.values() for m in ms) | {"response/length_max"}
+
+
+def charted(name: str) -> bool:
+    return name in CHART_METRICS or "@" in name
+
+
 #: Metrics shown in the fleet table (their EMA).
 ROW_SIGNALS = ("reward/mean", "kl/mean", "entropy/mean")
 
@@ -80,7 +89,7 @@ def kl_lines_from_pack(pack) -> dict[str, float]:
 
 
 class _Run:
-    def __init__(self, run_id: str, now: float, fleet: "Fleet"):
+    def __init__(self, run_id: str, now: float, fleet: Fleet):
         self.run_id = run_id
         self.first_seen = now
         self.last_seen = now
@@ -126,7 +135,7 @@ class Fleet:
 
     def __init__(self, *, capacity: int = 512, dist_capacity: int = 240, tail_rows: int = 256,
                  max_samples: int = 200, max_markers: int = 500, max_metrics: int = 96,
-                 max_runs: int = 1000, ema_span: int = 20, rate_window: float = 30.0,
+                 max_runs: int = 500, ema_span: int = 20, rate_window: float = 30.0,
                  kl_lines: dict[str, float] | None = None, clock: Callable[[], float] = time.time):
         self.capacity = capacity
         self.dist_capacity = dist_capacity
@@ -442,7 +451,8 @@ class Fleet:
 
     def tail(self, run_id: str, since: int) -> tuple[list[dict], int, bool]:
         """Rows after sequence number ``since``: (rows, latest seq, complete). ``complete`` is
-        False when rows in between were already evicted (the view must reload)."""
+        False when rows in between were already evicted (the view must reload). Only the
+        metrics the cockpit draws travel."""
         with self._lock:
             r = self.runs.get(run_id)
             if r is None:
@@ -452,8 +462,8 @@ class Fleet:
             first = r.tail[0][0] if r.tail else r.seq + 1
             if since + 1 < first:
                 return [], r.seq, False
-            rows = [{"step": s, "ts": t, "v": {k: _num(x) for k, x in v.items()},
-                     "e": {k: _num(x) for k, x in e.items()}}
+            rows = [{"step": s, "ts": t, "v": {k: _num(x) for k, x in v.items() if charted(k)},
+                     "e": {k: _num(x) for k, x in e.items() if charted(k)}}
                     for q, s, t, v, e in r.tail if q > since]
             return rows, r.seq, True
 
@@ -527,7 +537,7 @@ class Fleet:
                 return None
             return {
                 "row": self._row(r, now),
-                "series": self.series(run_id, points),
+                "series": self.series(run_id, points, [n for n in r.table.metrics() if charted(n)]),
                 "markers": self.markers(run_id),
                 "active": self.active_alerts(run_id),
                 "commands": self.commands(run_id),

@@ -15,11 +15,13 @@ Values are stored in ``array('d')`` columns (8 bytes each), which keeps a 50-run
 forty metrics per run in a few tens of megabytes.
 """
 
+# ruff: noqa: PLR0124 - ``x != x`` is the NaN test on the hot path (no call, no import)
+
 from __future__ import annotations
 
 import math
 from array import array
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = ["StepTable", "ema_alpha"]
 
@@ -82,7 +84,8 @@ class StepTable:
     def append(self, step: int, ts: float, values: dict[str, float], emas: dict[str, float]) -> None:
         """One row: the metrics of ``step`` (steps must ascend; the caller filters the rest)."""
         b = self.size - 1
-        if b < 0 or self.count[b] >= self.width:
+        new = b < 0 or self.count[b] >= self.width
+        if new:
             if self.size == self.capacity:
                 self._compact()
             b = self.size
@@ -90,24 +93,37 @@ class StepTable:
             self.lo_step[b] = step
             self.lo_ts[b] = ts
             self.count[b] = 0
-            for col in self.cols.values():
-                for c in (MIN, MAX, MIN_STEP, MAX_STEP, EMA0, EMA1, LAST):
-                    col[c][b] = NAN
-                col[BAD][b] = 0.0
+            for name, col in self.cols.items():
+                if name not in values:       # absent this step: an empty bucket for it
+                    for c in (MIN, MAX, MIN_STEP, MAX_STEP, EMA0, EMA1, LAST):
+                        col[c][b] = NAN
+                    col[BAD][b] = 0.0
         self.hi_step[b] = step
         self.hi_ts[b] = ts
         self.count[b] += 1
         self.rows += 1
+        cols = self.cols
         for name, v in values.items():
-            col = self._column(name)
+            col = cols.get(name) or self._column(name)
             if col is None:
                 continue
-            col[LAST][b] = v
             e = emas.get(name, NAN)
+            col[LAST][b] = v
+            col[EMA1][b] = e
+            finite = v == v and v != math.inf and v != -math.inf
+            if new:
+                col[EMA0][b] = e
+                if finite:
+                    col[MIN][b] = col[MAX][b] = v
+                    col[MIN_STEP][b] = col[MAX_STEP][b] = step
+                    col[BAD][b] = 0.0
+                else:
+                    col[MIN][b] = col[MAX][b] = col[MIN_STEP][b] = col[MAX_STEP][b] = NAN
+                    col[BAD][b] = 1.0
+                continue
             if col[EMA0][b] != col[EMA0][b]:
                 col[EMA0][b] = e
-            col[EMA1][b] = e
-            if not _finite(v):
+            if not finite:
                 col[BAD][b] += 1.0
                 continue
             mn = col[MIN][b]

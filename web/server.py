@@ -39,8 +39,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -427,13 +428,15 @@ def build_web_app(fleet: Fleet, control=None, *, control_factory: Callable[[], A
         for t in st["tasks"]:
             try:
                 await t
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+            except asyncio.CancelledError:
                 pass
+            except Exception as exc:  # noqa: BLE001
+                log.warning("rlwatch web: background task ended with %s", exc)
         if st.get("own_control") and st["control"] is not None:
             try:
                 await st["control"].close()
-            except Exception:  # noqa: BLE001
-                pass
+            except Exception as exc:  # noqa: BLE001
+                log.warning("rlwatch web: closing the control channel: %s", exc)
 
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
@@ -494,7 +497,7 @@ class WebServer:
     def control(self):
         return None if self.app is None else self.app[K_STATE].get("control")
 
-    def start(self, timeout: float = 15.0) -> "WebServer":
+    def start(self, timeout: float = 15.0) -> WebServer:
         self._thread = threading.Thread(target=self._main, name="rlwatch-web", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout):

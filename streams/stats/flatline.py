@@ -8,7 +8,7 @@ from typing import Any
 
 from ._num import TINY
 from .base import check_float, check_int
-from .rolling_mean import _CHECK, RollingMean
+from .rolling_mean import RollingMean
 
 __all__ = ["Flatline"]
 
@@ -20,8 +20,9 @@ class Flatline(RollingMean):
     (a metric that stopped moving: a stuck loss, a dead logger repeating the last value). A
     window of identical values has relative range exactly 0 and is flat. The ``1e-12`` floor
     keeps the ratio finite for metrics whose mean is 0; metrics living entirely below ~1e-12 in
-    magnitude would need rescaling before this test. Amortised O(1) per update: monotonic
-    deques for the max and min, and :class:`RollingMean`'s checked running sum for the mean.
+    magnitude would need rescaling before this test. Amortised O(1) per value: monotonic
+    deques for the max and min, and :class:`RollingMean`'s checked running sum for the mean
+    (``update`` only appends; the work is done when a result is read).
 
     Examples
     --------
@@ -44,53 +45,43 @@ class Flatline(RollingMean):
         self._qmax: deque[tuple[int, float]] = deque()
         self._qmin: deque[tuple[int, float]] = deque()
 
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
+    def _sync(self) -> None:
+        p = self._pending
+        if not p:
             return
-        # running sum (as RollingMean)
         buf = self._buf
-        buf.append(x)
-        if len(buf) > self.window:
-            d = x - buf.popleft()
-            s = self._sum + d
-            err = self._err + abs(s) + abs(d)
-        else:
-            s = self._sum + x
-            err = self._err + abs(s)
-        if err > _CHECK * abs(s) or err == math.inf:
-            self._recompute()
-        else:
-            self._sum = s
-            self._err = err
-        # monotonic deques of (index, value)
+        w = self.window
         i = self._i
-        first = i - self.window
-        q = self._qmax
-        while q and q[-1][1] <= x:
-            q.pop()
-        q.append((i, x))
-        if q[0][0] <= first:
-            q.popleft()
-        q = self._qmin
-        while q and q[-1][1] >= x:
-            q.pop()
-        q.append((i, x))
-        if q[0][0] <= first:
-            q.popleft()
-        self._i = i + 1
+        qmax = self._qmax
+        qmin = self._qmin
+        if p >= w:  # the whole window is new (and maybe more was skipped): rebuild the deques
+            qmax.clear()
+            qmin.clear()
+        for j in range(-p, 0):  # monotonic deques of (index, value), in arrival order
+            x = buf[j]
+            first = i - w
+            while qmax and qmax[-1][1] <= x:
+                qmax.pop()
+            qmax.append((i, x))
+            if qmax[0][0] <= first:
+                qmax.popleft()
+            while qmin and qmin[-1][1] >= x:
+                qmin.pop()
+            qmin.append((i, x))
+            if qmin[0][0] <= first:
+                qmin.popleft()
+            i += 1
+        self._i = i
+        RollingMean._sync(self)
 
     @property
     def max(self) -> float:
+        self._sync()
         return self._qmax[0][1] if self._qmax else math.nan
 
     @property
     def min(self) -> float:
+        self._sync()
         return self._qmin[0][1] if self._qmin else math.nan
 
     @property
@@ -99,11 +90,14 @@ class Flatline(RollingMean):
 
     @property
     def range(self) -> float:
+        self._sync()
         if not self._buf:
             return math.nan
         return self._qmax[0][1] - self._qmin[0][1]
 
     def get(self) -> float:
+        if self._pending:
+            self._sync()
         if not self._buf:
             return math.nan
         hi = self._qmax[0][1]

@@ -3,29 +3,29 @@
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import Any
 
-from ._num import EPS, RECOMPUTE_TOL, exact_mean, exact_sum
-from .base import Statistic, check_int
+from ._num import EPS, INF, RECOMPUTE_TOL, exact_mean, exact_sum
+from ._window import _LazyWindow
+
+__all__ = ["RollingMean"]
 
 # recompute when eps * (error bound) > RECOMPUTE_TOL * |sum|
 _CHECK = RECOMPUTE_TOL / EPS
 
-__all__ = ["RollingMean"]
 
-
-class RollingMean(Statistic):
+class RollingMean(_LazyWindow):
     """Arithmetic mean of the last ``window`` finite values (fewer while filling up).
 
-    The sum is updated in O(1) (``s += x - oldest``). Alongside it an upper bound of the
-    accumulated rounding error is kept (the standard bound for recursive summation,
-    ``eps * sum |partial sums|``); when that bound exceeds ``1e-10`` of the current sum, the
-    update recomputes the sum exactly (``math.fsum``) from the window. So a huge value that leaves the
-    window (``[1e20, 1, 2, 3]`` -> ``[1, 2, 3]``) cannot poison the mean, and in ordinary data the
-    O(window) recompute almost never runs. Values near the float limits (sum overflowing) are
-    handled by a rescaled exact mean. ``get()`` has no side effects: the answers depend only on
-    the values fed, not on when they were read.
+    The sum is maintained in O(1) per value (``s += x - oldest``). Alongside it an upper bound
+    of the accumulated rounding error is kept (the standard bound for recursive summation,
+    ``eps * sum |partial sums|``); as soon as that bound exceeds ``1e-10`` of the current sum,
+    the sum is recomputed exactly (``math.fsum``) from the window. So a huge value that leaves
+    the window (``[1e20, 1, 2, 3]`` -> ``[1, 2, 3]``) cannot poison the mean, and in ordinary
+    data the O(window) recompute almost never runs. Values near the float limits (sum
+    overflowing) are handled by a rescaled exact mean.
+
+    ``update`` only appends (see ``_LazyWindow``); the sum is advanced when the mean is read.
 
     Examples
     --------
@@ -36,44 +36,50 @@ class RollingMean(Statistic):
     3.0
     """
 
-    __slots__ = ("window", "_buf", "_sum", "_err")
+    __slots__ = ("_sum", "_err")
 
     def __init__(self, window: int):
-        self.window = check_int("window", window, 1)
-        self.n_skipped = 0
-        self._buf: deque[float] = deque()
+        super().__init__(window)
         self._sum = 0.0
-        self._err = 0.0  # sum of |partial sums| since the last exact recompute
+        self._err = 0.0  # sum of |partial sums| (+ |differences|) since the last exact sum
 
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
+    def _sync(self) -> None:
+        p = self._pending
+        if not p:
             return
         buf = self._buf
-        buf.append(x)
-        if len(buf) > self.window:
-            d = x - buf.popleft()
-            s = self._sum + d
-            err = self._err + abs(s) + abs(d)
+        if p >= self.window:
+            self._sum = s = exact_sum(buf)
+            self._err = abs(s)
         else:
-            s = self._sum + x
-            err = self._err + abs(s)
-        if err > _CHECK * abs(s) or err == math.inf:
-            self._recompute()
-        else:
+            gone = self._gone
+            w = self.window
+            size = len(buf) - p + len(gone)
+            gi = 0
+            s = self._sum
+            err = self._err
+            for i in range(-p, 0):
+                x = buf[i]
+                if size == w:
+                    d = x - gone[gi]
+                    gi += 1
+                    s += d
+                    err += abs(s) + abs(d)
+                else:
+                    size += 1
+                    s += x
+                    err += abs(s)
+                if not (err <= _CHECK * abs(s) and err < INF):
+                    s = exact_sum(self._window_at(gi, i))
+                    err = abs(s)  # the correctly rounded sum is off by up to eps * |sum|
             self._sum = s
             self._err = err
-
-    def _recompute(self) -> None:
-        self._sum = s = exact_sum(self._buf)
-        self._err = abs(s)  # the correctly rounded sum is still off by up to eps * |sum|
+        self._gone.clear()
+        self._pending = 0
 
     def get(self) -> float:
+        if self._pending:
+            self._sync()
         n = len(self._buf)
         if n == 0:
             return math.nan
@@ -82,18 +88,13 @@ class RollingMean(Statistic):
             return exact_mean(self._buf)
         return s / n
 
-    @property
-    def n(self) -> int:
-        """Number of values in the window."""
-        return len(self._buf)
-
-    def _params(self) -> dict[str, Any]:
-        return {"window": self.window}
-
     def _dump(self) -> dict[str, Any]:
-        return {"buf": list(self._buf), "sum": self._sum, "err": self._err}
+        d = self._dump_window()
+        d["sum"] = self._sum
+        d["err"] = self._err
+        return d
 
     def _load(self, state: dict[str, Any]) -> None:
-        self._buf = deque(state["buf"])
+        self._load_window(state)
         self._sum = state["sum"]
         self._err = state["err"]

@@ -2,54 +2,30 @@
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left, insort
-from collections import deque
 from typing import Any
 
 from ._num import sorted_median, sorted_quantile
-from .base import Statistic, check_float, check_int
+from ._window import _LazyWindow
+from .base import check_float
 
 __all__ = ["RollingMedian", "RollingQuantile"]
 
 
-class _SortedWindow(Statistic):
-    """The last ``window`` values in arrival order (deque) and sorted (list), synced lazily.
+class _SortedWindow(_LazyWindow):
+    """The last ``window`` values in arrival order (deque) and sorted (list).
 
-    ``update`` only appends to the deque and remembers the value that fell out (O(1), ~100 ns
-    of work); the sorted copy is brought up to date when a result is asked for: each pending
-    change costs one ``bisect`` + ``insort``/``del`` (a memmove), and if more than
-    ``window // 4`` changes are pending the sorted copy is rebuilt with one ``sorted()``
-    instead. Memory stays bounded by ``window`` (deque, sorted list, pending removals).
+    ``update`` only appends (see ``_LazyWindow``); the sorted copy is brought up to date when a
+    result is asked for: each pending change costs one ``bisect`` + ``insort``/``del`` (a
+    memmove), and if more than ``window // 4`` changes are pending the sorted copy is rebuilt
+    with one ``sorted()`` instead. The sorted copy is exact either way.
     """
 
-    __slots__ = ("window", "_buf", "_sorted", "_gone", "_pending", "_cap")
+    __slots__ = ("_sorted",)
 
     def __init__(self, window: int):
-        self.window = check_int("window", window, 1)
-        self.n_skipped = 0
-        self._buf: deque[float] = deque(maxlen=self.window)
+        super().__init__(window)
         self._sorted: list[float] = []
-        self._gone: list[float] = []  # values that left the window since the last sync
-        self._pending = 0  # values appended since the last sync (capped at _cap)
-        self._cap = min(self.window, max(4, self.window // 4))
-
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
-        buf = self._buf
-        p = self._pending
-        if p < self._cap:
-            if len(buf) == self.window:
-                self._gone.append(buf[0])
-            self._pending = p + 1
-        buf.append(x)
 
     def _sync(self) -> list[float]:
         """The sorted window, brought up to date."""
@@ -64,7 +40,7 @@ class _SortedWindow(Statistic):
             return s
         if p:
             buf = self._buf
-            if p >= self._cap:
+            if p > (self.window >> 2):
                 self._sorted = sorted(buf)
             else:
                 s = self._sorted
@@ -76,19 +52,13 @@ class _SortedWindow(Statistic):
             self._pending = 0
         return self._sorted
 
-    @property
-    def n(self) -> int:
-        """Number of values in the window."""
-        return len(self._buf)
-
-    def _params(self) -> dict[str, Any]:
-        return {"window": self.window}
-
     def _dump(self) -> dict[str, Any]:
         return {"buf": list(self._buf)}
 
     def _load(self, state: dict[str, Any]) -> None:
-        self._buf = deque(state["buf"], maxlen=self.window)
+        # the sorted copy is exact whichever way it is built: rebuild it
+        self._buf.clear()
+        self._buf.extend(state["buf"])
         self._sorted = sorted(self._buf)
         self._gone = []
         self._pending = 0

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import Any
 
-from ._num import EPS, RECOMPUTE_TOL, exact_mean, exact_std, exact_sum
-from .base import Statistic, check_int
+from ._num import EPS, INF, RECOMPUTE_TOL, exact_mean, exact_std, exact_sum
+from ._window import _LazyWindow
+from .base import check_int
 
 __all__ = ["RollingVar", "RollingStd"]
 
@@ -19,127 +19,138 @@ _VAR_HIGH = 1e280
 _CHECK = RECOMPUTE_TOL / (4.0 * EPS)
 
 
-class _RollingMoments(Statistic):
+class _RollingMoments(_LazyWindow):
     """Shared machinery: shifted sums with an error bound and exact recompute.
 
     Keeps ``S1 = sum(x - K)`` and ``S2 = sum((x - K)^2)`` over the window, with the shift ``K``
     set to the window mean at every exact recompute (so offsets like ``1e8 + noise`` cost no
-    precision). ``E`` accumulates an upper bound of the rounding error of ``S2 - S1^2/n``; when
-    ``4 * eps * E`` exceeds ``1e-10`` of that quantity, the update recomputes the sums exactly
+    precision). ``E`` accumulates an upper bound of the rounding error of ``S2 - S1^2/n``; as
+    soon as ``4 * eps * E`` exceeds ``1e-10`` of that quantity, the sums are recomputed exactly
     from the window (``math.fsum``). This bounds the relative error of the variance by about
-    1e-10 at amortised O(1) cost, whatever leaves the window. Reads have no side effects.
+    1e-10 (and the error of the mean by about 1e-10 of the standard deviation) at amortised
+    O(1) cost, whatever leaves the window. ``update`` only appends (see ``_LazyWindow``); the
+    sums are advanced, value by value, when a result is read.
     """
 
-    __slots__ = ("window", "ddof", "_buf", "_k", "_s1", "_s2", "_e", "_run")
+    __slots__ = ("ddof", "_k", "_s1", "_s2", "_e")
 
     def __init__(self, window: int, ddof: int = 1):
-        self.window = check_int("window", window, 2 if ddof >= 1 else 1)
-        self.ddof = check_int("ddof", ddof, 0)
+        ddof = check_int("ddof", ddof, 0)
+        super().__init__(window, 2 if ddof >= 1 else 1)
+        self.ddof = ddof
         if self.ddof >= self.window:
             raise ValueError(f"ddof must be < window, got ddof={ddof}, window={window}")
-        self.n_skipped = 0
-        self._buf: deque[float] = deque()
         self._k = 0.0
         self._s1 = 0.0
         self._s2 = 0.0
         self._e = 0.0
-        self._run = 0  # length of the current run of identical values
 
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
-        buf = self._buf
-        if buf and x == buf[-1]:
-            self._run += 1
-        else:
-            self._run = 1
-        buf.append(x)
-        k = self._k
-        xk = x - k
-        xk2 = xk * xk
-        if len(buf) > self.window:
-            ok = buf.popleft() - k
-            ok2 = ok * ok
-            s1 = self._s1 + (xk - ok)
-            s2 = self._s2 + (xk2 - ok2)
-            e = self._e + s2 + xk2 + ok2
-            n = self.window
-        else:
-            s1 = self._s1 + xk
-            s2 = self._s2 + xk2
-            e = self._e + s2 + xk2
-            n = len(buf)
-        if not e <= _CHECK * (s2 - s1 * s1 / n) or e == math.inf:
-            self._recompute()
-        else:
-            self._s1 = s1
-            self._s2 = s2
-            self._e = e
-
-    def _recompute(self) -> None:
-        buf = self._buf
-        k = exact_mean(buf) if buf else 0.0
+    def _recompute(self, vals) -> None:
+        k = exact_mean(vals) if vals else 0.0
         self._k = k
-        devs = [v - k for v in buf]
+        devs = [v - k for v in vals]
         self._s1 = exact_sum(devs)
         try:
             self._s2 = math.fsum([d * d for d in devs])
         except OverflowError:
-            self._s2 = math.inf
+            self._s2 = INF
         # the rounding of the two sums themselves: eps * S2 bounds both contributions
         self._e = self._s2
 
+    def _sync(self) -> None:
+        p = self._pending
+        if not p:
+            return
+        buf = self._buf
+        if p >= self.window:
+            self._recompute(buf)
+        else:
+            gone = self._gone
+            w = self.window
+            size = len(buf) - p + len(gone)
+            gi = 0
+            k = self._k
+            s1 = self._s1
+            s2 = self._s2
+            e = self._e
+            for i in range(-p, 0):
+                xk = buf[i] - k
+                xk2 = xk * xk
+                if size == w:
+                    ok = gone[gi] - k
+                    gi += 1
+                    ok2 = ok * ok
+                    s1 += xk - ok
+                    s2 += xk2 - ok2
+                    e += s2 + xk2 + ok2
+                else:
+                    size += 1
+                    s1 += xk
+                    s2 += xk2
+                    e += s2 + xk2
+                if not (e <= _CHECK * (s2 - s1 * s1 / size) and e < INF):
+                    self._recompute(self._window_at(gi, i))
+                    k = self._k
+                    s1 = self._s1
+                    s2 = self._s2
+                    e = self._e
+            self._s1 = s1
+            self._s2 = s2
+            self._e = e
+        self._gone.clear()
+        self._pending = 0
+
+    def _is_constant(self) -> bool:
+        buf = self._buf
+        return buf.count(buf[0]) == len(buf)
+
     def _var(self) -> float:
+        if self._pending:
+            self._sync()
         buf = self._buf
         n = len(buf)
         if n <= self.ddof:
             return math.nan
-        if self._run >= n:
-            return 0.0
         s1 = self._s1
         var = (self._s2 - s1 * s1 / n) / (n - self.ddof)
         if _VAR_LOW < var < _VAR_HIGH:
             return var
+        if self._is_constant():
+            return 0.0
         sd = exact_std(buf, self.ddof)
         return sd * sd
 
     def _std(self) -> float:
+        if self._pending:
+            self._sync()
         buf = self._buf
         n = len(buf)
         if n <= self.ddof:
             return math.nan
-        if self._run >= n:
-            return 0.0
         s1 = self._s1
         var = (self._s2 - s1 * s1 / n) / (n - self.ddof)
         if _VAR_LOW < var < _VAR_HIGH:
             return math.sqrt(var)
+        if self._is_constant():
+            return 0.0
         return exact_std(buf, self.ddof)
 
     def _mean(self) -> float:
+        if self._pending:
+            self._sync()
         buf = self._buf
         n = len(buf)
         if n == 0:
             return math.nan
-        if self._run >= n:
-            return buf[-1]
         s1 = self._s1
         m = self._k + s1 / n
         # the shifted sums bound the mean's error by ~1e-10 of the spread, as long as the
         # squares are representable; otherwise (spread near 1e-150 or 1e150) recompute
         if not _VAR_LOW < (self._s2 - s1 * s1 / n) < _VAR_HIGH or m - m != 0.0:
+            if self._is_constant():
+                return buf[0] + 0.0
             return exact_mean(buf)
         return m
-
-    @property
-    def n(self) -> int:
-        return len(self._buf)
 
     @property
     def mean(self) -> float:
@@ -153,22 +164,16 @@ class _RollingMoments(Statistic):
         return p
 
     def _dump(self) -> dict[str, Any]:
-        return {
-            "buf": list(self._buf),
-            "k": self._k,
-            "s1": self._s1,
-            "s2": self._s2,
-            "e": self._e,
-            "run": self._run,
-        }
+        d = self._dump_window()
+        d.update(k=self._k, s1=self._s1, s2=self._s2, e=self._e)
+        return d
 
     def _load(self, state: dict[str, Any]) -> None:
-        self._buf = deque(state["buf"])
+        self._load_window(state)
         self._k = state["k"]
         self._s1 = state["s1"]
         self._s2 = state["s2"]
         self._e = state["e"]
-        self._run = state["run"]
 
 
 class RollingVar(_RollingMoments):

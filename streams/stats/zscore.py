@@ -64,10 +64,10 @@ class RobustZ(_SortedWindow):
         prev = self._last
         self._last = x
         self._z = None
-        if prev == prev:  # the previous newest value joins the baseline (lazy, see _SortedWindow)
+        if prev == prev:  # the previous newest value joins the baseline (lazy, see _LazyWindow)
             buf = self._buf
             p = self._pending
-            if p < self._cap:
+            if p < self.window:
                 if len(buf) == self.window:
                     self._gone.append(buf[0])
                 self._pending = p + 1
@@ -164,7 +164,7 @@ class ZScore(_RollingMoments):
         self._last = x
         self._z = None
         if prev == prev:
-            _RollingMoments.update(self, prev)
+            self._push(prev)
 
     @property
     def std(self) -> float:

@@ -55,7 +55,8 @@ def _require_browser() -> str:
 def _drive(node: str, url: str, scenario: str, timeout: float = 90) -> dict:
     env = dict(os.environ, RLWATCH_URL=url, RLWATCH_SCENARIO=scenario, RLWATCH_TOKEN=TOKEN,
                RLWATCH_SHOTS=str(SHOTS), RLWATCH_CHROMIUM=CHROMIUM)
-    r = subprocess.run([node, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run([node, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=timeout,
+                       check=False)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     assert lines, f"browser driver printed no result (exit {r.returncode}):\n{r.stdout}\n{r.stderr}"
     result = json.loads(lines[-1])

@@ -97,7 +97,7 @@ def test_worker_feeds_the_dashboard_and_takes_its_commands(services):  # noqa: F
         mon = mons[1]
         _until(lambda: mon.state == "paused", 15, "the training process to see the pause")
         status = subprocess.run([sys.executable, "-m", "rlwatch", "status", healthy], cwd=ROOT, env=env,
-                                capture_output=True, text=True, timeout=60)
+                                capture_output=True, text=True, timeout=60, check=False)
         assert f"{healthy}: paused by web:operator: from the web" in status.stdout, status.stdout
         audit = _get(f"{base}/api/run/audit?run={healthy}")
         assert audit["state"] == "paused" and audit["history"][-1]["issuer"] == "web:operator"

@@ -135,11 +135,22 @@
   }
 
   // -- time-series charts ----------------------------------------------------------------------
+  // legend values: at the cursor while hovering, else the latest value of each series
+  function lastOf(arr) {
+    if (arr) for (let i = arr.length - 1; i >= 0; i--) if (arr[i] != null) return arr[i];
+    return null;
+  }
+  const xValue = (u, v, si, idx) => {
+    const x = idx == null ? lastOf(u.data[0]) : v;
+    return x == null ? "–" : S.x === "time" ? RW.clock(x) : x;
+  };
+  const yValue = (u, v, si, idx) => RW.num(idx == null ? lastOf(u.data[si]) : v);
+
   function seriesOpts(spec) {
-    const out = [{ label: xLabel(), value: (u, v) => (v == null ? "–" : S.x === "time" ? RW.clock(v) : v) }];
+    const out = [{ label: xLabel(), value: xValue }];
     for (const s of spec.series) {
       out.push({ label: s.label, stroke: s.stroke, width: s.width, dash: s.dash, scale: s.scale || "y",
-                 spanGaps: false, points: { show: false }, value: (u, v) => RW.num(v) });
+                 spanGaps: false, points: { show: false }, value: yValue });
     }
     if (spec.kl) {
       for (const [key, label, color, dash] of KL_LINES) {
@@ -238,13 +249,14 @@
   function heatOpts(spec, width) {
     return {
       width, height: 190,
-      series: [{ label: xLabel(), value: (u, v) => (v == null ? "–" : S.x === "time" ? RW.clock(v) : v) },
-               { label: "median", stroke: "#ffffff", width: 1, points: { show: false }, value: (u, v) => RW.num(v) }],
+      series: [{ label: xLabel(), value: xValue },
+               { label: "median", stroke: "#ffffff", width: 1, points: { show: false }, value: yValue }],
       axes: [{ stroke: C.axis, grid: { show: false }, ticks: { stroke: C.grid }, size: S.x === "time" ? 48 : 36 },
              { stroke: C.axis, grid: { show: false }, size: 52, values: axisFmt }],
       scales: { x: { time: S.x === "time",
                      // the same x range as the line charts, so columns line up with them
                      range: (u, min, max) => {
+                       if (S.zoom) return [S.zoom.min, S.zoom.max];
                        const x = S.data ? xs() : [];
                        return x.length > 1 ? [Math.min(x[0], min), Math.max(x[x.length - 1], max)] : [min, max];
                      } },

@@ -1,0 +1,577 @@
+"""Alert delivery and the brake on real Redis (and, for the whole loop, real Kafka and a real
+`rlwatch worker`), with local HTTP servers standing in for Slack, a webhook, Alertmanager and
+PagerDuty. The Redis here is a private `redis-server` with `requirepass` (and one with TLS),
+started by this module on free ports, so the tests also prove AUTH and TLS URLs work and never
+share keys with other suites."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis as redis_sync
+
+from alerts.control import RedisControl
+from alerts.escalation import RedisAcks
+from alerts.factory import build_dispatcher
+from alerts.outbox import RedisOutbox
+from alerts.silences import RedisSilences, Silence
+from producers import Monitor
+from producers.control import ControlListener
+from rlwatch.alert import Alert
+from rlwatch.commands import Command, channel
+from rlwatch.settings import Settings
+from tests.integration.conftest import ROOT, worker_env
+from tests.support.http_recorder import start_recorder
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "rl-test-" + uuid.uuid4().hex[:8]
+CONTROL_SECRET = "ctl-" + uuid.uuid4().hex[:8]
+
+
+# -- a private Redis with AUTH (and one with TLS) ------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_redis(tmp: Path, *args: str, port: int, tls: bool = False) -> subprocess.Popen:
+    exe = shutil.which("redis-server")
+    assert exe, "redis-server is not installed (scripts/services.sh install)"
+    proc = subprocess.Popen([exe, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        assert proc.poll() is None, f"redis-server exited ({'tls' if tls else 'plain'})"
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("redis-server did not open its port")
+
+
+@pytest.fixture(scope="module")
+def auth_redis(tmp_path_factory):
+    port = _free_port()
+    proc = _start_redis(tmp_path_factory.mktemp("redis-auth"), "--port", str(port),
+                        "--requirepass", PASSWORD, port=port)
+    yield {"url": f"redis://:{PASSWORD}@127.0.0.1:{port}/0", "port": port}
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def redis_url(auth_redis):
+    r = redis_sync.Redis.from_url(auth_redis["url"])
+    r.flushdb()
+    r.close()
+    return auth_redis["url"]
+
+
+@pytest.fixture
+def recorders():
+    started = []
+
+    def make():
+        rec, server = start_recorder()
+        started.append(server)
+        return rec
+
+    yield make
+    for s in started:
+        s.shutdown()
+
+
+def settings(redis_url: str, rec, **kw) -> Settings:
+    base = dict(redis=redis_url, slack_webhook=f"{rec.url}/slack/webhook", webhook_url=f"{rec.url}/hook",
+                webhook_secret="hook-secret", alertmanager_url=f"{rec.url}/am",
+                pagerduty_routing_key="pd-routing-key", pagerduty_url=f"{rec.url}/pd",
+                control_secret=CONTROL_SECRET, ack_timeout=60.0)
+    base.update(kw)
+    return Settings(**base)
+
+
+def alert(**kw) -> Alert:
+    base = dict(rule="kl_above_target", severity="red", state="firing", run_id="ppo-it", step=120,
+                onset_step=115, value=0.15, threshold=0.125, actions=["pause"], metric="kl/mean",
+                summary="Mean KL 0.15 above 0.125", diagnosis="Probably: beta too small.", ts=time.time())
+    base.update(kw)
+    return Alert(**base)
+
+
+def rlwatch(*args, redis_url: str, env_extra: dict | None = None):
+    env = {**os.environ, "RLWATCH_REDIS": redis_url, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "rlwatch", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def bodies(rec, prefix: str) -> list:
+    return [r.json() for r in rec.on(prefix)]
+
+
+# -- Redis AUTH and TLS ---------------------------------------------------------------------------
+
+def test_redis_auth_is_required_and_works_through_every_store(redis_url, auth_redis):
+    async def go():
+        control = RedisControl(redis_url)
+        try:
+            cmd = Command(run_id="auth-run", action="pause", ts=time.time()).signed(CONTROL_SECRET)
+            assert (await control.apply(cmd)).state == "paused"
+            assert await RedisSilences(control.redis).add(
+                Silence(matchers={"run": "x"}, starts_at=0, ends_at=time.time() + 60))
+            assert await RedisOutbox(control.redis).pending() == 0
+        finally:
+            await control.close()
+
+        for url in (f"redis://127.0.0.1:{auth_redis['port']}/0",
+                    f"redis://:wrong-password@127.0.0.1:{auth_redis['port']}/0"):
+            bad = RedisControl(url)
+            with pytest.raises(Exception) as exc:
+                await bad.status("auth-run")
+            assert "auth" in type(exc.value).__name__.lower() or "auth" in str(exc.value).lower()
+            await bad.close()
+
+    asyncio.run(go())
+    # the worker side reaches the same Redis with the same URL and sees the pause
+    listener = ControlListener(redis_url, "auth-run", secret=CONTROL_SECRET)
+    try:
+        assert listener.wait_ready(5) and listener.connected
+        assert listener.state == "paused"
+    finally:
+        listener.close()
+
+
+def test_rediss_tls_urls_work(tmp_path):
+    def sh(*args):
+        subprocess.run(args, check=True, capture_output=True, cwd=tmp_path, timeout=30)
+
+    sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+       "-days", "1", "-subj", "/CN=rlwatch-test-ca")
+    sh("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+       "-subj", "/CN=localhost")
+    (tmp_path / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    sh("openssl", "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+       "-out", "server.crt", "-days", "1", "-extfile", "san.ext")
+    port = _free_port()
+    proc = _start_redis(tmp_path, "--port", "0", "--tls-port", str(port), "--tls-cert-file", "server.crt",
+                        "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.crt",
+                        "--tls-auth-clients", "no", "--requirepass", PASSWORD, port=port, tls=True)
+    url = f"rediss://:{PASSWORD}@127.0.0.1:{port}/0?ssl_ca_certs={tmp_path / 'ca.crt'}&ssl_cert_reqs=required"
+    try:
+        async def go():
+            control = RedisControl(url)
+            try:
+                cmd = Command(run_id="tls-run", action="pause", ts=time.time()).signed(CONTROL_SECRET)
+                assert (await control.apply(cmd)).state == "paused"
+            finally:
+                await control.close()
+            # without the CA the server's certificate is refused
+            untrusted = RedisControl(url.split("?")[0])
+            with pytest.raises(Exception):
+                await untrusted.status("tls-run")
+            await untrusted.close()
+
+        asyncio.run(go())
+        listener = ControlListener(url, "tls-run", secret=CONTROL_SECRET)
+        try:
+            assert listener.wait_ready(5) and listener.connected and listener.state == "paused"
+        finally:
+            listener.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+# -- routing, grouping, inhibition, silences -------------------------------------------------------
+
+ROUTES = """
+route:
+  receiver: slack-webhook
+  group_by: [run]
+  routes:
+    - match: {severity: ">=red"}
+      receiver: [pagerduty, alertmanager]
+      group_wait: 1s
+      continue: true
+    - match: {run: "exp-*"}
+      receiver: webhook
+"""
+
+
+def test_routes_group_inhibit_and_silence(redis_url, recorders, tmp_path):
+    rec = recorders()
+    routes = tmp_path / "routes.yaml"
+    routes.write_text(ROUTES)
+    s = settings(redis_url, rec, routes=str(routes))
+
+    async def go():
+        d = build_dispatcher(s)
+        try:
+            red = await d.handle(alert(rule="kl_above_target", severity="red"))
+            assert [c.action for c in red.commands] == ["pause"]
+            assert sorted(red.queued) == ["alertmanager", "pagerduty"] and not red.delivered  # group_wait
+            await asyncio.sleep(0.2)
+            await d.handle(alert(rule="entropy_collapse", severity="red", actions=["pause"]))
+            await asyncio.sleep(1.0)
+            await d.tick()
+            # one Alertmanager request with both alerts of the group; PagerDuty one event each
+            [am] = bodies(rec, "/am/api/v2/alerts")
+            assert sorted(a["labels"]["alertname"] for a in am) == ["entropy_collapse", "kl_above_target"]
+            assert all(a["labels"]["run_id"] == "ppo-it" and a["annotations"]["summary"] for a in am)
+            pd = bodies(rec, "/pd/v2/enqueue")
+            assert [e["payload"]["severity"] for e in pd] == ["error", "error"]
+            assert {e["routing_key"] for e in pd} == {"pd-routing-key"} and {e["event_action"] for e in pd} == {"trigger"}
+            assert {e["dedup_key"] for e in pd} == {alert(severity="red").fingerprint,
+                                                     alert(rule="entropy_collapse", severity="red").fingerprint}
+            # a black alert of the run mutes its red ones from now on (default inhibition)
+            await d.handle(alert(rule="nan_inf", severity="black", actions=["stop"], step=121))
+            muted = await d.handle(alert(rule="grad_norm_spike", severity="red", actions=[], step=122))
+            await asyncio.sleep(1.1)
+            await d.tick()
+            pd = bodies(rec, "/pd/v2/enqueue")
+            assert [e["payload"]["component"] for e in pd][2:] == ["nan_inf"] and pd[2]["payload"]["severity"] == "critical"
+            assert "grad_norm_spike" not in json.dumps(bodies(rec, "/am/api/v2/alerts"))
+            assert await d.outbox.outcome("pagerduty", "%s:firing:115" % muted.alert.fingerprint) == "inhibited"
+            assert not rec.on("/slack/webhook")           # red/black went to their own route only
+
+            # a yellow alert of the same run is inhibited too
+            low = await d.handle(alert(rule="entropy_collapse", severity="yellow", actions=["notify"]))
+            assert low.suppressed == {"slack-webhook": "inhibited"} and not rec.on("/slack/webhook")
+            # a yellow of another run goes to the root receiver at once
+            other = await d.handle(alert(rule="entropy_collapse", severity="yellow", run_id="ppo-other",
+                                         actions=["notify"]))
+            assert other.delivered == ["slack-webhook"]
+            assert "entropy_collapse" in rec.on("/slack/webhook")[0].body.decode()
+            # exp-* runs go to the webhook, signed
+            exp = await d.handle(alert(rule="reward_hacking", severity="orange", run_id="exp-1", actions=[]))
+            assert exp.delivered == ["webhook"]
+            hook = rec.on("/hook")[0]
+            assert hook.headers["X-Rlwatch-Signature"] == "sha256=" + hmac.new(
+                b"hook-secret", hook.body, hashlib.sha256).hexdigest()
+        finally:
+            await d.close()
+
+    asyncio.run(go())
+
+    # a silence from the command line mutes the next exp-1 alert; expiring it lets them through
+    out = rlwatch("silence", "add", "run=exp-*", "rule=reward_*", "--duration", "1h", "--comment",
+                  "retuning", redis_url=redis_url)
+    assert out.returncode == 0, out.stderr
+    sid = out.stdout.split()[1]
+    listed = rlwatch("silence", "list", redis_url=redis_url)
+    assert sid in listed.stdout and "run=exp-*" in listed.stdout and "retuning" in listed.stdout
+
+    async def after(expect: str, step: int):
+        d = build_dispatcher(s)
+        try:
+            got = await d.handle(alert(rule="reward_hacking", severity="orange", run_id="exp-1", actions=[],
+                                       step=step, onset_step=step))
+            return got.delivered if expect == "delivered" else got.suppressed
+        finally:
+            await d.close()
+
+    assert asyncio.run(after("suppressed", 300)) == {"webhook": "silenced"}
+    assert len(rec.on("/hook")) == 1
+    out = rlwatch("silence", "expire", sid[:6], redis_url=redis_url)
+    assert out.returncode == 0 and "expired" in out.stdout
+    assert asyncio.run(after("delivered", 400)) == ["webhook"]
+    assert len(rec.on("/hook")) == 2
+    assert sid not in rlwatch("silence", "list", redis_url=redis_url).stdout
+    assert sid in rlwatch("silence", "list", "--all", redis_url=redis_url).stdout
+
+
+# -- dedup across a restart, resolved delivered -------------------------------------------------
+
+def test_a_restarted_worker_never_pages_twice_and_resolved_is_delivered(redis_url, recorders):
+    rec = recorders()
+    s = settings(redis_url, rec)
+    firing, resolved = alert(), alert(state="resolved", actions=[], step=140)
+
+    async def worker(*alerts):
+        d = build_dispatcher(s)
+        try:
+            return [await d.handle(a) for a in alerts]
+        finally:
+            await d.close()
+
+    [first] = asyncio.run(worker(firing))
+    assert sorted(first.delivered) == ["alertmanager", "console", "pagerduty", "slack-webhook", "webhook"]
+    again, res = asyncio.run(worker(firing, resolved))            # "the restarted worker"
+    assert again.duplicate and not again.commands
+    assert sorted(res.delivered) == sorted(first.delivered)
+    [res2] = asyncio.run(worker(resolved))                          # "a second worker"
+    assert res2.duplicate
+    assert [b["state"] for b in bodies(rec, "/hook")] == ["firing", "resolved"]
+    assert [e["event_action"] for e in bodies(rec, "/pd/v2/enqueue")] == ["trigger", "resolve"]
+    am = bodies(rec, "/am/api/v2/alerts")
+    assert len(am) == 2 and am[1][0]["endsAt"] <= am[1][0]["startsAt"] < am[0][0]["endsAt"]
+    assert len(rec.on("/slack/webhook")) == 2
+
+
+# -- the outbox: nothing lost, nothing twice --------------------------------------------------------
+
+def test_outbox_keeps_alerts_while_a_receiver_is_down_and_sends_each_once(redis_url, recorders):
+    hook_rec, other = recorders(), recorders()
+    hook_rec.fail_next = [500] * 7
+    s = settings(redis_url, other, webhook_url=f"{hook_rec.url}/hook", slack_webhook=None,
+                 alertmanager_url=None, pagerduty_routing_key=None)
+    alerts = [alert(rule=f"rule_{i}", step=100 + i, onset_step=100 + i) for i in range(3)]
+
+    async def go():
+        d1, d2 = build_dispatcher(s), build_dispatcher(s)        # two workers on one Redis
+        for d in (d1, d2):
+            d.retry_base, d.retry_cap = 0.2, 1.0
+        try:
+            first = await d1.handle(alerts[0])
+            assert "webhook" in first.failed and first.queued == ["webhook"]
+            for a in alerts[1:]:
+                await d1.handle(a)
+            assert await d1.outbox.pending("webhook") == 3
+            deadline = time.time() + 20
+            while len(hook_rec.on("/hook")) < 3 and time.time() < deadline:
+                await asyncio.gather(d1.tick(), d2.tick())
+                await asyncio.sleep(0.1)
+            for _ in range(5):                                   # and nothing more afterwards
+                await asyncio.gather(d1.tick(), d2.tick())
+                await asyncio.sleep(0.1)
+            assert await d1.outbox.pending() == 0 and await d1.outbox.dead("webhook") == []
+        finally:
+            await d1.close()
+            await d2.close()
+
+    asyncio.run(go())
+    assert hook_rec.fail_next == []                              # it really was down for a while
+    got = [r.json()["rule"] for r in hook_rec.on("/hook")]
+    assert sorted(got) == ["rule_0", "rule_1", "rule_2"]         # no loss, no duplicate
+    keys = [r.headers["Idempotency-Key"] for r in hook_rec.on("/hook")]
+    assert len(set(keys)) == 3 and all(k.startswith("webhook:") for k in keys)
+
+
+# -- Slack: rate limits, threads that survive a restart ---------------------------------------------
+
+def test_slack_rate_limit_is_honoured_and_threads_survive_a_restart(redis_url, recorders):
+    rec = recorders()
+    s = settings(redis_url, rec, webhook_url=None, alertmanager_url=None, pagerduty_routing_key=None,
+                 slack_token="xoxb-test-token", slack_channel="#rl-alerts", slack_api_url=f"{rec.url}/api/")
+
+    async def worker(a: Alert):
+        d = build_dispatcher(s)
+        try:
+            return await d.handle(a)
+        finally:
+            await d.close()
+
+    rec.fail_next = [429]                                       # Retry-After: 1
+    t0 = time.time()
+    first = asyncio.run(worker(alert(severity="red")))
+    assert time.time() - t0 >= 0.9, "the 429's Retry-After was not waited for"
+    assert sorted(first.delivered) == ["console", "slack-bot", "slack-webhook"] and not first.failed
+    posts = [r.form_or_json() for r in rec.on("/api/chat.postMessage")]
+    assert len(posts) == 1 and not posts[0].get("thread_ts")
+    # after a restart: the escalation (black) goes in the same thread and to the channel
+    asyncio.run(worker(alert(severity="black", step=130)))
+    # the resolution of the first alert: a reply in that thread
+    asyncio.run(worker(alert(severity="red", state="resolved", actions=[], step=150)))
+    posts = [r.form_or_json() for r in rec.on("/api/chat.postMessage")]
+    thread = [p.get("thread_ts") for p in posts]
+    assert thread[0] is None and thread[1] and thread[1] == thread[2]
+    assert str(posts[1].get("reply_broadcast")).lower() == "true" and not posts[2].get("reply_broadcast")
+    assert "RESOLVED" in json.dumps(posts[2])
+    assert redis_sync.Redis.from_url(redis_url).keys("rlwatch:slack:thread:*")
+
+
+# -- secrets stay out of logs, errors and alerts ---------------------------------------------------
+
+def test_secrets_never_reach_the_logs(redis_url, recorders, caplog):
+    rec = recorders()
+    rec.fail_next = [500] * 100
+    secrets = ["T0SECRET/B0SECRET/XXhooksecretXX", "pd-SECRET-routing-key", "HOOKTOKEN99", "hmac-SECRET-abc",
+               "xoxb-SECRET-bot-token", PASSWORD]
+    s = settings(redis_url, rec, slack_webhook=f"{rec.url}/services/{secrets[0]}",
+                 pagerduty_routing_key=secrets[1], webhook_url=f"{rec.url}/hook?token={secrets[2]}",
+                 webhook_secret=secrets[3], slack_token=secrets[4], slack_channel="#c",
+                 slack_api_url=f"{rec.url}/api/")
+
+    async def go():
+        d = build_dispatcher(s)
+        d.retry_base = 0.1
+        try:
+            out = await d.handle(alert())
+            for _ in range(3):
+                await asyncio.sleep(0.15)
+                await d.tick()
+            items = await d.outbox.redis.hgetall("rlwatch:outbox:items")
+            return out, b" ".join(items.values()).decode()
+        finally:
+            await d.close()
+
+    with caplog.at_level(logging.DEBUG):
+        logging.getLogger("rlwatch").info("rlwatch worker: %s", s.describe())
+        out, stored = asyncio.run(go())
+    assert {"slack-webhook", "slack-bot", "webhook", "pagerduty"} <= set(out.failed)
+    assert "could not deliver" in caplog.text                    # the failures were logged...
+    for secret in secrets:                                       # ...without a single secret
+        assert secret not in caplog.text, secret
+        assert secret not in json.dumps(out.failed), secret
+        assert secret not in stored, secret
+
+
+# -- the brake: signed commands, acknowledgements, escalation ---------------------------------------
+
+class Trainer:
+    """A training loop with the SDK's Monitor on Redis (no Kafka), in its own thread."""
+
+    def __init__(self, run_id: str, redis_url: str):
+        self.mon = Monitor(run_id, kafka=False, redis=redis_url, control_secret=CONTROL_SECRET,
+                           heartbeat_seconds=0)
+        self.step = 0
+        self.halt = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        while not self.halt.is_set():
+            self.mon.step_boundary()
+            self.step += 1
+            time.sleep(0.02)
+
+    def close(self):
+        self.halt.set()
+        self.mon.control.close()
+        self.thread.join(5)
+        self.mon.close(1)
+
+
+def test_signed_commands_are_obeyed_forged_ones_rejected_and_an_unacknowledged_pause_escalates(
+        redis_url, recorders):
+    rec = recorders()
+    s = settings(redis_url, rec, slack_webhook=None, webhook_url=None, alertmanager_url=None, ack_timeout=1.5)
+    trainer = Trainer("brake-acked", redis_url)
+    assert trainer.mon.control.wait_ready(5) and trainer.mon.control.connected
+    trainer.thread.start()
+    r = redis_sync.Redis.from_url(redis_url)
+    try:
+        # a forged pause (wrong key) and an unsigned one, straight onto the run's channel
+        for forged in (Command(run_id="brake-acked", action="pause", ts=time.time()).signed("not-the-key"),
+                       Command(run_id="brake-acked", action="stop", ts=time.time())):
+            r.publish(channel("brake-acked"), forged.model_dump_json())
+        deadline = time.time() + 5
+        while trainer.mon.control.rejected < 2 and time.time() < deadline:
+            time.sleep(0.02)
+        assert trainer.mon.control.rejected == 2 and trainer.mon.state == "running"
+
+        async def go():
+            d = build_dispatcher(s)
+            try:
+                acked = await d.handle(alert(run_id="brake-acked"))          # the trainer is listening
+                lost = await d.handle(alert(run_id="brake-lost"))            # nobody is
+                assert acked.commands[0].signature and lost.commands[0].signature
+                deadline = time.time() + 5
+                while trainer.mon.state != "paused" and time.time() < deadline:
+                    await asyncio.sleep(0.02)
+                assert trainer.mon.state == "paused"
+                await asyncio.sleep(1.6)
+                escalated = await d.check_acks()
+                assert [e.alert.run_id for e in escalated] == ["brake-lost"]
+                assert await d.check_acks() == []                               # once
+                # the late acknowledgement resolves the escalation
+                cmd_id = lost.commands[0].id
+                await d.outbox.redis.hset("rlwatch:acks:brake-lost", cmd_id, json.dumps({"status": "applied"}))
+                late = await d.check_acks()
+                return acked, lost, late
+            finally:
+                await d.close()
+
+        acked, lost, late = asyncio.run(go())
+        held = trainer.step
+        time.sleep(0.3)
+        assert trainer.step == held, "the paused training loop kept stepping"
+        ack = json.loads(r.hget("rlwatch:acks:brake-acked", acked.commands[0].id))
+        assert ack["status"] == "applied" and ack["action"] == "pause"
+        events = bodies(rec, "/pd/v2/enqueue")
+        esc = [e for e in events if e.get("payload", {}).get("component") == "control_unacknowledged"]
+        assert len(esc) == 1 and esc[0]["payload"]["severity"] == "critical"
+        assert "brake-lost" in esc[0]["payload"]["summary"] and "pause" in esc[0]["payload"]["summary"]
+        assert [x.alert.state for x in late] == ["resolved"]
+        assert events[-1]["event_action"] == "resolve" and events[-1]["dedup_key"] == esc[0]["dedup_key"]
+        status = rlwatch("status", "brake-acked", redis_url=redis_url)
+        assert "ack   pause" in status.stdout and "applied" in status.stdout
+    finally:
+        trainer.close()
+        r.close()
+
+
+# -- the whole loop on Kafka: routes file, incident snapshot, escalation from the worker's timer ------
+
+def test_worker_routes_snapshots_and_escalates(services, redis_url, recorders, start_worker, tmp_path):
+    rec = recorders()
+    routes = tmp_path / "routes.yaml"
+    routes.write_text("""
+route:
+  receiver: webhook
+  routes:
+    - match: {severity: black}
+      receiver: pagerduty
+    - match: {severity: red}
+      receiver: [alertmanager, webhook]
+""")
+    sid = uuid.uuid4().hex[:8]
+    env = worker_env(services, sid, None, RLWATCH_REDIS=redis_url, RLWATCH_ROUTES=str(routes),
+                     RLWATCH_WEBHOOK_URL=f"{rec.url}/hook", RLWATCH_ALERTMANAGER_URL=f"{rec.url}/am",
+                     RLWATCH_PAGERDUTY_ROUTING_KEY="pd-key", RLWATCH_PAGERDUTY_URL=f"{rec.url}/pd",
+                     RLWATCH_ACK_TIMEOUT="2", RLWATCH_DELIVERY_TICK_SECONDS="0.5",
+                     RLWATCH_CONTROL_SECRET=CONTROL_SECRET)
+    start_worker(env)
+    run_id = f"it-snap-{uuid.uuid4().hex[:6]}"
+    mon = Monitor(run_id, kafka=services["kafka"], redis=False, topic=env["RLWATCH_EVENTS_TOPIC"],
+                  heartbeat_seconds=0)   # no control listener: the pause is never acknowledged
+    try:
+        for step in range(40):
+            kl = 0.02 if step < 20 else 0.15
+            mon.log(step, {"kl/mean": kl, "reward/mean": 0.5, "entropy/mean": 2.0}, batch_ids=[f"batch-{step}"])
+            if step % 5 == 0:
+                mon.log_samples(step, [{"prompt_id": f"p{step}", "response": f"answer {step}",
+                                        "reward": 0.5 if step < 20 else 3.0}])
+        assert mon.flush(10)
+        red = rec.wait_for("/am/api/v2/alerts", lambda r: run_id in r.body.decode(), timeout=40)
+        am = red[0].json()[0]
+        assert am["labels"]["alertname"] == "kl_above_target" and am["labels"]["severity"] == "red"
+        assert am["annotations"]["actions_taken"] == "pause, snapshot" and am["annotations"]["incident"]
+        # the worker's timer escalates the pause nobody acknowledged, to the black route
+        esc = rec.wait_for("/pd/v2/enqueue", lambda r: run_id in r.body.decode(), timeout=20)[0].json()
+        assert esc["payload"]["component"] == "control_unacknowledged" and esc["payload"]["severity"] == "critical"
+        # the incident snapshot is in Redis and on the command line
+        listed = rlwatch("incidents", "list", "--json", redis_url=redis_url)
+        incs = [json.loads(line) for line in listed.stdout.splitlines()]
+        [inc] = [i for i in incs if i["run_id"] == run_id]
+        assert inc["id"] == am["annotations"]["incident"]
+        full = json.loads(rlwatch("incidents", "show", inc["id"], "--json", redis_url=redis_url).stdout)
+        snap = full["snapshot"]
+        steps = [w["step"] for w in snap["window"]["steps"]]
+        assert min(steps) <= inc["onset_step"] - 5 and max(steps) >= inc["step"]
+        assert snap["offending"]["step"] >= 20 and snap["offending"]["samples"][0]["reward"] == 3.0
+        assert snap["last_stable"]["step"] < 20 and snap["last_stable"]["samples"][0]["reward"] == 0.5
+        assert snap["ranks"]["0"]["batch_ids"] == [f"batch-{inc['step']}"]
+        shown = rlwatch("incidents", "show", inc["id"][:8], redis_url=redis_url)
+        assert shown.returncode == 0 and "kl_above_target" in shown.stdout and "offending step" in shown.stdout
+        # the webhook got the red alert too, without the snapshot (it stays in Redis)
+        hook = rec.wait_for("/hook", lambda r: run_id in r.body.decode() and "kl_above" in r.body.decode())[0].json()
+        assert "snapshot" not in hook and hook["incident"] == inc["id"]
+    finally:
+        mon.close()

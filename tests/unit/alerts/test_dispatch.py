@@ -1,0 +1,333 @@
+"""alerts.dispatch with the in-memory stores: routing, grouping, inhibition, silences, the
+outbox's retries, resolved notices, incidents, per-run enforcement, escalation of an
+unacknowledged pause. Time is a fake clock; no Redis, no network."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from alerts.actions import Enforcement
+from alerts.control import MemoryControl
+from alerts.dedup import MemoryDedup
+from alerts.dispatch import Dispatcher
+from alerts.escalation import MemoryAcks
+from alerts.incidents import MemoryIncidents
+from alerts.notifiers import PermanentDeliveryError
+from alerts.outbox import MemoryOutbox
+from alerts.routing import load_routes_text
+from alerts.silences import MemorySilences, Silence
+from tests.unit.alerts._helpers import T0, Clock, Recording, alert, down, run
+
+
+def rig(routes: str | None = None, names=("slack", "hook"), batch=(), **kw):
+    clock = Clock()
+    notifiers = [Recording(n, batch=n in batch) for n in names]
+    routing = load_routes_text(routes, list(names)) if routes else None
+    control = kw.pop("control", MemoryControl())
+    d = Dispatcher(notifiers, control, kw.pop("dedup", MemoryDedup()), clock=clock, routing=routing,
+                   outbox=kw.pop("outbox", MemoryOutbox()), silences=kw.pop("silences", MemorySilences()),
+                   incidents=kw.pop("incidents", MemoryIncidents()), **kw)
+    return d, clock, {n.name: n for n in notifiers}, control
+
+
+def test_default_sends_every_alert_to_every_receiver_once():
+    d, clock, n, control = rig()
+    out = run(d.handle(alert()))
+    assert sorted(out.delivered) == ["hook", "slack"] and not out.failed and not out.queued
+    assert [c.action for c in out.commands] == ["pause", "snapshot"]
+    assert run(control.status("ppo-8b-a")).state == "paused"
+    again = run(d.handle(alert()))
+    assert again.duplicate and not again.commands
+    resolved = run(d.handle(alert(state="resolved", actions=[])))
+    assert sorted(resolved.delivered) == ["hook", "slack"]
+    assert n["slack"].keys() == [("kl_above_target", "red", "firing", 1204),
+                                 ("kl_above_target", "red", "resolved", 1204)]
+    assert n["slack"].sent[0][1] == ["pause", "snapshot"]
+
+
+def test_commands_are_idempotent_across_a_redelivery():
+    """The same alert handled twice (a crash before the claim stuck) sends the same command ids."""
+    d1, _, _, control = rig()
+    d2, _, _, _ = rig(control=control)
+    a = run(d1.handle(alert())).commands
+    b = run(d2.handle(alert())).commands
+    assert [c.id for c in a] == [c.id for c in b]
+
+
+def test_a_failed_send_is_retried_from_the_outbox_and_sent_once():
+    d, clock, n, _ = rig(retry_base=2.0)
+    n["hook"].fail = down("HTTP 500")
+    out = run(d.handle(alert()))
+    assert out.delivered == ["slack"] and "hook" in out.failed and out.queued == ["hook"]
+    assert run(d.outbox.pending("hook")) == 1
+    run(d.tick(clock.advance(1.0)))                 # still backing off: not even tried
+    assert n["hook"].attempts == 1
+    clock.advance(1.5)
+    run(d.tick())                                   # due, still down: back off 4 s
+    assert n["hook"].attempts == 2 and not n["hook"].sent
+    n["hook"].fail = None
+    run(d.tick(clock.advance(4.5)))
+    assert n["hook"].keys() == [("kl_above_target", "red", "firing", 1204)]
+    for _ in range(3):
+        run(d.tick(clock.advance(60)))
+    assert len(n["hook"].sent) == 1 and len(n["slack"].sent) == 1
+    assert run(d.outbox.pending()) == 0
+
+
+def test_a_second_dispatcher_on_the_same_stores_sends_nothing_twice():
+    outbox, dedup = MemoryOutbox(), MemoryDedup()
+    d1, clock, n1, _ = rig(outbox=outbox, dedup=dedup)
+    n1["hook"].fail = down()
+    run(d1.handle(alert()))
+    d2, clock2, n2, _ = rig(outbox=outbox, dedup=dedup)   # "the restarted worker"
+    assert run(d2.handle(alert())).duplicate
+    clock2.t = clock.t + 5
+    run(d2.tick())
+    run(d1.tick(clock.t + 5))
+    assert len(n2["hook"].sent) + len(n1["hook"].sent) == 1
+    assert len(n1["slack"].sent) == 1 and not n2["slack"].sent
+
+
+def test_a_refused_alert_goes_to_the_dead_letters():
+    d, clock, n, _ = rig()
+    n["hook"].fail = PermanentDeliveryError("HTTP 404")
+    out = run(d.handle(alert()))
+    assert "hook" in out.failed
+    assert [i.key for i in run(d.outbox.dead("hook"))] == [f"{alert().fingerprint}:firing:1200"]
+    assert run(d.outbox.pending("hook")) == 0
+
+
+def test_give_up_after_a_day_of_failures():
+    d, clock, n, _ = rig(give_up_after=3600)
+    n["hook"].fail = down()
+    run(d.handle(alert()))
+    for _ in range(20):
+        run(d.tick(clock.advance(300)))
+    assert run(d.outbox.pending("hook")) == 0 and len(run(d.outbox.dead("hook"))) == 1
+
+
+GROUPED = """
+route:
+  receiver: [slack, hook]
+  group_by: [run]
+  group_wait: 30s
+  group_interval: 5m
+inhibit_rules: []
+"""
+
+
+def test_group_wait_batches_a_groups_first_alerts():
+    d, clock, n, _ = rig(GROUPED, batch=("slack",))
+    out = run(d.handle(alert(rule="kl_above_target")))
+    assert out.commands and not out.delivered and sorted(out.queued) == ["hook", "slack"]
+    clock.advance(10)
+    run(d.handle(alert(rule="entropy_collapse", severity="orange", actions=[])))
+    run(d.handle(alert(rule="kl_above_target", run_id="ppo-other")))   # another group
+    run(d.tick(clock.advance(15)))
+    assert not n["slack"].sent                                           # 25 s: still waiting
+    run(d.tick(clock.advance(6)))
+    assert [len(b) for b in n["slack"].batches] == [2]                   # one message per group
+    assert len(n["hook"].sent) == 2                                      # no batching: one each
+    run(d.tick(clock.advance(10)))                                       # the other group's wait
+    assert [len(b) for b in n["slack"].batches] == [2, 1] and len(n["hook"].sent) == 3
+    # after the flush, the group waits group_interval for the next one
+    run(d.handle(alert(rule="reward_hacking", severity="yellow", actions=[])))
+    run(d.tick(clock.advance(200)))
+    assert len(n["slack"].batches) == 2
+    run(d.tick(clock.advance(101)))
+    assert len(n["slack"].batches) == 3 and n["slack"].batches[-1][0].rule == "reward_hacking"
+
+
+def test_group_wait_in_steps_is_released_by_the_runs_later_alerts():
+    d, clock, n, _ = rig("route:\n  receiver: slack\n  group_by: [run]\n  group_wait: 10 steps\n",
+                         names=("slack",), batch=("slack",))
+    run(d.handle(alert(rule="a", step=100, onset_step=100)))
+    run(d.handle(alert(rule="b", step=105, onset_step=105)))
+    run(d.tick(clock.advance(5)))
+    assert not n["slack"].sent
+    run(d.handle(alert(rule="c", step=111, onset_step=111)))
+    assert [[a.rule for a in b] for b in n["slack"].batches] == [["a", "b", "c"]]
+
+
+def test_group_wait_in_steps_does_not_hold_forever():
+    d, clock, n, _ = rig("route:\n  receiver: slack\n  group_wait: 10 steps\n", names=("slack",),
+                         step_hold=120)
+    run(d.handle(alert(step=100, onset_step=100)))
+    run(d.tick(clock.advance(119)))
+    assert not n["slack"].sent
+    run(d.tick(clock.advance(2)))
+    assert len(n["slack"].sent) == 1
+
+
+def test_repeat_interval_resends_what_still_fires():
+    d, clock, n, _ = rig("route:\n  receiver: slack\n  repeat_interval: 1h\ninhibit_rules: []\n",
+                         names=("slack",))
+    run(d.handle(alert()))
+    run(d.handle(alert(rule="other", severity="yellow", actions=[])))
+    run(d.handle(alert(rule="other", severity="yellow", state="resolved", actions=[])))
+    run(d.tick(clock.advance(1800)))
+    assert len(n["slack"].sent) == 3
+    run(d.tick(clock.advance(1801)))
+    assert n["slack"].keys()[-1] == ("kl_above_target", "red", "firing", 1204) and len(n["slack"].sent) == 4
+    run(d.tick(clock.advance(60)))
+    assert len(n["slack"].sent) == 4                                     # not again before an hour
+
+
+INHIBIT = "route: {receiver: [slack, hook]}\n"   # a file without inhibit_rules: the defaults
+
+
+def test_a_red_alert_mutes_the_runs_lower_tiers_but_not_their_commands():
+    d, clock, n, control = rig(INHIBIT)
+    run(d.handle(alert(severity="red")))
+    out = run(d.handle(alert(rule="entropy_collapse", severity="yellow", actions=["pause"])))
+    assert out.suppressed == {"slack": "inhibited", "hook": "inhibited"} and not out.delivered
+    assert [c.action for c in out.commands] == ["pause"]                 # the brake is never muted
+    other = run(d.handle(alert(rule="entropy_collapse", severity="yellow", run_id="ppo-b", actions=[])))
+    assert sorted(other.delivered) == ["hook", "slack"]
+    # its resolved notice is not sent either (its firing one never was)
+    res = run(d.handle(alert(rule="entropy_collapse", severity="yellow", state="resolved", actions=[])))
+    assert res.suppressed == {"slack": "skipped", "hook": "skipped"}
+    # once the red resolves, new lower-tier alerts go out again
+    run(d.handle(alert(severity="red", state="resolved", actions=[])))
+    back = run(d.handle(alert(rule="entropy_collapse", severity="yellow", step=1300, onset_step=1290, actions=[])))
+    assert sorted(back.delivered) == ["hook", "slack"]
+
+
+def test_silences_mute_matching_alerts_until_they_expire():
+    silences = MemorySilences()
+    d, clock, n, control = rig(silences=silences)
+    run(silences.add(Silence(matchers={"run": "ppo-*", "severity": "<=red"}, starts_at=T0, ends_at=T0 + 3600)))
+    out = run(d.handle(alert()))
+    assert out.suppressed == {"slack": "silenced", "hook": "silenced"}
+    assert [c.action for c in out.commands] == ["pause", "snapshot"]
+    assert sorted(run(d.handle(alert(severity="black", rule="nan_inf"))).delivered) == ["hook", "slack"]
+    clock.advance(3601)
+    assert sorted(run(d.handle(alert(rule="x", step=2000, onset_step=2000))).delivered) == ["hook", "slack"]
+
+
+def test_a_silence_added_while_a_receiver_is_down_applies_to_what_is_queued():
+    silences = MemorySilences()
+    d, clock, n, _ = rig(silences=silences)
+    n["hook"].fail = down()
+    run(d.handle(alert()))
+    run(silences.add(Silence(matchers={"rule": "kl_*"}, starts_at=clock.t, ends_at=clock.t + 600)))
+    n["hook"].fail = None
+    run(d.tick(clock.advance(5)))
+    assert not n["hook"].sent and run(d.outbox.pending()) == 0
+    assert run(d.outbox.outcome("hook", f"{alert().fingerprint}:firing:1200")) == "silenced"
+
+
+def test_a_resolved_notice_waits_for_its_firing_one():
+    d, clock, n, _ = rig(names=("hook",), retry_base=10)
+    n["hook"].fail = down()
+    run(d.handle(alert()))
+    run(d.handle(alert(state="resolved", actions=[])))
+    n["hook"].fail = None
+    for _ in range(4):
+        run(d.tick(clock.advance(6)))
+    assert [k[2] for k in n["hook"].keys()] == ["firing", "resolved"]
+
+
+def test_per_run_enforcement_keeps_actions_advisory_and_says_so():
+    d, clock, n, control = rig("""
+route: {receiver: [slack, hook]}
+enforcement:
+  - runs: "exp-*"
+    advisory: [pause, stop]
+""")
+    out = run(d.handle(alert(run_id="exp-1")))
+    assert [c.action for c in out.commands] == ["snapshot"] and out.advisory == ["pause"]
+    assert run(control.status("exp-1")).state == "running"
+    sent, done = n["slack"].sent[0]
+    assert done == ["snapshot"] and sent.actions_advisory == ["pause"]
+    out = run(d.handle(alert(run_id="ppo-1")))
+    assert [c.action for c in out.commands] == ["pause", "snapshot"] and out.advisory == []
+
+
+def test_the_global_enforcement_still_works_without_a_file():
+    d = Dispatcher([Recording("x")], MemoryControl(), MemoryDedup(), clock=Clock(),
+                   enforcement=Enforcement.parse("pause"))
+    out = run(d.handle(alert()))
+    assert [c.action for c in out.commands] == ["snapshot"] and out.advisory == ["pause"]
+
+
+def test_a_snapshot_alert_keeps_an_incident_and_notifications_stay_small():
+    d, clock, n, _ = rig()
+    a = alert().model_copy(update={"snapshot": {"window": {"steps": [{"step": 1199, "metrics": {"kl/mean": 0.05}}]}}})
+    out = run(d.handle(a))
+    inc = run(d.incidents.get(out.incident))
+    assert inc["run_id"] == "ppo-8b-a" and inc["snapshot"]["window"]["steps"][0]["step"] == 1199
+    assert inc["actions_taken"] == ["pause", "snapshot"]
+    sent, _ = n["slack"].sent[0]
+    assert sent.incident == out.incident and "snapshot" not in (sent.model_extra or {})
+    assert [i["id"] for i in run(d.incidents.list())] == [out.incident]
+    # no snapshot action: no incident
+    assert run(d.handle(alert(rule="y", actions=["pause"]))).incident is None
+
+
+def test_an_unacknowledged_pause_escalates_one_tier_up_once():
+    control = MemoryControl()
+    d, clock, n, _ = rig(control=control, acks=MemoryAcks(control))
+    run(d.handle(alert(actions=["pause"])))
+    run(d.tick(clock.advance(59)))
+    assert len(n["slack"].sent) == 1
+    run(d.tick(clock.advance(2)))
+    esc, _ = n["slack"].sent[-1]
+    assert (esc.rule, esc.severity, esc.state, esc.run_id) == ("control_unacknowledged", "black", "firing", "ppo-8b-a")
+    assert "pause" in esc.summary and "ppo-8b-a" in esc.summary and esc.labels["command"] == "pause"
+    for _ in range(3):
+        run(d.tick(clock.advance(30)))
+    assert sum(a.rule == "control_unacknowledged" for a, _ in n["slack"].sent) == 1
+    # the worker finally acknowledges: the escalation resolves
+    cmd = control.audit["ppo-8b-a"][0]
+    control.record_ack({"type": "ack", "command_id": cmd["id"], "run_id": "ppo-8b-a", "action": "pause",
+                        "status": "applied", "ts": clock.t})
+    run(d.tick(clock.advance(1)))
+    assert n["slack"].keys()[-1] == ("control_unacknowledged", "black", "resolved", 1204)
+
+
+def test_an_acknowledged_pause_does_not_escalate():
+    control = MemoryControl()
+    d, clock, n, _ = rig(control=control, acks=MemoryAcks(control))
+    run(d.handle(alert(actions=["pause"])))
+    cmd = control.audit["ppo-8b-a"][0]
+    control.record_ack({"type": "ack", "command_id": cmd["id"], "run_id": "ppo-8b-a", "action": "pause",
+                        "status": "applied", "ts": clock.t})
+    run(d.tick(clock.advance(120)))
+    assert [a.rule for a, _ in n["slack"].sent] == ["kl_above_target"]
+
+
+def test_the_escalation_follows_the_routes_of_its_tier():
+    control = MemoryControl()
+    d, clock, n, _ = rig("""
+route:
+  receiver: slack
+  routes:
+    - match: {severity: black}
+      receiver: pager
+ack_timeout: 10
+""", names=("slack", "pager"), control=control, acks=MemoryAcks(control))
+    run(d.handle(alert(actions=["pause"])))
+    run(d.tick(clock.advance(11)))
+    assert [a.rule for a, _ in n["pager"].sent] == ["control_unacknowledged"]
+    assert [a.rule for a, _ in n["slack"].sent] == ["kl_above_target"]
+
+
+def test_secrets_stay_out_of_the_logs(caplog):
+    class Leaky(Recording):
+        secrets = ("https://hooks.example/services/T0/B0/SECRET123",)
+
+    leaky = Leaky("leaky")
+    leaky.fail = down("POST https://hooks.example/services/T0/B0/SECRET123 answered 500")
+    d = Dispatcher([leaky], None, MemoryDedup(), clock=Clock())
+    with caplog.at_level(logging.DEBUG):
+        out = run(d.handle(alert()))
+    assert caplog.records and "SECRET123" not in caplog.text and "SECRET123" not in str(out.failed)
+
+
+def test_routes_must_name_configured_notifiers():
+    routing = load_routes_text("route: {receiver: pager}", ["pager"])
+    with pytest.raises(ValueError, match="pager"):
+        Dispatcher([Recording("slack")], None, MemoryDedup(), clock=Clock(), routing=routing)

@@ -1,0 +1,216 @@
+"""The pure pieces around delivery: silences, the ack check, sink payloads (Alertmanager,
+PagerDuty), rendering of advisory actions, redaction, backoff, incident snapshots, settings."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from alerts.alertmanager import am_alert
+from alerts.escalation import SentCommand, escalation_alert, overdue_commands
+from alerts.outbox import backoff, item_id
+from alerts.pagerduty import pd_event
+from alerts.redact import guarded_logger, redact, safe_url
+from alerts.render import slack_batch, slack_blocks
+from alerts.silences import Silence, parse_duration, silenced_by
+from rlwatch.commands import Command, RunControl
+from rlwatch.events import parse_event
+from rlwatch.settings import Settings
+from streams.snapshot import SnapshotRecorder, attach_snapshot, build_snapshot
+from tests.unit.alerts._helpers import T0, alert
+
+# -- silences ---------------------------------------------------------------------------------
+
+
+def test_silence_matches_while_active_only():
+    s = Silence(matchers={"run": "ppo-*", "rule": "kl_*"}, starts_at=T0, ends_at=T0 + 60)
+    assert silenced_by(alert(), [s], T0 + 1) == s
+    assert silenced_by(alert(), [s], T0 - 1) is None and s.state(T0 - 1) == "pending"
+    assert silenced_by(alert(), [s], T0 + 60) is None and s.state(T0 + 60) == "expired"
+    assert silenced_by(alert(rule="nan_inf"), [s], T0 + 1) is None
+
+
+def test_a_silence_needs_matchers_and_a_duration():
+    with pytest.raises(ValueError, match="at least one matcher"):
+        Silence(matchers={}, starts_at=T0, ends_at=T0 + 1)
+    with pytest.raises(ValueError):
+        Silence(matchers={"severity": "crimson"}, starts_at=T0, ends_at=T0 + 1)
+    assert parse_duration("2h") == 7200 and parse_duration("90") == 90
+    for bad in ("0", "10 steps", "soon"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+
+
+# -- unacknowledged brakes ----------------------------------------------------------------------
+
+def sent(i="c1", run="r", action="pause", ts=T0, severity="red"):
+    return SentCommand(i, run, action, ts, "kl_above_target", severity, 120)
+
+
+def test_overdue_is_a_function_of_sent_acks_and_now():
+    a, b, c = sent("a"), sent("b", ts=T0 + 30), sent("c", run="r2")
+    overdue, done = overdue_commands([a, b, c], acked={"c"}, now=T0 + 60, timeout=60)
+    assert overdue == [a] and done == [c]
+    overdue, _ = overdue_commands([a, b], acked=set(), now=T0 + 90, timeout=60)
+    assert overdue == [a, b]
+
+
+def test_a_later_resume_or_stop_settles_a_pause():
+    a = sent("a")
+    resume = Command(run_id="r", action="resume", ts=T0 + 10, issuer="cli:alice")
+    ctl = {"r": RunControl(run_id="r", state="running", command=resume)}
+    overdue, done = overdue_commands([a], set(), T0 + 100, 60, ctl)
+    assert overdue == [] and done == [a]
+    older = {"r": RunControl(run_id="r", state="running", command=resume.model_copy(update={"ts": T0 - 5}))}
+    assert overdue_commands([a], set(), T0 + 100, 60, older)[0] == [a]
+
+
+def test_escalation_alert_goes_one_tier_up_and_names_run_and_command():
+    e = escalation_alert(sent(severity="red"), 60, T0 + 61)
+    assert (e.rule, e.severity, e.state, e.run_id) == ("control_unacknowledged", "black", "firing", "r")
+    assert "pause" in e.summary and "r" in e.summary and e.labels["command_id"] == "c1"
+    assert escalation_alert(sent(severity="orange"), 60, T0).severity == "red"
+    assert escalation_alert(sent(severity="black"), 60, T0).severity == "black"
+    res = escalation_alert(sent(severity="red"), 60, T0 + 100, state="resolved")
+    assert res.fingerprint == e.fingerprint and res.onset_step == e.onset_step
+
+
+# -- sinks ------------------------------------------------------------------------------------
+
+def test_alertmanager_payload():
+    a = alert(labels={"team": "rl"}, rank=2).model_copy(update={"incident": "inc-1"})
+    p = am_alert(a, ["pause"], now=T0, generator_url="http://dash/run?run={run_id}")
+    assert p["labels"] == {"alertname": "kl_above_target", "severity": "red", "run_id": "ppo-8b-a",
+                           "source": "rlwatch", "rank": "2", "team": "rl"}
+    assert p["annotations"]["summary"] == "Mean KL 0.131 above 0.125"
+    assert p["annotations"]["description"].startswith("Probably")
+    assert p["annotations"]["actions_taken"] == "pause" and p["annotations"]["incident"] == "inc-1"
+    assert p["startsAt"] == "2025-11-30T10:53:20.000Z" and p["endsAt"] > p["startsAt"]
+    assert p["generatorURL"] == "http://dash/run?run=ppo-8b-a"
+    r = am_alert(alert(state="resolved"), [], now=T0)
+    assert r["endsAt"] == r["startsAt"] and "generatorURL" not in r
+
+
+def test_pagerduty_event():
+    t = pd_event(alert(), ["pause"], "RKEY", now=T0)
+    assert t["routing_key"] == "RKEY" and t["event_action"] == "trigger"
+    assert t["dedup_key"] == alert().fingerprint
+    assert t["payload"]["severity"] == "error" and t["payload"]["source"] == "ppo-8b-a"
+    assert "Mean KL" in t["payload"]["summary"] and t["payload"]["custom_details"]["actions_taken"] == ["pause"]
+    assert pd_event(alert(severity="black"), [], "K", now=T0)["payload"]["severity"] == "critical"
+    r = pd_event(alert(state="resolved"), [], "RKEY", now=T0)
+    assert r == {"routing_key": "RKEY", "dedup_key": alert().fingerprint, "event_action": "resolve"}
+
+
+def test_slack_says_what_stayed_advisory_and_where_the_snapshot_is():
+    a = alert().model_copy(update={"actions_advisory": ["stop"], "incident": "inc-9"})
+    _, _, att = slack_blocks(a, ["pause"])
+    blob = str(att)
+    assert "advisory, not enforced for this run: stop" in blob and "rlwatch incidents show inc-9" in blob
+
+
+def test_slack_batch_is_one_message():
+    fallback, blocks, att = slack_batch([alert(), alert(rule="nan_inf", severity="black")], [["pause"], []])
+    assert "2 alerts" in blocks[0]["text"]["text"] and len(att) == 2
+    assert fallback.count("\n") == 1
+
+
+# -- redaction --------------------------------------------------------------------------------
+
+def test_redact_masks_secrets_passwords_hooks_and_tokens():
+    text = ("https://hooks.slack.com/services/T1/B2/zzTOPsecret redis://:pw@h:6379 "
+            "Bearer abc.def xoxb-123-456 key=ROUTINGKEY1")
+    out = redact(text, ["ROUTINGKEY1"])
+    for secret in ("zzTOPsecret", ":pw@", "abc.def", "xoxb-123", "ROUTINGKEY1"):
+        assert secret not in out
+    assert safe_url("https://hooks.slack.com/services/T1/B2/x?token=y") == "https://hooks.slack.com"
+
+
+def test_guarded_logger_redacts_and_is_quiet_below_warning(caplog):
+    log = guarded_logger("test-sink", ["S3CR3T-value"])
+    with caplog.at_level(logging.DEBUG):
+        log.info("retrying POST https://x/S3CR3T-value")
+        log.warning("failed POST https://x/S3CR3T-value")
+    assert "S3CR3T-value" not in caplog.text and "failed POST" in caplog.text
+    assert "retrying" not in caplog.text
+
+
+def test_backoff_and_item_ids():
+    assert [backoff(n, 2.0, 10.0) for n in (1, 2, 3, 4)] == [2.0, 4.0, 8.0, 10.0]
+    assert item_id("slack", "k") == item_id("slack", "k") != item_id("hook", "k") != item_id("slack", "k", "repeat:1")
+
+
+# -- incident snapshots -------------------------------------------------------------------------
+
+def ev(**kw):
+    return parse_event({"schema": 1, **kw}, T0)
+
+
+def test_snapshot_keeps_the_window_the_offending_and_the_stable_samples():
+    rec = SnapshotRecorder(steps=500)
+    for step in range(0, 200):
+        for rank in (0, 1):
+            kl = 0.02 if step < 152 else 0.2
+            rec.observe(ev(kind="step", run_id="r", rank=rank, step=step, metrics={"kl/mean": kl + rank * 1e-3},
+                           batch_ids=[f"b{step}-{rank}"]))
+        if step % 10 == 0:
+            rec.observe(ev(kind="samples", run_id="r", step=step, samples=[
+                {"prompt_id": f"p{step}", "response": "x" * 5000, "reward": 1.0 if step < 152 else 9.0}]))
+    a = alert(run_id="r", step=160, onset_step=152, metric="kl/mean", actions=["pause", "snapshot"])
+    snap = build_snapshot(a, rec, before=10, after=5)
+    steps = [w["step"] for w in snap["window"]["steps"]]
+    assert steps[0] == 142 and steps[-1] == 160 and len(steps) == 19
+    assert snap["offending"]["step"] == 160 and snap["offending"]["samples"][0]["reward"] == 9.0
+    assert snap["last_stable"]["step"] == 150 and snap["last_stable"]["samples"][0]["reward"] == 1.0
+    assert snap["last_stable"]["metrics"]["kl/mean"] == pytest.approx(0.02)  # step 151, the last before onset
+    assert len(snap["offending"]["samples"][0]["response"]) < 1600          # texts are clipped
+    assert snap["ranks"] == {"0": {"value": pytest.approx(0.2), "batch_ids": ["b160-0"]},
+                             "1": {"value": pytest.approx(0.201), "batch_ids": ["b160-1"]}}
+    attached = attach_snapshot(a, rec)
+    assert attached.snapshot["run_id"] == "r"
+    assert attach_snapshot(alert(actions=["pause"]), rec) .model_extra == {}
+    assert "snapshot" not in (attach_snapshot(alert(state="resolved"), rec).model_extra or {})
+
+
+def test_snapshot_recorder_is_bounded_in_runs_and_steps():
+    rec = SnapshotRecorder(steps=3, sample_batches=2, max_runs=2)
+    for run_id in ("a", "b", "c"):
+        for s in range(10):
+            rec.observe(ev(kind="step", run_id=run_id, step=s, metrics={"x": 1.0}))
+    assert list(rec.runs) == ["b", "c"] and len(rec.runs["c"].steps) == 3
+    with pytest.raises(ValueError):
+        SnapshotRecorder(steps=0)
+    # unknown run: an empty but well-formed snapshot
+    snap = build_snapshot(alert(run_id="zzz"), rec)
+    assert snap["window"]["steps"] == [] and snap["offending"]["samples"] == []
+
+
+# -- settings: Kafka security passes through, secrets are masked ---------------------------------
+
+def test_kafka_security_reaches_kafka_python_and_faust():
+    s = Settings(kafka_security_protocol="sasl_ssl", kafka_sasl_mechanism="PLAIN",
+                 kafka_sasl_username="svc", kafka_sasl_password="pw")
+    assert s.kafka_python_kwargs() == {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
+                                       "sasl_plain_username": "svc", "sasl_plain_password": "pw"}
+    creds = s.faust_broker_credentials()
+    assert creds.username == "svc" and creds.password == "pw" and creds.ssl_context is not None
+    assert str(creds.protocol.value) == "SASL_SSL"
+    plain = Settings(kafka_sasl_mechanism="SCRAM-SHA-512", kafka_sasl_username="u", kafka_sasl_password="p")
+    assert plain.kafka_python_kwargs()["security_protocol"] == "SASL_PLAINTEXT"
+    assert str(plain.faust_broker_credentials().protocol.value) == "SASL_PLAINTEXT"
+    ssl_only = Settings(kafka_security_protocol="SSL")
+    assert type(ssl_only.faust_broker_credentials()).__name__ == "SSLCredentials"
+    assert Settings().faust_broker_credentials() is None and Settings().kafka_python_kwargs() == {}
+
+
+def test_settings_describe_masks_secrets_and_url_passwords(monkeypatch):
+    monkeypatch.setenv("RLWATCH_REDIS", "rediss://worker:topsecret@redis.internal:6380/0")
+    monkeypatch.setenv("RLWATCH_PAGERDUTY_ROUTING_KEY", "R0UTINGKEY")
+    monkeypatch.setenv("RLWATCH_KAFKA_SASL_PASSWORD", "kafkapw")
+    monkeypatch.setenv("RLWATCH_ACK_TIMEOUT", "15")
+    s = Settings.from_env()
+    text = str(s.describe())
+    for secret in ("topsecret", "R0UTINGKEY", "kafkapw"):
+        assert secret not in text
+    assert "rediss://worker:***@redis.internal:6380/0" in text and s.ack_timeout == 15.0

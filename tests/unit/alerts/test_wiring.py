@@ -1,0 +1,89 @@
+"""The edges' wiring without a broker or Redis: Kafka security reaches Faust and kafka-python,
+the factory builds receivers from settings and routes files, the CLI refuses a bad routes file."""
+
+from __future__ import annotations
+
+import pytest
+
+from alerts.factory import build_notifiers, build_routing
+from rlwatch.settings import Settings
+
+SASL = dict(kafka_security_protocol="SASL_SSL", kafka_sasl_mechanism="SCRAM-SHA-256",
+            kafka_sasl_username="svc", kafka_sasl_password="pw")
+
+
+def test_faust_app_gets_the_broker_credentials():
+    from streams.app import build_app
+
+    app = build_app(Settings(app_id="rlwatch-unit-creds", **SASL))
+    creds = app.conf.broker_credentials
+    assert creds.username == "svc" and creds.password == "pw"
+    assert str(creds.protocol.value) == "SASL_SSL" and creds.ssl_context is not None
+
+
+def test_ensure_topics_passes_the_security_settings_to_kafka_python(monkeypatch):
+    import kafka.admin
+
+    from streams import app as app_module
+
+    seen = {}
+
+    class FakeAdmin:
+        def __init__(self, **kw):
+            seen.update(kw)
+
+        def list_topics(self):
+            return ["rlwatch.events", "rlwatch.alerts", "rlwatch.dlq"]
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(kafka.admin, "KafkaAdminClient", FakeAdmin)
+    app_module.ensure_topics(Settings(**SASL))
+    assert seen["security_protocol"] == "SASL_SSL" and seen["sasl_mechanism"] == "SCRAM-SHA-256"
+    assert seen["sasl_plain_username"] == "svc" and seen["sasl_plain_password"] == "pw"
+
+
+def test_receivers_from_settings_have_fixed_names():
+    s = Settings(slack_webhook="http://x/services/a", slack_token="xoxb-1", slack_channel="#c",
+                 webhook_url="http://x/hook", alertmanager_url="http://am:9093",
+                 pagerduty_routing_key="k", pagerduty_url="http://pd")
+    assert [n.name for n in build_notifiers(s)] == ["console", "slack-webhook", "slack-bot", "webhook",
+                                                    "alertmanager", "pagerduty"]
+    routing, notifiers = build_routing(s, build_notifiers(s))
+    assert [n for _, n in routing.targets(_alert())] == [n.name for n in notifiers]
+
+
+def test_routes_file_receivers_become_notifiers(tmp_path, monkeypatch):
+    monkeypatch.setenv("ONCALL_KEY", "pd-key")
+    f = tmp_path / "routes.yaml"
+    f.write_text("""
+receivers:
+  - {name: oncall, type: pagerduty, routing_key: "${ONCALL_KEY}", url: "http://pd.local"}
+  - {name: exp-hook, type: webhook, url: "http://hooks.local/x", secret: s}
+route:
+  receiver: console
+  routes:
+    - {match: {severity: black}, receiver: oncall}
+""")
+    routing, notifiers = build_routing(Settings(routes=str(f)), build_notifiers(Settings()))
+    names = {n.name: n for n in notifiers}
+    assert set(names) == {"console", "oncall", "exp-hook"}
+    assert names["oncall"].routing_key == "pd-key" and names["oncall"].url == "http://pd.local/v2/enqueue"
+    assert [n for _, n in routing.targets(_alert(severity="black"))] == ["oncall"]
+
+
+def test_worker_refuses_a_bad_routes_file_before_touching_kafka(tmp_path):
+    from rlwatch.cli import main
+
+    f = tmp_path / "routes.yaml"
+    f.write_text("route:\n  receiver: nobody\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["worker", "--routes", str(f), "--kafka", "127.0.0.1:1"])
+    assert "routes.yaml:2: route.receiver: unknown receiver 'nobody'" in str(exc.value)
+
+
+def _alert(**kw):
+    from tests.unit.alerts._helpers import alert
+
+    return alert(**kw)
