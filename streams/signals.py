@@ -200,7 +200,14 @@ class _Window(Signal):
             k = max(LEVEL_K, len(v) // 10)
             out = _ratio(_median(v[-k:]), _median(v[:k])) - 1.0
         elif self.kind == "rel_trend" and len(v) >= max(10, self.window // 2):
-            out = S.theil_sen(v) * len(v) / max(abs(_median(v)), 1e-12)
+            # least-squares slope (the input is usually smoothed already; Theil-Sen here
+            # would cost a quadratic number of pairwise slopes per step)
+            n = len(v)
+            t_mean = (n - 1) / 2.0
+            x_mean = sum(v) / n
+            cov = sum((i - t_mean) * (x - x_mean) for i, x in enumerate(v))
+            var_t = n * (n * n - 1) / 12.0
+            out = (cov / var_t) * n / max(abs(_median(v)), 1e-12)
         self._cache = out
         return out
 
