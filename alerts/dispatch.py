@@ -22,16 +22,17 @@ and escalates unacknowledged brakes. Without stores the dispatcher keeps everyth
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 from alerts.actions import COMMAND_ACTIONS, Enforcement, commands_for
 from alerts.control import ControlChannel
 from alerts.dedup import Dedup, delivery_key
 from alerts.escalation import AckTracker, escalation_alert
-from alerts.incidents import IncidentStore, incident_id, make_incident
+from alerts.incidents import IncidentStore, make_incident
 from alerts.notifiers import Notifier, PermanentDeliveryError
 from alerts.outbox import MemoryOutbox, Outbox, OutboxItem, backoff, item_id
 from alerts.redact import redact
@@ -94,7 +95,11 @@ class Dispatcher:
             alert = Alert.model_validate({k: v for k, v in alert.model_dump().items() if k != "snapshot"})
         out = Delivery(alert)
         key = delivery_key(alert)
-        if not await self.dedup.claim(key):
+        try:
+            claimed = await self.dedup.claim(key)
+        except Exception as exc:  # noqa: BLE001 - Redis is down: page anyway, without dedup
+            return await self._direct(alert, key, out, exc)
+        if not claimed:
             out.duplicate = True
             return out
         now = self.clock()
@@ -102,18 +107,39 @@ class Dispatcher:
         try:
             note = await self._incident(alert, snapshot, now, out)
             touched = await self._enqueue(alert.model_copy(update=note), key, now, out)
-        except Exception as exc:  # noqa: BLE001 - the store (Redis) failed: let a redelivery retry
-            self.failures += 1
-            msg = self._safe(f"{type(exc).__name__}: {exc}")
-            log.error("rlwatch: could not queue %s/%s for %s: %s", alert.rule, alert.severity, alert.run_id, msg)
-            out.failed["outbox"] = msg
+        except Exception as exc:  # noqa: BLE001 - the store failed mid-way
             try:
                 await self.dedup.release(key)
             except Exception:  # noqa: BLE001
                 pass
-            return out
-        await self.drain(now, touched, out)
+            return await self._direct(alert, key, out, exc, brake=False)
+        try:
+            await self.drain(now, touched, out)
+        except Exception as exc:  # noqa: BLE001 - queued already: the timer's drain retries
+            log.error("rlwatch: outbox drain failed (the timer retries): %s", self._safe(f"{type(exc).__name__}: {exc}"))
         out.queued = [r for r in out.queued if r not in out.delivered and r not in out.suppressed]
+        return out
+
+    async def _direct(self, alert: Alert, key: str, out: Delivery, exc: Exception, brake: bool = True) -> Delivery:
+        """The degraded path when the store (Redis) fails: try the brake, send straight to the
+        routed receivers, no dedup, no outbox, no retries. Loud, because a page may repeat or be
+        lost; better than a silent monitor."""
+        self.failures += 1
+        msg = self._safe(f"{type(exc).__name__}: {exc}")
+        log.error("rlwatch: delivery store unreachable (%s); sending %s/%s for %s directly, without "
+                  "dedup or retries", msg, alert.rule, alert.severity, alert.run_id)
+        out.failed["store"] = msg
+        if brake:
+            await self._brake(alert, key, self.clock(), out)
+        done = [c.action for c in out.commands]
+        targets = [name for _, name in self.routing.targets(alert)]
+        results = await asyncio.gather(*(self.notifiers[n].send(alert, done) for n in targets),
+                                       return_exceptions=True)
+        for name, r in zip(targets, results):
+            if isinstance(r, BaseException):
+                out.failed[name] = self._safe(f"{type(r).__name__}: {r}")
+            else:
+                out.delivered.append(name)
         return out
 
     async def _brake(self, alert: Alert, key: str, now: float, out: Delivery) -> None:
@@ -177,19 +203,17 @@ class Dispatcher:
                     out: Delivery | None = None) -> int:
         """Send what is due (for ``receivers``, default all); the number of items settled."""
         now = self.clock() if now is None else now
-        settled = 0
-        context: tuple | None = None
-        for name in list(receivers if receivers is not None else self.notifiers):
-            if name not in self.notifiers or self.down_until.get(name, 0.0) > now:
-                continue
-            items = await self.outbox.take_due(name, now, limit=100, lease=self.lease)
-            if not items:
-                continue
-            if context is None:
-                silences = await self.silences.all() if self.silences is not None else []
-                context = (await self.outbox.active(now), silences)
-            settled += await self._drain_receiver(name, items, now, context, out)
-        return settled
+        names = [n for n in (receivers if receivers is not None else self.notifiers)
+                 if n in self.notifiers and self.down_until.get(n, 0.0) <= now]
+        taken = [(n, await self.outbox.take_due(n, now, limit=100, lease=self.lease)) for n in names]
+        taken = [(n, items) for n, items in taken if items]
+        if not taken:
+            return 0
+        silences = await self.silences.all() if self.silences is not None else []
+        context = (await self.outbox.active(now), silences)
+        # receivers in parallel: a slow or failing Slack does not hold PagerDuty back
+        done = await asyncio.gather(*(self._drain_receiver(n, items, now, context, out) for n, items in taken))
+        return sum(done)
 
     async def _drain_receiver(self, name: str, items: list[OutboxItem], now: float, context, out) -> int:
         active, silences = context
@@ -237,7 +261,7 @@ class Dispatcher:
                 self.failures += 1
                 msg = self._safe(f"{type(exc).__name__}: {exc}")
                 rest = [it for u in units[n:] for it in u]
-                await self._failed(name, rest, msg, now)
+                await self._failed(name, rest, msg, now, getattr(exc, "retry_after", None))
                 if out is not None and any(it.key == delivery_key(out.alert) for it in rest):
                     out.failed[name] = msg
                 break
@@ -264,15 +288,19 @@ class Dispatcher:
             return "wait" if now - it.enqueued < self.give_up_after else None
         return "skipped" if was in NOT_NOTIFIED else None
 
-    async def _failed(self, name: str, items: list[OutboxItem], msg: str, now: float) -> None:
+    async def _failed(self, name: str, items: list[OutboxItem], msg: str, now: float,
+                      retry_after: float | None = None) -> None:
+        """Back to the outbox with backoff (at least what the receiver asked for with 429)."""
+        floor = retry_after or 0.0
         for it in items:
             if now - it.enqueued >= self.give_up_after:
                 await self.outbox.bury(it, msg)
                 log.error("rlwatch: %s: gave up on %s after %d attempts (dead-lettered): %s",
                           name, it.key, it.attempts + 1, msg)
             else:
-                await self.outbox.retry(it, now + backoff(it.attempts + 1, self.retry_base, self.retry_cap), msg)
-        wait = backoff(min((it.attempts for it in items), default=1), self.retry_base, self.retry_cap)
+                await self.outbox.retry(
+                    it, now + max(floor, backoff(it.attempts + 1, self.retry_base, self.retry_cap)), msg)
+        wait = max(floor, backoff(min((it.attempts for it in items), default=1), self.retry_base, self.retry_cap))
         self.down_until[name] = now + wait
         log.error("rlwatch: %s could not deliver %d notification(s); kept in the outbox, next try in "
                   "%.0fs: %s", name, len(items), wait, msg)

@@ -15,8 +15,9 @@ dispatcher's ``tick()`` runs the check on the worker's timer.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Iterable, Mapping, Protocol
+from typing import Protocol
 
 from rlwatch.alert import SEVERITIES, Alert
 from rlwatch.commands import Command, RunControl, state_key
@@ -40,14 +41,14 @@ class SentCommand:
     step: int | None = None
 
     @classmethod
-    def of(cls, cmd: Command) -> "SentCommand":
+    def of(cls, cmd: Command) -> SentCommand:
         return cls(cmd.id, cmd.run_id, cmd.action, cmd.ts, cmd.rule, cmd.severity, cmd.step)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, raw: bytes | str) -> "SentCommand":
+    def from_json(cls, raw: bytes | str) -> SentCommand:
         return cls(**json.loads(raw))
 
 

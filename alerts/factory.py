@@ -20,7 +20,7 @@ from alerts.incidents import RedisIncidents
 from alerts.notifiers import ConsoleNotifier, Notifier
 from alerts.outbox import RedisOutbox
 from alerts.pagerduty import PagerDutyNotifier
-from alerts.routing import ReceiverSpec, Routing, RoutesFileError, load_routes
+from alerts.routing import ReceiverSpec, RoutesFileError, Routing, load_routes
 from alerts.silences import RedisSilences
 from alerts.slack import RedisThreads, SlackBotNotifier, SlackWebhookNotifier
 from alerts.webhook import WebhookNotifier

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from rlwatch.alert import SEVERITIES, Alert
 
@@ -42,15 +43,14 @@ def field_value(alert: Alert, name: str) -> str:
     if name in ("severity", "rule", "state", "metric", "fingerprint"):
         v = getattr(alert, name)
         return "" if v is None else str(v)
-    if name.startswith("labels."):
-        name = name[len("labels."):]
+    name = name.removeprefix("labels.")
     return str(alert.labels.get(name, ""))
 
 
 def _check_pattern(name: str, pattern: str) -> None:
     if not isinstance(pattern, str):
         raise ValueError(f"{name}: a pattern is a string, got {type(pattern).__name__}")
-    body = pattern[1:] if pattern.startswith("!") else pattern
+    body = pattern.removeprefix("!")
     if name != "severity":
         return
     m = _COMPARE.match(body)
@@ -78,7 +78,7 @@ class Matchers:
     terms: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @classmethod
-    def parse(cls, spec: Mapping[str, Any] | None) -> "Matchers":
+    def parse(cls, spec: Mapping[str, Any] | None) -> Matchers:
         """From ``{field: pattern | [patterns]}``; a ``ValueError`` names what is wrong."""
         if not spec:
             return cls()

@@ -8,11 +8,25 @@ from typing import Protocol, TextIO
 from alerts.render import text
 from rlwatch.alert import Alert
 
-__all__ = ["ConsoleNotifier", "DeliveryError", "Notifier", "PermanentDeliveryError"]
+__all__ = ["ConsoleNotifier", "DeliveryError", "Notifier", "PermanentDeliveryError", "retry_after_of"]
 
 
 class DeliveryError(RuntimeError):
-    """A sink refused or could not take an alert after its retries (the outbox retries later)."""
+    """A sink refused or could not take an alert after its retries (the outbox retries later).
+    ``retry_after``: seconds the receiver asked us to wait (HTTP 429 Retry-After), if it said."""
+
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def retry_after_of(headers) -> float | None:
+    """Seconds from a Retry-After header (numeric form only), else None."""
+    try:
+        value = headers.get("Retry-After") or headers.get("retry-after")
+        return None if value is None else max(0.0, float(value if isinstance(value, str) else value[0]))
+    except (TypeError, ValueError, AttributeError, IndexError):
+        return None
 
 
 class PermanentDeliveryError(DeliveryError):

@@ -72,7 +72,7 @@ class OutboxItem:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, raw: bytes | str) -> "OutboxItem":
+    def from_json(cls, raw: bytes | str) -> OutboxItem:
         return cls(**json.loads(raw))
 
     def alert_obj(self) -> Alert:

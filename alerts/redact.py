@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Iterable
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 __all__ = ["guarded_logger", "redact", "safe_url"]

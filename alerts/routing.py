@@ -44,16 +44,17 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from alerts.actions import COMMAND_ACTIONS
 from alerts.matchers import Matchers, field_value
-from rlwatch.alert import SEVERITIES, Alert
+from rlwatch.alert import Alert
 
 __all__ = [
     "ALL_RECEIVERS",
@@ -64,8 +65,8 @@ __all__ = [
     "Interval",
     "ReceiverSpec",
     "Route",
-    "Routing",
     "RoutesFileError",
+    "Routing",
     "RoutingSpec",
     "due",
     "group_key",
@@ -149,7 +150,7 @@ class RouteSpec(BaseModel):
     group_interval: Any = None
     repeat_interval: Any = None
     continue_: bool = Field(False, alias="continue")
-    routes: list["RouteSpec"] = Field(default_factory=list)
+    routes: list[RouteSpec] = Field(default_factory=list)
 
     @field_validator("match")
     @classmethod
@@ -267,11 +268,11 @@ class Route:
     group_interval: Interval = NO_WAIT
     repeat_interval: Interval = NO_WAIT
     continue_: bool = False
-    routes: tuple["Route", ...] = ()
+    routes: tuple[Route, ...] = ()
 
     @classmethod
-    def build(cls, spec: RouteSpec, receivers: Iterable[str], parent: "Route | None" = None,
-              id: str = "root") -> "Route":
+    def build(cls, spec: RouteSpec, receivers: Iterable[str], parent: Route | None = None,
+              id: str = "root") -> Route:
         names = tuple(receivers)
         if spec.receiver is None:
             recv = parent.receivers if parent else names
@@ -289,7 +290,7 @@ class Route:
         children = tuple(cls.build(c, names, node, f"{id}.{i}") for i, c in enumerate(spec.routes))
         return cls(**{**node.__dict__, "routes": children})
 
-    def match(self, alert: Alert) -> list["Route"]:
+    def match(self, alert: Alert) -> list[Route]:
         """The routes that take ``alert`` (route.go's ``Match``): [] if this one does not match."""
         if not self.matchers.matches(alert):
             return []
@@ -301,7 +302,7 @@ class Route:
                 break
         return out or [self]
 
-    def walk(self) -> Iterable["Route"]:
+    def walk(self) -> Iterable[Route]:
         yield self
         for c in self.routes:
             yield from c.walk()
@@ -329,7 +330,7 @@ class GroupClock:
         return dict(self.__dict__)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "GroupClock":
+    def from_dict(cls, d: Mapping[str, Any]) -> GroupClock:
         return cls(**{k: d.get(k) for k in ("route", "run_id", "created_ts", "created_step",
                                              "last_flush_ts", "last_flush_step")})
 
@@ -375,7 +376,7 @@ class InhibitRule:
     equal: tuple[str, ...] = ("run",)
 
     @classmethod
-    def of(cls, spec: InhibitSpec) -> "InhibitRule":
+    def of(cls, spec: InhibitSpec) -> InhibitRule:
         return cls(Matchers.parse(spec.source), Matchers.parse(spec.target), tuple(spec.equal))
 
 
@@ -414,7 +415,7 @@ class EnforcementPolicy:
     default: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, specs: Iterable[EnforcementSpec], default: frozenset[str] = frozenset()) -> "EnforcementPolicy":
+    def of(cls, specs: Iterable[EnforcementSpec], default: frozenset[str] = frozenset()) -> EnforcementPolicy:
         entries = []
         for s in specs:
             runs = (s.runs,) if isinstance(s.runs, str) else tuple(s.runs)
@@ -447,13 +448,13 @@ class Routing:
 
     @classmethod
     def default(cls, receivers: Iterable[str], advisory: frozenset[str] = frozenset(),
-                ack_timeout: float = 60.0) -> "Routing":
+                ack_timeout: float = 60.0) -> Routing:
         """Today's behaviour: everything to every receiver, at once, nothing muted."""
         return cls.of(RoutingSpec(inhibit_rules=[]), receivers, advisory, ack_timeout)
 
     @classmethod
     def of(cls, spec: RoutingSpec, receivers: Iterable[str], advisory: frozenset[str] = frozenset(),
-           ack_timeout: float = 60.0) -> "Routing":
+           ack_timeout: float = 60.0) -> Routing:
         """``advisory`` and ``ack_timeout`` apply where the file does not say otherwise."""
         names = list(dict.fromkeys([*receivers, *(r.name for r in spec.receivers)]))
         root = Route.build(spec.route, names)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Protocol
 
-from alerts.notifiers import DeliveryError, PermanentDeliveryError
+from alerts.notifiers import DeliveryError, PermanentDeliveryError, retry_after_of
 from alerts.redact import guarded_logger, redact
 from alerts.render import slack_batch, slack_blocks
 from rlwatch.alert import SEVERITIES, Alert
@@ -65,8 +65,10 @@ class SlackWebhookNotifier:
                                        self.secrets)) from None
         if resp.status_code != 200:
             body = redact(str(resp.body)[:200], self.secrets)
-            err = PermanentDeliveryError if resp.status_code in (400, 403, 404, 410) else DeliveryError
-            raise err(f"Slack webhook answered {resp.status_code}: {body}")
+            if resp.status_code in (400, 403, 404, 410):
+                raise PermanentDeliveryError(f"Slack webhook answered {resp.status_code}: {body}")
+            raise DeliveryError(f"Slack webhook answered {resp.status_code}: {body}",
+                                retry_after=retry_after_of(resp.headers) if resp.status_code == 429 else None)
 
     async def close(self) -> None:
         return None
@@ -138,6 +140,9 @@ class SlackBotNotifier:
                                                       attachments=attachments, **kwargs)
         except SlackApiError as exc:
             error = exc.response.get("error") if exc.response is not None else "unknown"
+            if exc.response is not None and exc.response.status_code == 429:
+                raise DeliveryError("Slack chat.postMessage: rate limited",
+                                    retry_after=retry_after_of(exc.response.headers)) from None
             err = PermanentDeliveryError if error in (
                 "channel_not_found", "not_in_channel", "invalid_auth", "account_inactive",
                 "token_revoked", "is_archived", "invalid_blocks") else DeliveryError

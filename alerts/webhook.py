@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import json
 
-from alerts.notifiers import DeliveryError, PermanentDeliveryError
+from alerts.notifiers import DeliveryError, PermanentDeliveryError, retry_after_of
 from alerts.redact import redact, safe_url
 from rlwatch.alert import Alert
 
@@ -41,13 +41,14 @@ class JsonPoster:
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> int:
         session = await self._client()
-        last = ""
+        last, wait = "", None
         for attempt in range(self.retries + 1):
             try:
                 async with session.post(url, data=body, headers=headers) as resp:
                     if resp.status < 300:
                         return resp.status
                     last = f"HTTP {resp.status}"
+                    wait = retry_after_of(resp.headers) if resp.status == 429 else None
                     if resp.status < 500 and resp.status not in (408, 429):
                         text = redact((await resp.text())[:200], self.secrets)
                         raise PermanentDeliveryError(
@@ -57,8 +58,8 @@ class JsonPoster:
             except Exception as exc:  # noqa: BLE001 - network errors are retried
                 last = redact(f"{type(exc).__name__}: {exc}".replace(url, safe_url(url)), self.secrets)
             if attempt < self.retries:
-                await asyncio.sleep(self.backoff * 2 ** attempt)
-        raise DeliveryError(f"{self.what} at {safe_url(url)} failed: {last}")
+                await asyncio.sleep(min(wait, 30.0) if wait is not None else self.backoff * 2 ** attempt)
+        raise DeliveryError(f"{self.what} at {safe_url(url)} failed: {last}", retry_after=wait)
 
     async def close(self) -> None:
         if self._session is not None:

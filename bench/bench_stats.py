@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from streams.stats import (  # noqa: E402
+from streams.stats import (
     EMA,
     Autocorrelation,
     Cusum,
@@ -235,16 +235,24 @@ def event_bench(n_events: int, rounds: int) -> None:
     a = min(results["all"])
     n_stats = 5 * N_METRICS + 5 + 3 + 2 + 1
     print()
-    print(f"Per step event, {N_METRICS} metrics, {n_stats} statistic objects "
-          f"({n_events} events after a {warm}-event warm-up, best of {rounds} rounds)")
+    print(
+        f"Per step event, {N_METRICS} metrics, {n_stats} statistic objects "
+        f"({n_events} events after a {warm}-event warm-up, best of {rounds} rounds)"
+    )
     print(f"  {'json.loads only':44s} {p:8.1f} us/event")
-    print(f"  {'stats: update (+ MK get, AC get every 10)':44s} {u:8.1f} us/event"
-          f"   ratio to parse {u / p:5.2f}x   -> {1e6 / u:9,.0f} events/s")
-    print(f"  {'stats: update + get() of every statistic':44s} {a:8.1f} us/event"
-          f"   ratio to parse {a / p:5.2f}x   -> {1e6 / a:9,.0f} events/s")
-    print(f"  target: < 50 us/event (20,000 events/s): "
-          f"update-only {'MET' if u < 50 else 'NOT met'}, "
-          f"update+get-all {'MET' if a < 50 else 'NOT met'}")
+    print(
+        f"  {'stats: update (+ MK get, AC get every 10)':44s} {u:8.1f} us/event"
+        f"   ratio to parse {u / p:5.2f}x   -> {1e6 / u:9,.0f} events/s"
+    )
+    print(
+        f"  {'stats: update + get() of every statistic':44s} {a:8.1f} us/event"
+        f"   ratio to parse {a / p:5.2f}x   -> {1e6 / a:9,.0f} events/s"
+    )
+    print(
+        f"  target: < 50 us/event (20,000 events/s): "
+        f"update-only {'MET' if u < 50 else 'NOT met'}, "
+        f"update+get-all {'MET' if a < 50 else 'NOT met'}"
+    )
 
 
 def main() -> None:

@@ -24,7 +24,8 @@ give an empty ``Stats``: nothing is logged rather than a made-up value.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -56,16 +57,23 @@ def _is_torch(x: Any) -> bool:
 
 
 def _torch():
-    import torch  # noqa: PLC0415 - lazily, only when the caller already uses torch
+    import torch  # lazily: only when the caller already uses torch
 
     return torch
+
+
+def _acc(device):
+    """The accumulation dtype on ``device``: float64, except where the backend has none (MPS)."""
+    torch = _torch()
+    return torch.float32 if getattr(device, "type", "cpu") == "mps" else torch.float64
 
 
 def _to_host(values: list, like) -> list[float]:
     """Scalars computed on the device of ``like`` -> Python floats, in one copy."""
     if _is_torch(like):
         torch = _torch()
-        return [float(v) for v in torch.stack([v.to(torch.float64).reshape(()) for v in values]).cpu().tolist()]
+        dt = _acc(like.device)
+        return [float(v) for v in torch.stack([v.to(dt).reshape(()) for v in values]).cpu().tolist()]
     return [float(v) for v in values]
 
 
@@ -158,6 +166,8 @@ def kl_stats(logprobs, ref_logprobs, mask=None, *, tokens=None,
         raise ValueError(f"logprobs {tuple(lp.shape)} and ref_logprobs {tuple(ref.shape)} differ in shape")
     if _is_torch(lp) and not _is_torch(ref):
         ref = _torch().as_tensor(ref, device=lp.device, dtype=lp.dtype)
+    elif _is_torch(ref) and not _is_torch(lp):
+        lp = _torch().as_tensor(lp, device=ref.device, dtype=ref.dtype)
     kl = _per_token_kl(lp, ref, estimator)
     m = _mask_of(kl, mask)
     if _is_torch(kl):
@@ -167,9 +177,8 @@ def kl_stats(logprobs, ref_logprobs, mask=None, *, tokens=None,
             return Stats()
         masked = torch.where(m, kl, torch.full_like(kl, float("-inf")))
         flat_arg = masked.reshape(-1).argmax()
-        mean, top, p = sel.mean(), sel.max(), _quantile(sel, q)
-        mean, top, p, arg = _to_host([mean, top, p, flat_arg], kl)
-        arg = int(arg)
+        mean, top, p = _to_host([sel.mean(), sel.max(), _quantile(sel, q)], kl)
+        arg = int(flat_arg.item())
     else:
         sel = kl[m]
         if sel.size == 0:
@@ -221,9 +230,10 @@ def entropy_from_logits(logits, mask=None, *, chunk: int = 1024) -> Stats:
         rows = x.reshape(-1, vocab)[m.reshape(-1)]
         if rows.shape[0] == 0:
             return Stats()
-        total = torch.zeros((), dtype=torch.float64, device=x.device)
+        dt = _acc(x.device)
+        total = torch.zeros((), dtype=dt, device=x.device)
         for i in range(0, rows.shape[0], chunk):
-            total = total + _entropy_rows(rows[i:i + chunk]).to(torch.float64).sum()
+            total = total + _entropy_rows(rows[i:i + chunk]).to(dt).sum()
         (mean,) = _to_host([total / rows.shape[0]], x)
         return Stats({"entropy/mean": mean})
     m = _mask_of(np.empty(lead, dtype=bool), mask)
@@ -298,8 +308,7 @@ def _sq_norm(x):
     if _is_torch(x):
         torch = _torch()
         x = x.detach()
-        acc = torch.float64 if x.device.type not in ("mps",) else torch.float32
-        return torch.linalg.vector_norm(x, dtype=acc) ** 2
+        return torch.linalg.vector_norm(x, dtype=_acc(x.device)) ** 2
     a = np.asarray(x, dtype=np.float64)
     return float(np.dot(a.reshape(-1), a.reshape(-1)))
 
@@ -309,7 +318,7 @@ def _sum_on(values: list, like):
     if _is_torch(like):
         torch = _torch()
         dev = like.device
-        return torch.stack([v.to(device=dev, dtype=torch.float64) for v in values]).sum()
+        return torch.stack([v.to(device=dev, dtype=_acc(dev)) for v in values]).sum()
     return float(sum(values))
 
 
@@ -347,13 +356,14 @@ def update_ratio(old, new, *, model: str = "actor", eps: float = 0.0) -> Stats:
     if not olds:
         return Stats()
     diffs, bases = [], []
-    for o, n in zip(olds, news):
+    for o, n in zip(olds, news, strict=True):
         if tuple(o.shape) != tuple(n.shape):
             raise ValueError(f"shapes differ: {tuple(o.shape)} vs {tuple(n.shape)}")
         if _is_torch(n):
             o = o.detach().to(device=n.device)
             n = n.detach()
-            d = n.to(_torch().float64) - o.to(_torch().float64) if n.device.type != "mps" else n.float() - o.float()
+            dt = _acc(n.device)
+            d = n.to(dt) - o.to(dt)
         else:
             d = np.asarray(n, dtype=np.float64) - np.asarray(o, dtype=np.float64)
         diffs.append(_sq_norm(d))

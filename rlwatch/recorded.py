@@ -32,7 +32,8 @@ import math
 import re
 import struct
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 __all__ = [
     "crc32c",
@@ -229,7 +230,7 @@ def iter_wandb_csv(text: str) -> Iterator[Item]:
     for i, name in enumerate(header):
         if i == step_col or name in META_KEYS or name.startswith("_"):
             continue
-        if name.endswith("__MIN") or name.endswith("__MAX"):
+        if name.endswith(("__MIN", "__MAX")):
             continue
         if " - " in name:                   # the W&B UI export: "<run name> - <metric>"
             run, metric = name.rsplit(" - ", 1)

@@ -40,10 +40,13 @@ def _clip(x: Any) -> Any:
 
 
 class _RunTape:
-    __slots__ = ("steps", "samples")
+    """Rank 0's steps (the window), other ranks' recent steps (the offending step's ranks)."""
 
-    def __init__(self, steps: int, sample_batches: int):
+    __slots__ = ("others", "samples", "steps")
+
+    def __init__(self, steps: int, sample_batches: int, other_ranks: int):
         self.steps: deque[dict] = deque(maxlen=steps)
+        self.others: deque[dict] = deque(maxlen=other_ranks)
         self.samples: deque[dict] = deque(maxlen=sample_batches)
 
 
@@ -59,16 +62,18 @@ class SnapshotRecorder:
     [2, 3, 4, 5]
     """
 
-    def __init__(self, steps: int = 256, sample_batches: int = 16, max_runs: int = 1000):
-        if steps < 1 or sample_batches < 1 or max_runs < 1:
-            raise ValueError("steps, sample_batches and max_runs must be at least 1")
+    def __init__(self, steps: int = 256, sample_batches: int = 16, max_runs: int = 1000,
+                 other_ranks: int = 512):
+        if min(steps, sample_batches, max_runs, other_ranks) < 1:
+            raise ValueError("steps, sample_batches, max_runs and other_ranks must be at least 1")
         self.steps, self.sample_batches, self.max_runs = steps, sample_batches, max_runs
+        self.other_ranks = other_ranks
         self.runs: OrderedDict[str, _RunTape] = OrderedDict()
 
     def tape(self, run_id: str) -> _RunTape:
         t = self.runs.get(run_id)
         if t is None:
-            t = self.runs[run_id] = _RunTape(self.steps, self.sample_batches)
+            t = self.runs[run_id] = _RunTape(self.steps, self.sample_batches, self.other_ranks)
             while len(self.runs) > self.max_runs:
                 self.runs.popitem(last=False)
         else:
@@ -81,7 +86,8 @@ class SnapshotRecorder:
             rec = {"step": event.step, "rank": event.rank, "ts": event.ts, "metrics": dict(event.metrics)}
             if event.batch_ids:
                 rec["batch_ids"] = list(event.batch_ids[:64])
-            self.tape(event.run_id).steps.append(rec)
+            tape = self.tape(event.run_id)
+            (tape.steps if event.rank == 0 else tape.others).append(rec)
         elif isinstance(event, SamplesEvent):
             samples = [{k: _clip(v) for k, v in s.model_dump(exclude_none=True).items()}
                        for s in event.samples[:MAX_SAMPLES]]
@@ -100,7 +106,7 @@ def build_snapshot(alert: Alert, recorder: SnapshotRecorder, state=None, before:
     tape = recorder.runs.get(alert.run_id)
     onset = alert.onset_step if alert.onset_step is not None else alert.step
     rank = alert.rank or 0
-    steps = list(tape.steps) if tape else []
+    steps = (list(tape.steps) + list(tape.others)) if tape else []
     batches = list(tape.samples) if tape else []
     lo, hi = onset - before, max(alert.step, onset + after)
     window = [{"step": r["step"], "metrics": r["metrics"]} for r in steps

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from rlwatch.presets import Preset, get_preset
 
@@ -136,7 +137,7 @@ class VerlTracking(DictLogger):
         super().__init__(monitor, preset, **kw)
         self.tracking = tracking
 
-    def log(self, data: Mapping[str, Any], step: int | None = None, backend=None, **extra):  # noqa: D417
+    def log(self, data: Mapping[str, Any], step: int | None = None, backend=None, **extra):
         if self.tracking is not None:
             if backend is None:
                 self.tracking.log(data=data, step=step)

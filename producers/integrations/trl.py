@@ -27,7 +27,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from transformers import TrainerCallback
 
@@ -70,7 +71,7 @@ def detect_preset(keys, config: Any = None) -> str | None:
         return "trl-grpo"
     if name.startswith("ppo"):
         return "trl-ppo"
-    stripped = {k[len("train/"):] if k.startswith("train/") else k for k in keys}
+    stripped = {k.removeprefix("train/") for k in keys}
     if stripped & _PPO_KEYS:
         return "trl-ppo"
     if stripped & _GRPO_KEYS or any(re.match(r"rewards/.+/mean$", k) for k in stripped):

@@ -6,6 +6,7 @@ ignores non-finite values, ``get()`` returns NaN while undefined, and ``to_state
 arrays live in :mod:`.distribution`, for comparisons across ranks in :mod:`.ranks`.
 """
 
+from ._num import theil_sen
 from .autocorrelation import Autocorrelation, acf
 from .base import Stateful, Statistic, registered_types, stat_from_state
 from .correlation import RollingCorrelation
@@ -38,7 +39,6 @@ from .series import SeriesStore
 from .sign_flip import SignFlipRate
 from .warmup import WarmupBaseline
 from .zscore import RobustZ, ZScore
-from ._num import theil_sen
 
 __all__ = [
     "EMA",

@@ -8,7 +8,7 @@ float range (1e300, 1e-300) neither overflow nor underflow when squared.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -151,88 +151,72 @@ def sorted_quantile(s: Sequence[float], q: float) -> float:
     return a + d * g
 
 
-def _dev_kth(s: Sequence[float], m: float, p: int, k: int) -> tuple[float, float]:
-    """The k-th and (k+1)-th smallest (0-based) of ``|s[i] - m|`` for sorted ``s``.
+def sorted_mad(s: Sequence[float], med: float, hint: int = -1) -> tuple[float, int]:
+    """Median of ``|x - med|`` over sorted ``s`` (numpy's arithmetic) without sorting, and the
+    split to pass as ``hint`` next time.
 
-    ``s[:p] < m <= s[p:]``. The deviations are the merge of two sorted runs,
-    ``A[i] = m - s[p-1-i]`` and ``B[j] = s[p+j] - m``; a binary search over how many come from
-    ``A`` finds the k-th in O(log n) without materialising them.
-    """
-    n = len(s)
-    la = p
-    lb = n - p
-    lo = k + 1 - lb
-    if lo < 0:
-        lo = 0
-    hi = k + 1 if k + 1 < la else la
-    while lo < hi:
-        i = (lo + hi) >> 1
-        # A[i] < B[k - i]  -> take more from A
-        if m - s[p - 1 - i] < s[p + k - i] - m:
-            lo = i + 1
-        else:
-            hi = i
-    i = lo
-    j = k + 1 - i
-    a_prev = m - s[p - i] if i > 0 else -INF
-    b_prev = s[p + j - 1] - m if j > 0 else -INF
-    kth = a_prev if a_prev > b_prev else b_prev
-    a_next = m - s[p - 1 - i] if i < la else INF
-    b_next = s[p + j] - m if j < lb else INF
-    nxt = a_next if a_next < b_next else b_next
-    return kth, nxt
-
-
-def sorted_mad(s: Sequence[float], med: float, hint: float = NAN) -> float:
-    """Median of ``|x - med|`` over sorted ``s`` (numpy's arithmetic), without sorting.
-
-    The deviations are two sorted runs either side of ``med``. With a ``hint`` (e.g. the
-    previous MAD of a rolling window, which changes little per step) the split is warm-started
-    with two bisections and corrected by a few exact steps; without one, a binary search finds
-    it in O(log n). The result is exact either way - the hint only affects the speed.
+    The deviations are two sorted runs either side of ``med``: ``A[i] = med - s[p-1-i]`` and
+    ``B[j] = s[p+j] - med``. Their median is found from the split ``(i, j)`` of the smallest
+    deviations between the runs. Without a hint a binary search finds it in O(log n); with the
+    previous split of a rolling window (``hint`` = its ``i``, which moves by a step or two per
+    update) a few exact comparisons do. The result is exact either way.
     """
     n = len(s)
     if n == 0:
-        return NAN
-    p = bisect_left(s, med)
-    if hint != hint:
-        h = n >> 1
-        if n & 1:
-            return _dev_kth(s, med, p, h)[0]
-        a, b = _dev_kth(s, med, p, h - 1)
-        return half_sum(a, b)
+        return NAN, -1
+    # p = bisect_left(s, med): med is the median, so p is at the middle unless med repeats
+    p = n >> 1
+    if p and s[p - 1] >= med:
+        p = bisect_left(s, med, 0, p)
+    elif p < n and s[p] < med:  # (only if med is not the median of s)
+        p = bisect_left(s, med, p)
     la = p
     lb = n - p
     k1 = (n >> 1) + 1 if n & 1 else n >> 1  # how many of the smallest deviations to take
-    # warm start: the deviations <= hint (up to rounding; corrected below)
-    i = p - bisect_left(s, med - hint, 0, p)
-    j = bisect_right(s, med + hint, p) - p
-    # take exactly k1, dropping the largest / adding the smallest
-    while i + j > k1:
-        if j == 0 or (i > 0 and med - s[p - i] >= s[p + j - 1] - med):
+    if hint < 0:
+        k = k1 - 1
+        lo = k + 1 - lb
+        if lo < 0:
+            lo = 0
+        hi = k1 if k1 < la else la
+        while lo < hi:  # smallest i with A[i] >= B[k - i]
+            i = (lo + hi) >> 1
+            if med - s[p - 1 - i] < s[p + k - i] - med:
+                lo = i + 1
+            else:
+                hi = i
+        i = lo
+        j = k1 - i
+    else:
+        i = hint
+        if i > la:
+            i = la
+        j = k1 - i
+        if j > lb:
+            j = lb
+            i = k1 - j
+        elif j < 0:
+            j = 0
+            i = k1
+        # make it the k1 smallest: max(taken) <= min(not taken)
+        while i > 0 and j < lb and med - s[p - i] > s[p + j] - med:
             i -= 1
-        else:
-            j -= 1
-    while i + j < k1:
-        if j >= lb or (i < la and med - s[p - 1 - i] <= s[p + j] - med):
-            i += 1
-        else:
             j += 1
-    # make it the k1 smallest: max(taken) <= min(not taken)
-    while i > 0 and j < lb and med - s[p - i] > s[p + j] - med:
-        i -= 1
-        j += 1
-    while j > 0 and i < la and s[p + j - 1] - med > med - s[p - 1 - i]:
-        i += 1
-        j -= 1
+        while j > 0 and i < la and s[p + j - 1] - med > med - s[p - 1 - i]:
+            i += 1
+            j -= 1
     a_prev = med - s[p - i] if i > 0 else -INF
     b_prev = s[p + j - 1] - med if j > 0 else -INF
     kth = a_prev if a_prev > b_prev else b_prev
     if n & 1:
-        return kth
+        return kth, i
     a_next = med - s[p - 1 - i] if i < la else INF
     b_next = s[p + j] - med if j < lb else INF
-    return half_sum(kth, a_next if a_next < b_next else b_next)
+    nxt = a_next if a_next < b_next else b_next
+    mad = (kth + nxt) * 0.5
+    if mad - mad != 0.0:
+        mad = kth * 0.5 + nxt * 0.5
+    return mad, i
 
 
 @lru_cache(maxsize=64)

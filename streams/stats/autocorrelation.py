@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -13,32 +14,46 @@ from .base import Statistic, check_int
 __all__ = ["Autocorrelation", "acf"]
 
 
+@lru_cache(maxsize=32)
+def _centered_time(n: int) -> tuple[np.ndarray, float]:
+    t = np.arange(n, dtype=float)
+    t -= (n - 1) / 2.0
+    return t, float(np.dot(t, t))
+
+
 def acf(values: Any, max_lag: int, detrend: bool = True) -> np.ndarray:
     """Sample autocorrelation ``r_0 .. r_max_lag`` of ``values`` (after removing the least
     squares line when ``detrend``): ``r_k = sum_t y_t y_{t+k} / sum_t y_t^2`` (the usual biased
     estimator, as ``statsmodels.tsa.stattools.acf``). NaNs when nothing is left after detrending
     (a constant or, up to rounding, exactly linear series).
     """
-    y = np.asarray(values, dtype=float)
+    y = np.array(values, dtype=float)
     n = y.size
-    if n == 0:
-        return np.full(max_lag + 1, np.nan)
-    scale = np.max(np.abs(y))
-    if scale > 0:
-        y = y / scale  # scale-free; avoids overflow of squares for values near 1e300
-    y = y - y.mean()
-    total = float(np.dot(y, y))
-    if detrend and n >= 2:
-        t = np.arange(n, dtype=float)
-        t -= t.mean()
-        y = y - t * (np.dot(t, y) / np.dot(t, t))
-    denom = float(np.dot(y, y))
     out = np.full(max_lag + 1, np.nan)
+    if n == 0:
+        return out
+    for attempt in (0, 1):
+        if attempt:  # squares overflowed or underflowed: the ACF is scale-free, rescale
+            scale = float(np.abs(y).max())
+            if scale == 0.0:
+                return out
+            y = y / scale
+        with np.errstate(all="ignore"):
+            yc = y - y.sum() / n
+            total = float(np.dot(yc, yc))
+            if detrend and n >= 2:
+                t, tt = _centered_time(n)
+                yc = yc - t * (float(np.dot(t, yc)) / tt)
+            denom = float(np.dot(yc, yc))
+        if 1e-280 < total < 1e280:
+            break
+        if total == 0.0:
+            return out
     # nothing left (constant, or exactly linear up to rounding: residual RMS < 1e-12 of the spread)
     if not denom > 1e-24 * total:
         return out
     m = min(max_lag, n - 1)
-    full = np.correlate(y, y, mode="full")[n - 1 : n + m]
+    full = np.correlate(yc, yc, mode="full")[n - 1 : n + m]
     out[: m + 1] = full / denom
     return out
 

@@ -20,7 +20,7 @@ import math
 from collections import deque
 from typing import Any, ClassVar
 
-__all__ = ["Stateful", "Statistic", "stat_from_state", "registered_types"]
+__all__ = ["Stateful", "Statistic", "registered_types", "stat_from_state"]
 
 #: Bumped when the layout of ``to_state`` changes incompatibly.
 STATE_VERSION = 1

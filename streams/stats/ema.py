@@ -69,12 +69,13 @@ class EMA(Statistic):
             self.n_skipped += 1
             return
         self.n += 1
+        c = self._c
         p = self._pow
-        if p == 1.0:  # first value
-            self._pow = self._om
-            self._c = x
-            return
-        if p:
+        if p:  # first values: bias-corrected weight alpha / (1 - (1 - alpha)^n)
+            if p == 1.0:  # first value
+                self._pow = self._om
+                self._c = x
+                return
             p *= self._om
             if p < 1e-17:  # 1 - p == 1.0 from here on: no correction left to apply
                 p = 0.0
@@ -82,7 +83,6 @@ class EMA(Statistic):
             g = self.alpha / (1.0 - p)
         else:
             g = self.alpha
-        c = self._c
         c2 = c + g * (x - c)
         if c2 - c2 != 0.0:  # x - c overflowed (values near the float limits)
             c2 = c * (1.0 - g) + x * g

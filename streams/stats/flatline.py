@@ -22,7 +22,7 @@ class Flatline(RollingMean):
     keeps the ratio finite for metrics whose mean is 0; metrics living entirely below ~1e-12 in
     magnitude would need rescaling before this test. Amortised O(1) per value: monotonic
     deques for the max and min, and :class:`RollingMean`'s checked running sum for the mean
-    (``update`` only appends; the work is done when a result is read).
+    (evaluated eagerly while read every step, otherwise on the next read; see ``_LazyWindow``).
 
     Examples
     --------
@@ -45,43 +45,77 @@ class Flatline(RollingMean):
         self._qmax: deque[tuple[int, float]] = deque()
         self._qmin: deque[tuple[int, float]] = deque()
 
-    def _sync(self) -> None:
-        p = self._pending
-        if not p:
+    def update(self, x: float) -> None:
+        if type(x) is not float:
+            try:
+                x = float(x)
+            except (TypeError, ValueError, OverflowError):
+                x = math.nan
+        if x - x != 0.0:
+            self.n_skipped += 1
             return
         buf = self._buf
-        w = self.window
+        buf.append(x)
+        n = len(buf)
+        if self._read and n - 1 == self._synced:  # read after every update: advance now
+            self._read = False
+            self._advance(x)
+            RollingMean._sync(self)
+        elif n > self._limit:
+            self._trim()
+
+    def _advance(self, x: float) -> None:
+        """Push one new value on the monotonic deques of ``(index, value)``."""
         i = self._i
+        first = i - self.window
+        q = self._qmax
+        while q and q[-1][1] <= x:
+            q.pop()
+        q.append((i, x))
+        if q[0][0] <= first:
+            q.popleft()
+        q = self._qmin
+        while q and q[-1][1] >= x:
+            q.pop()
+        q.append((i, x))
+        if q[0][0] <= first:
+            q.popleft()
+        self._i = i + 1
+
+    def _ready(self) -> None:
+        self._read = True
+        if len(self._buf) != self._synced:
+            self._sync()
+
+    def _sync(self) -> None:
+        buf = self._buf
+        synced = self._synced
+        n = len(buf)
+        if n == synced:
+            return
+        w = self.window
         qmax = self._qmax
         qmin = self._qmin
-        if p >= w:  # the whole window is new (and maybe more was skipped): rebuild the deques
+        if synced < 0:  # values were dropped unseen: rebuild the deques from the window
             qmax.clear()
             qmin.clear()
-        for j in range(-p, 0):  # monotonic deques of (index, value), in arrival order
-            x = buf[j]
-            first = i - w
-            while qmax and qmax[-1][1] <= x:
-                qmax.pop()
-            qmax.append((i, x))
-            if qmax[0][0] <= first:
-                qmax.popleft()
-            while qmin and qmin[-1][1] >= x:
-                qmin.pop()
-            qmin.append((i, x))
-            if qmin[0][0] <= first:
-                qmin.popleft()
-            i += 1
-        self._i = i
+            new = list(buf)[-w:]
+        elif n - synced == 1:
+            new = (buf[-1],)
+        else:
+            new = self._new_values()
+        for x in new:
+            self._advance(x)
         RollingMean._sync(self)
 
     @property
     def max(self) -> float:
-        self._sync()
+        self._ready()
         return self._qmax[0][1] if self._qmax else math.nan
 
     @property
     def min(self) -> float:
-        self._sync()
+        self._ready()
         return self._qmin[0][1] if self._qmin else math.nan
 
     @property
@@ -90,14 +124,13 @@ class Flatline(RollingMean):
 
     @property
     def range(self) -> float:
-        self._sync()
+        self._ready()
         if not self._buf:
             return math.nan
         return self._qmax[0][1] - self._qmin[0][1]
 
     def get(self) -> float:
-        if self._pending:
-            self._sync()
+        self._ready()
         if not self._buf:
             return math.nan
         hi = self._qmax[0][1]

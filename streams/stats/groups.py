@@ -40,7 +40,16 @@ class GroupTrends(Stateful):
     (4.0, 1.0)
     """
 
-    __slots__ = ("window", "alpha", "max_categories", "n_dropped", "_t", "_series", "_emas", "_gaps")
+    __slots__ = (
+        "window",
+        "alpha",
+        "max_categories",
+        "n_dropped",
+        "_t",
+        "_series",
+        "_emas",
+        "_gaps",
+    )
 
     def __init__(self, window: int, alpha: float = 0.1, max_categories: int = 1000):
         self.window = check_int("window", window, 2)

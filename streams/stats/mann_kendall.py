@@ -75,14 +75,14 @@ class MannKendall(Statistic):
             old = buf.popleft()
             lo = bisect_left(s, old)
             del s[lo]
-            hi = bisect_right(s, old, lo)
+            hi = bisect_right(s, old, lo) if lo < len(s) and s[lo] == old else lo
             # the oldest value preceded all others: it contributed sign(x_j - old) for each j
             S -= (len(s) - hi) - lo
             c = hi - lo  # its tie group shrinks from c + 1 to c
             tv -= 6 * c * (c + 2)
             tp -= c
         lo = bisect_left(s, x)
-        hi = bisect_right(s, x, lo)
+        hi = bisect_right(s, x, lo) if lo < len(s) and s[lo] == x else lo
         c = hi - lo  # its tie group grows from c to c + 1
         S += lo - (len(s) - hi)
         s.insert(hi, x)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ._num import MAD_TO_SIGMA, sorted_mad, sorted_median
@@ -36,15 +35,14 @@ class RollingMAD(_SortedWindow):
         if not isinstance(scaled, bool):
             raise ValueError(f"scaled must be a bool, got {scaled!r}")
         self.scaled = scaled
-        self._hint = math.nan  # the previous raw MAD: a warm start, never changes the answer
+        self._hint = -1  # the previous split (see sorted_mad): a warm start, never the answer
 
     def get(self) -> float:
         s = self._sync()
         med = sorted_median(s)
         if med != med:
             return med
-        mad = sorted_mad(s, med, self._hint)
-        self._hint = mad
+        mad, self._hint = sorted_mad(s, med, self._hint)
         return mad * MAD_TO_SIGMA if self.scaled else mad
 
     @property

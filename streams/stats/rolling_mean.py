@@ -25,7 +25,8 @@ class RollingMean(_LazyWindow):
     data the O(window) recompute almost never runs. Values near the float limits (sum
     overflowing) are handled by a rescaled exact mean.
 
-    ``update`` only appends (see ``_LazyWindow``); the sum is advanced when the mean is read.
+    Evaluation is adaptive (see ``_LazyWindow``): eager while the mean is read every step,
+    deferred to the next read otherwise, with identical results.
 
     Examples
     --------
@@ -43,26 +44,55 @@ class RollingMean(_LazyWindow):
         self._sum = 0.0
         self._err = 0.0  # sum of |partial sums| (+ |differences|) since the last exact sum
 
-    def _sync(self) -> None:
-        p = self._pending
-        if not p:
+    def update(self, x: float) -> None:
+        if type(x) is not float:
+            try:
+                x = float(x)
+            except (TypeError, ValueError, OverflowError):
+                x = math.nan
+        if x - x != 0.0:
+            self.n_skipped += 1
             return
         buf = self._buf
-        if p >= self.window:
+        buf.append(x)
+        n = len(buf)
+        if self._read and n - 1 == self._synced:  # read after every update: advance now
+            self._read = False
+            if n > self.window:
+                d = x - buf.popleft()
+                s = self._sum + d
+                err = self._err + (abs(s) + abs(d))
+                n -= 1
+            else:
+                s = self._sum + x
+                err = self._err + abs(s)
+            if err <= _CHECK * abs(s) and err < INF:
+                self._sum = s
+                self._err = err
+            else:
+                self._sum = s = exact_sum(buf)
+                self._err = abs(s)  # the correctly rounded sum is off by up to eps * |sum|
+            self._synced = n
+        elif n > self._limit:
+            self._trim()
+
+    def _sync(self) -> None:
+        buf = self._buf
+        synced = self._synced
+        w = self.window
+        n = len(buf)
+        if synced < 0:  # values were dropped unseen: rebuild from the window
+            while len(buf) > w:
+                buf.popleft()
             self._sum = s = exact_sum(buf)
             self._err = abs(s)
-        else:
-            gone = self._gone
-            w = self.window
-            size = len(buf) - p + len(gone)
-            gi = 0
+        elif n > synced:
+            size = synced
             s = self._sum
             err = self._err
-            for i in range(-p, 0):
-                x = buf[i]
+            for x in self._new_values():
                 if size == w:
-                    d = x - gone[gi]
-                    gi += 1
+                    d = x - buf.popleft()
                     s += d
                     err += abs(s) + abs(d)
                 else:
@@ -70,15 +100,15 @@ class RollingMean(_LazyWindow):
                     s += x
                     err += abs(s)
                 if not (err <= _CHECK * abs(s) and err < INF):
-                    s = exact_sum(self._window_at(gi, i))
+                    s = exact_sum(self._front(size))
                     err = abs(s)  # the correctly rounded sum is off by up to eps * |sum|
             self._sum = s
             self._err = err
-        self._gone.clear()
-        self._pending = 0
+        self._synced = len(buf)
 
     def get(self) -> float:
-        if self._pending:
+        self._read = True
+        if len(self._buf) != self._synced:
             self._sync()
         n = len(self._buf)
         if n == 0:

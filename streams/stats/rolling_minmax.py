@@ -8,7 +8,7 @@ from typing import Any
 
 from .base import Statistic, check_int
 
-__all__ = ["RollingMin", "RollingMax"]
+__all__ = ["RollingMax", "RollingMin"]
 
 
 class _RollingExtremum(Statistic):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, insort
+from collections import deque
 from typing import Any
 
 from ._num import sorted_median, sorted_quantile
@@ -15,10 +17,10 @@ __all__ = ["RollingMedian", "RollingQuantile"]
 class _SortedWindow(_LazyWindow):
     """The last ``window`` values in arrival order (deque) and sorted (list).
 
-    ``update`` only appends (see ``_LazyWindow``); the sorted copy is brought up to date when a
-    result is asked for: each pending change costs one ``bisect`` + ``insort``/``del`` (a
-    memmove), and if more than ``window // 4`` changes are pending the sorted copy is rebuilt
-    with one ``sorted()`` instead. The sorted copy is exact either way.
+    Each new value costs one ``bisect`` + ``insort``/``del`` (a memmove), done in ``update``
+    while results are read every step and deferred to the next read otherwise (see
+    ``_LazyWindow``); if more than ``window // 4`` values arrived since the last read the sorted
+    copy is rebuilt with one ``sorted()`` instead. The sorted copy is exact either way.
     """
 
     __slots__ = ("_sorted",)
@@ -27,41 +29,64 @@ class _SortedWindow(_LazyWindow):
         super().__init__(window)
         self._sorted: list[float] = []
 
-    def _sync(self) -> list[float]:
-        """The sorted window, brought up to date."""
-        p = self._pending
-        if p == 1:  # the common case: one update since the last read
+    def update(self, x: float) -> None:
+        if type(x) is not float:
+            try:
+                x = float(x)
+            except (TypeError, ValueError, OverflowError):
+                x = math.nan
+        if x - x != 0.0:
+            self.n_skipped += 1
+            return
+        buf = self._buf
+        buf.append(x)
+        n = len(buf)
+        if self._read and n - 1 == self._synced:  # read after every update: advance now
+            self._read = False
             s = self._sorted
-            gone = self._gone
-            if gone:
-                del s[bisect_left(s, gone.pop())]
-            insort(s, self._buf[-1])
-            self._pending = 0
-            return s
-        if p:
-            buf = self._buf
-            if p > (self.window >> 2):
-                self._sorted = sorted(buf)
-            else:
-                s = self._sorted
-                for v in self._gone:
-                    del s[bisect_left(s, v)]
-                for i in range(-p, 0):
-                    insort(s, buf[i])
-            self._gone.clear()
-            self._pending = 0
-        return self._sorted
+            if n > self.window:
+                del s[bisect_left(s, buf.popleft())]
+                n -= 1
+            insort(s, x)
+            self._synced = n
+        elif n > self._limit:
+            self._trim()
+
+    def _sync(self) -> list[float]:
+        """The sorted window, brought up to date (every read goes through here)."""
+        self._read = True
+        buf = self._buf
+        synced = self._synced
+        n = len(buf)
+        if n == synced:
+            return self._sorted
+        w = self.window
+        s = self._sorted
+        if synced < 0 or n - synced > (w >> 2):
+            while len(buf) > w:
+                buf.popleft()
+            self._sorted = s = sorted(buf)
+        else:
+            size = synced
+            for x in self._new_values():
+                if size == w:
+                    del s[bisect_left(s, buf.popleft())]
+                else:
+                    size += 1
+                insort(s, x)
+        self._synced = len(buf)
+        return s
 
     def _dump(self) -> dict[str, Any]:
         return {"buf": list(self._buf)}
 
     def _load(self, state: dict[str, Any]) -> None:
         # the sorted copy is exact whichever way it is built: rebuild it
-        self._buf.clear()
-        self._buf.extend(state["buf"])
+        self._buf = deque(state["buf"])
+        while len(self._buf) > self.window:
+            self._buf.popleft()
         self._sorted = sorted(self._buf)
-        self._gone = []
-        self._pending = 0
+        self._synced = len(self._buf)
 
 
 class RollingMedian(_SortedWindow):

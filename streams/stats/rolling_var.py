@@ -9,7 +9,7 @@ from ._num import EPS, INF, RECOMPUTE_TOL, exact_mean, exact_std, exact_sum
 from ._window import _LazyWindow
 from .base import check_int
 
-__all__ = ["RollingVar", "RollingStd"]
+__all__ = ["RollingStd", "RollingVar"]
 
 # Below / above these the variance is computed by the rescaled exact path (squares of values
 # near 1e-160 lose precision to underflow, squares near 1e160 overflow).
@@ -28,8 +28,8 @@ class _RollingMoments(_LazyWindow):
     soon as ``4 * eps * E`` exceeds ``1e-10`` of that quantity, the sums are recomputed exactly
     from the window (``math.fsum``). This bounds the relative error of the variance by about
     1e-10 (and the error of the mean by about 1e-10 of the standard deviation) at amortised
-    O(1) cost, whatever leaves the window. ``update`` only appends (see ``_LazyWindow``); the
-    sums are advanced, value by value, when a result is read.
+    O(1) cost, whatever leaves the window. Evaluation is adaptive (see ``_LazyWindow``): eager
+    while results are read every step, deferred to the next read otherwise, same results.
     """
 
     __slots__ = ("ddof", "_k", "_s1", "_s2", "_e")
@@ -57,28 +57,95 @@ class _RollingMoments(_LazyWindow):
         # the rounding of the two sums themselves: eps * S2 bounds both contributions
         self._e = self._s2
 
-    def _sync(self) -> None:
-        p = self._pending
-        if not p:
+    def update(self, x: float) -> None:
+        if type(x) is not float:
+            try:
+                x = float(x)
+            except (TypeError, ValueError, OverflowError):
+                x = math.nan
+        if x - x != 0.0:
+            self.n_skipped += 1
             return
+        # (same as _push, inlined: this is the hot path)
         buf = self._buf
-        if p >= self.window:
+        buf.append(x)
+        n = len(buf)
+        if self._read and n - 1 == self._synced:  # read after every update: advance now
+            self._read = False
+            k = self._k
+            xk = x - k
+            xk2 = xk * xk
+            if n > self.window:
+                ok = buf.popleft() - k
+                ok2 = ok * ok
+                s1 = self._s1 + (xk - ok)
+                s2 = self._s2 + (xk2 - ok2)
+                e = self._e + (s2 + xk2 + ok2)
+                n -= 1
+            else:
+                s1 = self._s1 + xk
+                s2 = self._s2 + xk2
+                e = self._e + (s2 + xk2)
+            if e <= _CHECK * (s2 - s1 * s1 / n) and e < INF:
+                self._s1 = s1
+                self._s2 = s2
+                self._e = e
+            else:
+                self._recompute(buf)
+            self._synced = n
+        elif n > self._limit:
+            self._trim()
+
+    def _push(self, x: float) -> None:
+        buf = self._buf
+        buf.append(x)
+        n = len(buf)
+        if self._read and n - 1 == self._synced:  # read after every update: advance now
+            self._read = False
+            k = self._k
+            xk = x - k
+            xk2 = xk * xk
+            if n > self.window:
+                ok = buf.popleft() - k
+                ok2 = ok * ok
+                s1 = self._s1 + (xk - ok)
+                s2 = self._s2 + (xk2 - ok2)
+                e = self._e + (s2 + xk2 + ok2)
+                n -= 1
+            else:
+                s1 = self._s1 + xk
+                s2 = self._s2 + xk2
+                e = self._e + (s2 + xk2)
+            if e <= _CHECK * (s2 - s1 * s1 / n) and e < INF:
+                self._s1 = s1
+                self._s2 = s2
+                self._e = e
+            else:
+                self._recompute(buf)
+            self._synced = n
+        elif n > self._limit:
+            self._trim()
+
+    def _sync(self) -> None:
+        buf = self._buf
+        synced = self._synced
+        w = self.window
+        n = len(buf)
+        if synced < 0:  # values were dropped unseen: rebuild from the window
+            while len(buf) > w:
+                buf.popleft()
             self._recompute(buf)
-        else:
-            gone = self._gone
-            w = self.window
-            size = len(buf) - p + len(gone)
-            gi = 0
+        elif n > synced:
+            size = synced
             k = self._k
             s1 = self._s1
             s2 = self._s2
             e = self._e
-            for i in range(-p, 0):
-                xk = buf[i] - k
+            for x in self._new_values():
+                xk = x - k
                 xk2 = xk * xk
                 if size == w:
-                    ok = gone[gi] - k
-                    gi += 1
+                    ok = buf.popleft() - k
                     ok2 = ok * ok
                     s1 += xk - ok
                     s2 += xk2 - ok2
@@ -89,7 +156,7 @@ class _RollingMoments(_LazyWindow):
                     s2 += xk2
                     e += s2 + xk2
                 if not (e <= _CHECK * (s2 - s1 * s1 / size) and e < INF):
-                    self._recompute(self._window_at(gi, i))
+                    self._recompute(self._front(size))
                     k = self._k
                     s1 = self._s1
                     s2 = self._s2
@@ -97,15 +164,15 @@ class _RollingMoments(_LazyWindow):
             self._s1 = s1
             self._s2 = s2
             self._e = e
-        self._gone.clear()
-        self._pending = 0
+        self._synced = len(buf)
 
     def _is_constant(self) -> bool:
         buf = self._buf
         return buf.count(buf[0]) == len(buf)
 
     def _var(self) -> float:
-        if self._pending:
+        self._read = True
+        if len(self._buf) != self._synced:
             self._sync()
         buf = self._buf
         n = len(buf)
@@ -121,7 +188,8 @@ class _RollingMoments(_LazyWindow):
         return sd * sd
 
     def _std(self) -> float:
-        if self._pending:
+        self._read = True
+        if len(self._buf) != self._synced:
             self._sync()
         buf = self._buf
         n = len(buf)
@@ -136,7 +204,8 @@ class _RollingMoments(_LazyWindow):
         return exact_std(buf, self.ddof)
 
     def _mean(self) -> float:
-        if self._pending:
+        self._read = True
+        if len(self._buf) != self._synced:
             self._sync()
         buf = self._buf
         n = len(buf)

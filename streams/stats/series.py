@@ -109,9 +109,7 @@ class SeriesStore:
         }
 
     @classmethod
-    def from_state(
-        cls, state: dict[str, Any], factory: Callable[[tuple], Stateful]
-    ) -> SeriesStore:
+    def from_state(cls, state: dict[str, Any], factory: Callable[[tuple], Stateful]) -> SeriesStore:
         if not isinstance(state, dict) or state.get("type") != "SeriesStore":
             raise ValueError("not a SeriesStore state")
         store = cls(factory, max_keys=state["max_keys"])

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from typing import Any
 
-from ._num import MAD_TO_SIGMA, scale_floor, sorted_mad, sorted_median, z_ratio
+from ._num import MAD_TO_SIGMA, half_sum, scale_floor, sorted_mad, sorted_median, z_ratio
 from .base import check_int
 from .rolling_quantile import _SortedWindow
 from .rolling_var import _RollingMoments
@@ -50,7 +51,7 @@ class RobustZ(_SortedWindow):
         self.min_periods = _check_min_periods(min_periods, self.window, 1)
         self._last = math.nan  # newest finite value, not yet in the baseline
         self._z: float | None = None  # cached get()
-        self._hint = math.nan  # previous MAD: warm start only, never changes the answer
+        self._hint = -1  # previous split of the MAD search: warm start only, never the answer
 
     def update(self, x: float) -> None:
         if type(x) is not float:
@@ -64,14 +65,20 @@ class RobustZ(_SortedWindow):
         prev = self._last
         self._last = x
         self._z = None
-        if prev == prev:  # the previous newest value joins the baseline (lazy, see _LazyWindow)
+        if prev == prev:  # the previous newest value joins the baseline (see _SortedWindow)
             buf = self._buf
-            p = self._pending
-            if p < self.window:
-                if len(buf) == self.window:
-                    self._gone.append(buf[0])
-                self._pending = p + 1
             buf.append(prev)
+            n = len(buf)
+            if self._read and n - 1 == self._synced:  # read after every update: advance now
+                self._read = False
+                s = self._sorted
+                if n > self.window:
+                    del s[bisect_left(s, buf.popleft())]
+                    n -= 1
+                insort(s, prev)
+                self._synced = n
+            elif n > self._limit:
+                self._trim()
 
     @property
     def median(self) -> float:
@@ -85,8 +92,7 @@ class RobustZ(_SortedWindow):
         med = sorted_median(s)
         if med != med:
             return med
-        mad = sorted_mad(s, med, self._hint)
-        self._hint = mad
+        mad, self._hint = sorted_mad(s, med, self._hint)
         return mad
 
     @property
@@ -99,18 +105,23 @@ class RobustZ(_SortedWindow):
         if z is not None:
             return z
         x = self._last
-        if len(self._buf) < self.min_periods or x != x:
+        s = self._sync()
+        n = len(s)
+        if x != x or n < self.min_periods:
             z = math.nan
         else:
-            s = self._sync()
-            med = sorted_median(s)
-            mad = sorted_mad(s, med, self._hint)
-            self._hint = mad
+            h = n >> 1
+            med = s[h] if n & 1 else half_sum(s[h - 1], s[h])
+            mad, self._hint = sorted_mad(s, med, self._hint)
             scale = MAD_TO_SIGMA * mad
-            floor = scale_floor(med)
+            floor = 1e-9 * abs(med)  # scale_floor(med), inlined
+            if floor < 1e-12:
+                floor = 1e-12
             if scale < floor:
                 scale = floor
-            z = z_ratio(x, med, scale)
+            z = (x - med) / scale
+            if z - z != 0.0:
+                z = z_ratio(x, med, scale)
         self._z = z
         return z
 
@@ -180,7 +191,7 @@ class ZScore(_RollingMoments):
         if z is not None:
             return z
         x = self._last
-        if len(self._buf) < self.min_periods or x != x:
+        if x != x or self.n < self.min_periods:
             z = math.nan
         else:
             sd = self._std()

@@ -112,7 +112,7 @@ def test_verl_tracking_shape_and_wrapping(mon):
     alone.log({"actor/entropy": 1.2}, step=14)
     assert mon.events()[-1]["metrics"] == {"entropy/mean": 1.2}
     with pytest.raises(AttributeError):
-        alone.default_backend
+        _ = alone.default_backend
 
 
 def test_openrlhf_logs_with_and_without_prefix(mon):

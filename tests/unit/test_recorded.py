@@ -9,8 +9,6 @@ import math
 import struct
 from pathlib import Path
 
-import pytest
-
 from rlwatch.cli import main
 from rlwatch.recorded import crc32c, iter_recorded, masked_crc32c, read_recorded
 from rlwatch.replay import iter_records

@@ -331,3 +331,40 @@ def test_routes_must_name_configured_notifiers():
     routing = load_routes_text("route: {receiver: pager}", ["pager"])
     with pytest.raises(ValueError, match="pager"):
         Dispatcher([Recording("slack")], None, MemoryDedup(), clock=Clock(), routing=routing)
+
+
+def test_when_the_store_is_down_it_still_pages_directly(caplog):
+    class DownDedup(MemoryDedup):
+        async def claim(self, key):
+            raise ConnectionError("Redis at 10.0.0.1:6379 unreachable")
+
+    d, clock, n, control = rig(dedup=DownDedup())
+    with caplog.at_level(logging.ERROR):
+        out = run(d.handle(alert()))
+    assert sorted(out.delivered) == ["hook", "slack"] and "store" in out.failed
+    assert [c.action for c in out.commands] == ["pause", "snapshot"]
+    assert "without dedup" in caplog.text
+
+
+def test_when_the_outbox_fails_mid_way_it_pages_directly_once():
+    class BrokenOutbox(MemoryOutbox):
+        async def enqueue(self, item):
+            raise ConnectionError("connection reset")
+
+    d, clock, n, control = rig(outbox=BrokenOutbox())
+    out = run(d.handle(alert()))
+    assert sorted(out.delivered) == ["hook", "slack"] and "store" in out.failed
+    assert len(control.audit["ppo-8b-a"]) == 2                # the brake went once, not twice
+
+
+def test_a_receivers_retry_after_is_honoured_by_the_outbox():
+    from alerts.notifiers import DeliveryError
+
+    d, clock, n, _ = rig(names=("hook",), retry_base=1.0)
+    n["hook"].fail = DeliveryError("HTTP 429", retry_after=20)
+    run(d.handle(alert()))
+    n["hook"].fail = None
+    run(d.tick(clock.advance(19)))
+    assert n["hook"].attempts == 1 and not n["hook"].sent
+    run(d.tick(clock.advance(1.5)))
+    assert len(n["hook"].sent) == 1

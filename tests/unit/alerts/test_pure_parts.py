@@ -149,7 +149,7 @@ def ev(**kw):
 
 def test_snapshot_keeps_the_window_the_offending_and_the_stable_samples():
     rec = SnapshotRecorder(steps=500)
-    for step in range(0, 200):
+    for step in range(200):
         for rank in (0, 1):
             kl = 0.02 if step < 152 else 0.2
             rec.observe(ev(kind="step", run_id="r", rank=rank, step=step, metrics={"kl/mean": kl + rank * 1e-3},
@@ -181,6 +181,14 @@ def test_snapshot_recorder_is_bounded_in_runs_and_steps():
     assert list(rec.runs) == ["b", "c"] and len(rec.runs["c"].steps) == 3
     with pytest.raises(ValueError):
         SnapshotRecorder(steps=0)
+    # many ranks do not crowd rank 0's window out
+    wide = SnapshotRecorder(steps=10, other_ranks=7)
+    for s in range(20):
+        for rank in range(8):
+            wide.observe(ev(kind="step", run_id="w", rank=rank, step=s, metrics={"x": float(s)}))
+    snap = build_snapshot(alert(run_id="w", step=19, onset_step=15), wide)
+    assert [w["step"] for w in snap["window"]["steps"]] == list(range(10, 20))
+    assert sorted(snap["ranks"]) == [str(r) for r in range(8)]
     # unknown run: an empty but well-formed snapshot
     snap = build_snapshot(alert(run_id="zzz"), rec)
     assert snap["window"]["steps"] == [] and snap["offending"]["samples"] == []

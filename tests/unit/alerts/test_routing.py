@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from alerts.matchers import Matchers
 from alerts.routing import (
     DEFAULT_INHIBIT_RULES,
     GroupClock,
     InhibitRule,
     Interval,
-    Routing,
     RoutesFileError,
+    Routing,
     due,
     group_key,
     inhibited_by,
@@ -20,7 +21,6 @@ from alerts.routing import (
     parse_interval,
     repeat_due,
 )
-from alerts.matchers import Matchers
 from tests.unit.alerts._helpers import T0, alert
 
 RECEIVERS = ["console", "slack-webhook", "webhook", "pagerduty"]

@@ -39,12 +39,15 @@ EXAMPLES: dict[str, tuple[dict, list]] = {
     "RobustZ": ({"window": 6, "min_periods": 3}, ["median", "mad", "last"]),
     "ZScore": ({"window": 6, "min_periods": 3}, ["std", "mean", "last"]),
     "WarmupBaseline": ({"warmup": 4}, ["mean", "std", "median", "frozen", "n_after"]),
-    "DDSketch": ({"relative_accuracy": 0.02, "max_bins": 8}, ["count", "num_bins",
-                                                               ("quantile", 0.1),
-                                                               ("quantile", 0.9)]),
+    "DDSketch": (
+        {"relative_accuracy": 0.02, "max_bins": 8},
+        ["count", "num_bins", ("quantile", 0.1), ("quantile", 0.9)],
+    ),
     "MannKendall": ({"window": 7}, ["tau", "p_value", "slope", "s", "var_s"]),
-    "PageHinkley": ({"delta": 0.01, "threshold": 3.0, "min_instances": 3},
-                    ["detected", "change_count", "last_direction"]),
+    "PageHinkley": (
+        {"delta": 0.01, "threshold": 3.0, "min_instances": 3},
+        ["detected", "change_count", "last_direction"],
+    ),
     "Cusum": ({"k": 0.5, "h": 2.0, "warmup": 3}, ["detected", "change_count", "statistic"]),
     "RelativeDrop": ({"window": 5}, ["peak", "last"]),
     "RelativeRise": ({"window": 5}, ["trough", "last"]),
@@ -55,8 +58,16 @@ EXAMPLES: dict[str, tuple[dict, list]] = {
 
 #: invalid constructor arguments that must raise ValueError
 BAD_ARGS: dict[str, list[dict]] = {
-    "EMA": [{}, {"alpha": 0.5, "span": 3}, {"alpha": 0.0}, {"alpha": 1.5}, {"span": 0.5},
-            {"alpha": math.nan}, {"alpha": "x"}, {"alpha": 1e-20}],
+    "EMA": [
+        {},
+        {"alpha": 0.5, "span": 3},
+        {"alpha": 0.0},
+        {"alpha": 1.5},
+        {"span": 0.5},
+        {"alpha": math.nan},
+        {"alpha": "x"},
+        {"alpha": 1e-20},
+    ],
     "RollingMean": [{"window": 0}, {"window": 2.5}, {"window": "3"}, {"window": True}],
     "RollingVar": [{"window": 1}, {"window": -3}],
     "RollingStd": [{"window": 1}],
@@ -70,8 +81,12 @@ BAD_ARGS: dict[str, list[dict]] = {
     "WarmupBaseline": [{"warmup": 0}],
     "DDSketch": [{"relative_accuracy": 0.0}, {"relative_accuracy": 1.0}, {"max_bins": 1}],
     "MannKendall": [{"window": 2}, {"window": 5, "continuity": 1}],
-    "PageHinkley": [{"threshold": 0.0}, {"delta": -1.0}, {"direction": "sideways"},
-                    {"min_instances": 0}],
+    "PageHinkley": [
+        {"threshold": 0.0},
+        {"delta": -1.0},
+        {"direction": "sideways"},
+        {"min_instances": 0},
+    ],
     "Cusum": [{"h": 0.0}, {"k": -0.1}, {"warmup": 1}],
     "RelativeDrop": [{"window": 0}],
     "RelativeRise": [{"window": 0}],
@@ -112,7 +127,7 @@ def readouts(stat) -> list:
 
 
 def same_readouts(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=False))
 
 
 # ---- discovery ------------------------------------------------------------------------------
@@ -173,9 +188,10 @@ def test_round_trips_give_identical_answers(cls, data, cut):
             assert same_readouts(readouts(c), want), (type(c).__name__, readouts(c), want)
     final = json.dumps(stat.to_state(), allow_nan=False)
     for c in copies:
-        assert json.loads(json.dumps(c.to_state(), allow_nan=False))["params"] == json.loads(
-            final
-        )["params"]
+        assert (
+            json.loads(json.dumps(c.to_state(), allow_nan=False))["params"]
+            == json.loads(final)["params"]
+        )
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
@@ -212,8 +228,19 @@ def test_from_state_rejects_other_types(cls):
 def test_nonfinite_and_junk_are_skipped_never_raise(cls):
     stat = make(cls.__name__)
     ref = make(cls.__name__)
-    junk = [math.nan, math.inf, -math.inf, float("nan"), np.nan, np.float32("inf"), None, "abc",
-            [1.0], object(), 10**400]
+    junk = [
+        math.nan,
+        math.inf,
+        -math.inf,
+        float("nan"),
+        np.nan,
+        np.float32("inf"),
+        None,
+        "abc",
+        [1.0],
+        object(),
+        10**400,
+    ]
     for i, x in enumerate([0.5, 1.5, 3.0, 2.0, 7.0, 1.0, 4.0, 4.0, 2.5, 6.0]):
         stat.update(x)
         ref.update(x)

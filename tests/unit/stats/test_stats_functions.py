@@ -179,8 +179,11 @@ def test_hash_mismatch():
 @hsettings(60)
 @given(
     rows=st.lists(
-        st.dictionaries(st.sampled_from(["math", "code", "chat"]),
-                        st.one_of(st.floats(-100, 100), nonfinite), max_size=3),
+        st.dictionaries(
+            st.sampled_from(["math", "code", "chat"]),
+            st.one_of(st.floats(-100, 100), nonfinite),
+            max_size=3,
+        ),
         max_size=30,
     ),
     w=st.integers(2, 8),
@@ -236,7 +239,7 @@ def test_series_store_lru_state_and_clear():
         return S.RollingMean(3) if key[-1] == "mean" else S.EMA(alpha=0.5)
 
     store = S.SeriesStore(factory, max_keys=3)
-    for i, x in enumerate([1.0, 2.0, 3.0, 4.0]):
+    for _i, x in enumerate([1.0, 2.0, 3.0, 4.0]):
         store[("run1", 0, "loss", "mean")].update(x)
         store[("run1", 0, "loss", "ema")].update(x * 10)
     store[("run2", 1, "kl", "mean")].update(7.0)
@@ -253,7 +256,7 @@ def test_series_store_lru_state_and_clear():
     assert back.keys() == store.keys() and back.evicted == 1
     assert back[("run1", 0, "loss", "mean")].get() == 3.0
     assert isinstance(back.keys()[0][1], int)
-    for key in store.keys():
+    for key in store:
         assert back.peek(key).get() == store.peek(key).get()
 
     assert store.drop_prefix(("run1",)) == 1
