@@ -80,8 +80,13 @@ class Monitor:
         self._closed = False
 
         if transport is None and kafka is not False:
-            bootstrap = kafka if isinstance(kafka, str) else os.environ.get("RLWATCH_KAFKA", "localhost:9092")
-            transport = KafkaTransport(bootstrap, topic or os.environ.get("RLWATCH_EVENTS_TOPIC", "rlwatch.events"))
+            from rlwatch.settings import Settings
+
+            settings = Settings.from_env()
+            bootstrap = kafka if isinstance(kafka, str) else settings.kafka
+            # SASL/SSL settings (RLWATCH_KAFKA_SECURITY_PROTOCOL, ...) pass through
+            transport = KafkaTransport(bootstrap, topic or settings.events_topic,
+                                       **settings.kafka_python_kwargs())
         self.sender = BackgroundSender(transport, capacity=buffer_size, clock=clock) if transport else None
 
         self.control: CommandInbox | None = inbox

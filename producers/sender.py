@@ -30,6 +30,11 @@ class Transport(Protocol):
     def close(self, timeout: float) -> None: ...
 
 
+def _as_float(x) -> float:
+    item = getattr(x, "item", None)   # numpy and torch scalars
+    return float(item() if callable(item) else x)
+
+
 class KafkaTransport:
     """kafka-python producer to the events topic. Connects lazily, reconnects on failure."""
 
@@ -40,8 +45,13 @@ class KafkaTransport:
     def _connect(self):
         from kafka import KafkaProducer
 
+        # delivery_timeout_ms < the flush timeout in send(): records the client could not
+        # deliver expire inside it before the batch is handed back for a retry, so a retry
+        # never leaves a second copy behind; bootstrap_timeout_ms keeps a first connection to a
+        # broker that is down from holding the sender thread for long.
         return KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5, acks=1,
                              max_block_ms=2000, request_timeout_ms=5000, retries=2,
+                             delivery_timeout_ms=8000, bootstrap_timeout_ms=2000,
                              client_id="rlwatch-sdk", **self.config)
 
     def send(self, items):
@@ -73,12 +83,12 @@ class BackgroundSender:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
-        self._idle = threading.Event()
-        self._idle.set()
+        self._in_flight = 0       # events taken from the buffer and not yet delivered or requeued
         self.dropped = 0          # dropped since the last report
         self.dropped_total = 0    # dropped over the sender's life
         self.sent = 0
         self.failures = 0
+        self.invalid = 0          # events that could not be serialised (counted, reported once)
         self.last_error: str | None = None
         self._reported_down = False
         self._on_error = on_error or (lambda msg: log.warning(msg))
@@ -93,8 +103,8 @@ class BackgroundSender:
                 self.dropped += 1
                 self.dropped_total += 1
             self._q.append((key, event))
-        self._idle.clear()
-        self._wake.set()
+        if not self._wake.is_set():
+            self._wake.set()
 
     def pending(self) -> int:
         return len(self._q)
@@ -102,10 +112,12 @@ class BackgroundSender:
     def _take(self) -> list:
         with self._lock:
             n = min(self.batch, len(self._q))
+            self._in_flight = n
             return [self._q.popleft() for _ in range(n)]
 
     def _requeue(self, items: list) -> None:
         with self._lock:
+            self._in_flight = 0
             room = self.capacity - len(self._q)
             keep = items[-room:] if room > 0 else []
             lost = len(items) - len(keep)
@@ -126,7 +138,7 @@ class BackgroundSender:
                 if self.dropped:
                     first_key = items[0][0]
                     report = (first_key, self._drop_report(items[0][1]))
-                payload = [(k, dump_event(e)) for k, e in items]
+                payload = [(k, v) for k, v in ((k, self._serialise(e)) for k, e in items) if v]
                 if report is not None:
                     payload.append((report[0], dump_event(report[1])))
                 try:
@@ -141,22 +153,43 @@ class BackgroundSender:
                         self._reported_down = True
                     self._requeue(items)
                     if self._stop:
-                        self._idle.set()
                         return
                     time.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
                     continue
                 backoff = 0.05
                 self.sent += len(items)
+                self._in_flight = 0
                 if report is not None:
                     with self._lock:
                         self.dropped -= report[1]["dropped_events"]
                 if self._reported_down:
                     log.warning("rlwatch: event publishing recovered")
                     self._reported_down = False
-            self._idle.set()
             if self._stop:
                 return
+
+    def _serialise(self, event: dict) -> bytes | None:
+        """Strict JSON of an event; numpy/torch scalars become floats; None if impossible."""
+        try:
+            return dump_event(event)
+        except (TypeError, ValueError):
+            pass
+        try:
+            fixed = dict(event)
+            for field in ("metrics", "groups"):
+                if field in fixed:
+                    fixed[field] = {k: (_as_float(v) if field == "metrics" else
+                                        {c: _as_float(x) for c, x in v.items()})
+                                    for k, v in fixed[field].items()}
+            if "dists" in fixed:
+                fixed["dists"] = {k: [_as_float(x) for x in v] for k, v in fixed["dists"].items()}
+            return dump_event(fixed)
+        except Exception as exc:  # noqa: BLE001 - a bad event is counted, never fatal
+            self.invalid += 1
+            if self.invalid == 1:
+                self._on_error(f"rlwatch: dropped an event that cannot be written as JSON: {exc}")
+            return None
 
     def _drop_report(self, like: dict) -> dict:
         return {"schema": 1, "kind": "heartbeat", "run_id": like["run_id"], "step": like["step"],
@@ -167,10 +200,12 @@ class BackgroundSender:
         deadline = time.monotonic() + timeout
         self._wake.set()
         while time.monotonic() < deadline:
-            if not self._q and self._idle.is_set():
-                return True
-            self._idle.wait(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
-        return not self._q
+            with self._lock:
+                if not self._q and not self._in_flight:
+                    return True
+            time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+        with self._lock:
+            return not self._q and not self._in_flight
 
     def close(self, timeout: float = 5.0) -> bool:
         ok = self.flush(timeout)

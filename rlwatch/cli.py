@@ -94,7 +94,7 @@ def cmd_replay(args) -> int:
     def show(alert):
         print(alert.to_json() if args.json else text(alert), flush=True)
 
-    missing = [p for p in args.files if not __import__("os").path.isfile(p)]
+    missing = [p for p in args.files if not __import__("os").path.exists(p)]
     if missing:
         raise SystemExit(f"rlwatch: no such file: {', '.join(missing)}")
     result = replay(args.files, pack, preset, on_alert=show)

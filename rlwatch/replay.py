@@ -77,7 +77,9 @@ def replay(paths: list[str | Path], pack: Pack, preset: Preset | None = None,
     result = ReplayResult()
     for p in paths:
         path = Path(p)
-        run_id = path.stem
+        # a run's directory (TensorBoard logs, checkpoints) names the run better than a file
+        run_id = path.name if path.is_dir() else (
+            path.parent.name if path.name.startswith("events.out.tfevents") else path.stem)
         for lineno, rec in iter_records(path):
             if isinstance(rec, str):
                 result.rejected.append(f"{path}:{lineno}: {rec}")

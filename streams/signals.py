@@ -260,9 +260,9 @@ def make_signal(signal: str, window: int, cycle_metric: str | None = None,
     if signal in simple:
         return _StatSignal(signal, w, simple[signal](w), lambda st: st.get())
     if signal == "zscore":
-        return _StatSignal(signal, w, S.ZScore(w, min_periods=max(5, w // 4)), lambda st: st.get())
+        return _StatSignal(signal, w, S.ZScore(w, min_periods=min(w, max(5, w // 4))), lambda st: st.get())
     if signal == "robust_z":
-        return _StatSignal(signal, w, S.RobustZ(w, min_periods=max(5, w // 4)), lambda st: st.get())
+        return _StatSignal(signal, w, S.RobustZ(w, min_periods=min(w, max(5, w // 4))), lambda st: st.get())
     if signal == "ratio_to_median":
         return _BeforeSignal(signal, w, S.RollingMedian(w), _ratio)
     if signal == "ratio_to_start":

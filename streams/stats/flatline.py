@@ -6,9 +6,9 @@ import math
 from collections import deque
 from typing import Any
 
-from ._num import TINY
+from ._num import INF, TINY, exact_sum
 from .base import check_float, check_int
-from .rolling_mean import RollingMean
+from .rolling_mean import _CHECK, RollingMean
 
 __all__ = ["Flatline"]
 
@@ -60,7 +60,22 @@ class Flatline(RollingMean):
         if self._read and n - 1 == self._synced:  # read after every update: advance now
             self._read = False
             self._advance(x)
-            RollingMean._sync(self)
+            # the running sum, exactly as RollingMean.update does it
+            if n > self.window:
+                d = x - buf.popleft()
+                s = self._sum + d
+                err = self._err + (abs(s) + abs(d))
+                n -= 1
+            else:
+                s = self._sum + x
+                err = self._err + abs(s)
+            if err <= _CHECK * abs(s) and err < INF:
+                self._sum = s
+                self._err = err
+            else:
+                self._sum = s = exact_sum(buf)
+                self._err = abs(s)
+            self._synced = n
         elif n > self._limit:
             self._trim()
 

@@ -338,3 +338,23 @@ def test_stateful_non_statistics_round_trip():
     assert back.slopes() == pytest.approx(gt.slopes(), nan_ok=True)
     assert set(back.slopes()) == {"a", "b", 3}
     assert back.gap_trend() == gt.gap_trend()
+
+
+# ---- the docstring examples run ---------------------------------------------------------------
+
+
+def _stats_modules():
+    import importlib
+    import pkgutil
+
+    return [
+        importlib.import_module(f"streams.stats.{m.name}") for m in pkgutil.iter_modules(S.__path__)
+    ]
+
+
+@pytest.mark.parametrize("module", _stats_modules(), ids=lambda m: m.__name__)
+def test_doctests(module):
+    import doctest
+
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
