@@ -55,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from alerts.actions import COMMAND_ACTIONS
 from alerts.matchers import Matchers, field_value
 from rlwatch.alert import Alert
+from rlwatch.yaml_lines import line_of
 
 __all__ = [
     "ALL_RECEIVERS",
@@ -478,23 +479,6 @@ class Routing:
         return out
 
 
-def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
-    line = node.start_mark.line + 1 if node is not None else None
-    for key in loc:
-        if isinstance(node, yaml.MappingNode):
-            want = "continue" if key == "continue_" else key
-            match = next((v for k, v in node.value if getattr(k, "value", None) == want), None)
-            if match is None:
-                break
-            node = match
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-        else:
-            continue
-        line = node.start_mark.line + 1
-    return line
-
-
 def load_routes_text(text: str, receivers: Iterable[str], source: str = "<routes>",
                      advisory: frozenset[str] = frozenset(), ack_timeout: float = 60.0) -> Routing:
     """Parse and validate a routes file; ``receivers`` are those the environment configured."""
@@ -521,7 +505,7 @@ def load_routes_text(text: str, receivers: Iterable[str], source: str = "<routes
             path = ".".join(str(p) for p in loc if not str(p).startswith(("function-", "literal[")))
             path = path.replace("continue_", "continue")
             msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{source}:{_line_of(node, loc) or '?'}: {path}: {msg}")
+            lines.append(f"{source}:{line_of(node, loc) or '?'}: {path}: {msg}")
         raise RoutesFileError("\n".join(lines)) from None
     return Routing.of(spec, names, advisory, ack_timeout)
 

@@ -55,6 +55,7 @@ class Settings:
     control_secret: str | None = None
     advisory: str | None = None
     tick_seconds: float = 10.0
+    run_ttl_hours: float = 72.0          # a run silent this long is forgotten (state and statistics)
     kafka_security_protocol: str | None = None
     kafka_sasl_mechanism: str | None = None
     kafka_sasl_username: str | None = None

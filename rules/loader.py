@@ -14,6 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from rules.schema import Pack
+from rlwatch.yaml_lines import line_of
 
 __all__ = ["BUILTIN_PACKS", "RuleFileError", "load_pack", "load_pack_text", "merge_packs"]
 
@@ -22,24 +23,6 @@ BUILTIN_PACKS = ("rlhf",)
 
 class RuleFileError(ValueError):
     """A rule file that cannot be used; the message names the file and line."""
-
-
-def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
-    """The 1-based line of the YAML node at pydantic location ``loc`` (best effort)."""
-    line = node.start_mark.line + 1 if node is not None else None
-    for key in loc:
-        if isinstance(node, yaml.MappingNode):
-            want = "not" if key == "not_" else key
-            match = next((v for k, v in node.value if getattr(k, "value", None) == want), None)
-            if match is None:
-                break
-            node = match
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-        else:
-            continue  # union branch names and the like: no YAML node of their own
-        line = node.start_mark.line + 1
-    return line
 
 
 def _check_unique_ids(node: yaml.Node | None, source: str) -> None:
@@ -79,7 +62,7 @@ def load_pack_text(text: str, source: str = "<rules>") -> Pack:
         lines = []
         for err in exc.errors(include_url=False)[:8]:
             loc = tuple(err["loc"])
-            line = _line_of(node, loc)
+            line = line_of(node, loc)
             path = ".".join(str(p) for p in loc if not str(p).startswith(("function-", "float", "Threshold")))
             msg = err["msg"].removeprefix("Value error, ")
             lines.append(f"{source}:{line or '?'}: {path}: {msg}")

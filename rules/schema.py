@@ -170,6 +170,9 @@ class Condition(_Strict):
             raise ValueError("corr takes two per-sample arrays, e.g. [reward, response_length]")
         if source == "hashes" and self.mismatch is not True:
             raise ValueError("a hashes condition is written {hashes: NAME, mismatch: true}")
+        least = {"autocorr": 5, "trend_z": 3, "trend_tau": 3, "slope": 3}.get(self.signal, 2)
+        if self.window < least:
+            raise ValueError(f"signal {self.signal} needs a window of at least {least} steps")
         if self.signal == "cycle_rise" and not self.cycle_metric:
             raise ValueError("signal cycle_rise needs cycle_metric (e.g. ppo/epoch)")
         return self

@@ -102,6 +102,14 @@ class RunStates:
         self.dirty.clear()
         return n
 
+    def drop(self, run_id: str) -> None:
+        """Forget a run for good (it expired): its statistics go with it."""
+        self.cache.pop(run_id, None)
+        self.dirty.discard(run_id)
+        key = run_id.encode()
+        if key in self.table:
+            del self.table[key]
+
     def forget(self) -> None:
         """After a rebalance the table may hold newer states than the cache: drop the cache."""
         self.cache.clear()
@@ -191,10 +199,18 @@ def build_app(settings: Settings, observer=None) -> faust.App:
 
     @app.timer(interval=settings.tick_seconds)
     async def liveness():
+        """Liveness rules for every run this worker owns; runs silent past the TTL expire."""
         now = time.time()
-        for run_id in list(states.cache):
-            await publish(processor.tick(states.get(run_id), now))
-            states.touch(run_id)
+        owned = set(states.cache) | {k.decode() for k in list(table.keys())}
+        for run_id in owned:
+            st = states.get(run_id)
+            if now - st.last_event_ts > settings.run_ttl_hours * 3600:
+                states.drop(run_id)
+                continue
+            alerts = processor.tick(st, now)
+            if alerts:
+                states.touch(run_id)
+                await publish(alerts)
 
     @app.timer(interval=60.0)
     async def report():
