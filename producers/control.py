@@ -33,6 +33,13 @@ class TrainingStopped(RuntimeError):
         self.command = command
 
 
+def _mask(url: str) -> str:
+    """A Redis URL without its password, for logs."""
+    from rlwatch.settings import mask_url
+
+    return mask_url(url)
+
+
 class CommandInbox:
     """The commands a worker has received, applied at its step boundaries.
 
@@ -88,10 +95,16 @@ class CommandInbox:
             return
         if cmd.id in self._seen:
             return
+        if len(self._seen) > 10_000:
+            self._seen.clear()
         self._seen.add(cmd.id)
         if cmd.action in ("pause", "resume", "stop"):
             state = {"pause": "paused", "resume": "running", "stop": "stopped"}[cmd.action]
-            if self.state != "stopped":
+            if self.state == state:
+                # nothing to change (a second pause of a paused run): say so, or the monitor
+                # would take the silence for a worker that ignores its brake
+                self.ack(cmd, "applied", f"already {state}")
+            elif self.state != "stopped":
                 self.deliver_state(RunControl(run_id=self.run_id, state=state, command=cmd))
         else:
             self._one_shot.put(cmd)
@@ -134,6 +147,8 @@ class ControlListener(CommandInbox):
         super().__init__(run_id, rank, secret=secret, clock=clock)
         self.redis_url = redis_url
         self.connected = False
+        self.started_at = clock()
+        self._stale_noted = False
         self._closing = threading.Event()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rlwatch-control", daemon=True)
@@ -156,10 +171,17 @@ class ControlListener(CommandInbox):
                 pubsub.subscribe(channel(self.run_id))
                 raw = client.get(state_key(self.run_id))
                 if raw:
-                    self.deliver_state(RunControl.model_validate_json(raw))
+                    ctl = RunControl.model_validate_json(raw)
+                    if ctl.state == "stopped" and (ctl.updated or 0) < self.started_at:
+                        if not self._stale_noted:
+                            log.warning("rlwatch: run %s was stopped before this process started; "
+                                        "ignoring that stop (a relaunch)", self.run_id)
+                            self._stale_noted = True
+                    else:
+                        self.deliver_state(ctl)
                 if not self.connected and warned_at:
                     log.warning("rlwatch: control channel back (%s); authoritative state is %s",
-                                self.redis_url, self.state)
+                                _mask(self.redis_url), self.state)
                 self.connected = True
                 self._ready.set()
                 while not self._closing.is_set():
@@ -192,9 +214,13 @@ class ControlListener(CommandInbox):
                 ack = self._acks.get_nowait()
             except queue.Empty:
                 return
-            client.xadd(audit_key(self.run_id), {"entry": json.dumps(ack)}, maxlen=10_000,
-                        approximate=True)
-            client.hset(f"rlwatch:acks:{self.run_id}", ack["command_id"], json.dumps(ack))
+            try:
+                client.xadd(audit_key(self.run_id), {"entry": json.dumps(ack)}, maxlen=10_000,
+                            approximate=True)
+                client.hset(f"rlwatch:acks:{self.run_id}", ack["command_id"], json.dumps(ack))
+            except Exception:
+                self._acks.put(ack)   # keep it for the next connection; an ack must not be lost
+                raise
 
     def close(self) -> None:
         self._closing.set()

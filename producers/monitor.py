@@ -161,26 +161,31 @@ class Monitor:
         if c is None or not c.changed:
             return
         c.changed = False
-        for cmd in c.take_one_shots():
-            self._apply_one_shot(cmd)
-        if c.state == "paused":
+        self._apply_one_shots(c)
+        acked = None
+        while c.state == "paused":   # a loop: a new pause may land right after a resume
             cmd = c.state_command
-            log.warning("rlwatch: run %s paused at step %s (%s); waiting for resume",
-                        self.run_id, self.last_step, cmd.reason if cmd else "")
-            c.ack(cmd, "applied", f"paused at step {self.last_step}")
+            if cmd is not acked:
+                log.warning("rlwatch: run %s paused at step %s (%s); waiting for resume",
+                            self.run_id, self.last_step, cmd.reason if cmd else "")
+                c.ack(cmd, "applied", f"paused at step {self.last_step}")
+                acked = cmd
             if not c.wait_resumed(self.pause_timeout):
                 c.ack(cmd, "timeout", f"pause timed out after {self.pause_timeout}s; continuing")
                 log.warning("rlwatch: pause timed out after %ss; continuing", self.pause_timeout)
                 return
+            c.changed = False
+            self._apply_one_shots(c)
             if c.state == "running":
                 c.ack(c.state_command, "applied", f"resumed at step {self.last_step}")
                 log.warning("rlwatch: run %s resumed", self.run_id)
-            c.changed = False
-            for cmd in c.take_one_shots():
-                self._apply_one_shot(cmd)
         if c.state == "stopped":
             c.ack(c.state_command, "applied", f"stopped at step {self.last_step}")
             raise TrainingStopped(c.state_command)
+
+    def _apply_one_shots(self, c) -> None:
+        for cmd in c.take_one_shots():
+            self._apply_one_shot(cmd)
 
     def _apply_one_shot(self, cmd: Command) -> None:
         handler = {"adjust": self.on_adjust, "rollback": self.on_rollback}.get(cmd.action)
@@ -200,6 +205,10 @@ class Monitor:
             self.control.ack(cmd, "failed", str(exc))
             return
         self.applied.append(cmd)
+        if cmd.action == "rollback":
+            # the steps after the checkpoint will be trained again: a new generation tells the
+            # monitor that they are not duplicates
+            self.tags["generation"] = str(int(self.tags.get("generation", "0")) + 1)
         self.control.ack(cmd, "applied")
 
     # -- lifetime -------------------------------------------------------------------------------

@@ -112,7 +112,11 @@ def cmd_rules(args) -> int:
     from rules.loader import RuleFileError, load_pack
 
     if args.rules_cmd == "list":
-        pack = load_pack(args.rules or "rlhf")
+        try:
+            pack = load_pack(args.rules or "rlhf")
+        except RuleFileError as exc:
+            print(exc, file=sys.stderr)
+            return 1
         for r in pack.rules:
             tiers = "/".join(t.severity for t in r.tiers)
             print(f"{r.id:28s} {tiers:22s} {r.title}")

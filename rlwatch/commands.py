@@ -101,7 +101,7 @@ class RunControl(BaseModel):
 
 
 def next_state(current: str, action: str) -> str:
-    """The run state after ``action``. A stopped run stays stopped."""
-    if current == "stopped":
-        return "stopped"
+    """The run state after ``action``. A stopped run stays stopped until resumed."""
+    if current == "stopped":   # only an explicit resume (an operator relaunching) clears a stop
+        return "running" if action == "resume" else "stopped"
     return {"pause": "paused", "resume": "running", "stop": "stopped"}.get(action, current)

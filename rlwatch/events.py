@@ -67,7 +67,10 @@ def _number(value: Any, where: str) -> float:
     if isinstance(value, bool):
         raise ValueError(f"{where} must be a number, got a boolean")
     if isinstance(value, (int, float)):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError(f"{where} is an integer too large for a float") from None
     if isinstance(value, str):
         special = _NONFINITE_IN.get(value.strip().lower())
         if special is not None:
@@ -115,8 +118,12 @@ class _Base(BaseModel):
     def _finite_ts(cls, v: Any) -> Any:
         if v is None:
             return v
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ValueError(f"must be a finite number of seconds since the epoch, got {v!r}")
+        try:
+            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+        except OverflowError:
+            ok = False
+        if not ok:
+            raise ValueError(f"must be a finite number of seconds since the epoch, got {str(v)[:40]!r}")
         return v
 
 
@@ -250,6 +257,8 @@ def parse_event(raw: bytes | str | dict, received_at: float) -> StepEvent | Samp
             raw = json.loads(raw)
         except (json.JSONDecodeError, RecursionError) as exc:
             raise EventError(f"bad JSON: {exc}") from None
+        except ValueError as exc:   # e.g. an integer with more digits than Python converts
+            raise EventError(f"bad JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise EventError(f"an event must be a JSON object, got {type(raw).__name__}")
     if "schema" not in raw:
@@ -260,6 +269,8 @@ def parse_event(raw: bytes | str | dict, received_at: float) -> StepEvent | Samp
         event = _EVENT.validate_python(raw)
     except ValidationError as exc:
         raise EventError(_explain(exc)) from None
+    except (OverflowError, ValueError, TypeError) as exc:   # anything the validators missed
+        raise EventError(f"invalid event: {exc}") from None
     if event.ts is None:
         event.ts = received_at
     return event

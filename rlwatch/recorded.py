@@ -127,6 +127,9 @@ def iter_json_lines(text: str) -> Iterator[Item]:
         except json.JSONDecodeError as exc:
             yield n, f"bad JSON: {exc.msg}"
             continue
+        except ValueError as exc:   # e.g. an integer with more digits than Python converts
+            yield n, f"bad JSON: {exc}"
+            continue
         if not isinstance(rec, dict):
             yield n, "a line must be a JSON object"
             continue

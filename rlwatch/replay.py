@@ -57,7 +57,7 @@ def iter_records(path: Path) -> Iterator[tuple[int, dict | str]]:
         return
     from rlwatch.recorded import normalise_record
 
-    text = path.read_text()
+    text = path.read_text(errors="replace")
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -65,6 +65,9 @@ def iter_records(path: Path) -> Iterator[tuple[int, dict | str]]:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             yield n, f"bad JSON: {exc.msg}"
+            continue
+        except ValueError as exc:
+            yield n, f"bad JSON: {exc}"
             continue
         if isinstance(rec, dict) and not {"step", "kind", "schema"} & rec.keys():
             rec = normalise_record(rec) or rec  # W&B history lines: _step, global_step

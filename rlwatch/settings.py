@@ -30,7 +30,7 @@ SECRET_FIELDS = {"slack_webhook", "slack_token", "webhook_secret", "control_secr
 URL_FIELDS = {"redis", "kafka", "alertmanager_url", "pagerduty_url", "slack_api_url", "public_url"}
 
 
-def _mask_userinfo(url: str) -> str:
+def mask_url(url: str) -> str:
     import re
 
     return re.sub(r"(?<=://)([^/@:\s]*)(:[^/@\s]*)?@", lambda m: (m.group(1) + ":***@") if m.group(2)
@@ -91,7 +91,7 @@ class Settings:
             if f.name in SECRET_FIELDS and v:
                 v = "***"
             elif f.name in URL_FIELDS and isinstance(v, str):
-                v = _mask_userinfo(v)
+                v = mask_url(v)
             out[f.name] = v
         return out
 

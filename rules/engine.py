@@ -78,7 +78,9 @@ class RunRules:
                     st = states[key] = AlertState()
                 if verdict.holds:
                     st.value, st.threshold, st.metric = verdict.value, verdict.threshold, verdict.metric
-                    st.rank = verdict.rank
+                    if st.status != "firing":
+                        st.rank = verdict.rank   # the alert keeps the rank it fired for
+                was_escalated = st.escalated
                 change = advance(st, verdict.holds, step, ts, for_steps=tier.for_,
                                  for_seconds=tier.for_seconds, keep_firing_for=tier.keep_firing_for,
                                  escalate_after=tier.escalate_after)
@@ -92,6 +94,11 @@ class RunRules:
                 out.append(self._alert(rule, tier, severity, st, verdict, view, step, ts, rank,
                                        params, "resolved" if change == "resolved" else "firing",
                                        checkpoint_before, escalated=change == "escalated"))
+                if change == "resolved" and was_escalated:
+                    # the escalated alert has its own fingerprint: resolve it too
+                    up = SEVERITIES[min(SEVERITIES.index(severity) + 1, len(SEVERITIES) - 1)]
+                    out.append(self._alert(rule, tier, up, st, verdict, view, step, ts, rank,
+                                           params, "resolved", checkpoint_before, escalated=False))
                 if st.status == "inactive":
                     del states[key]
         return out
@@ -104,10 +111,12 @@ class RunRules:
         metric = st.metric if st.metric is not None else verdict.metric
         if st.rank is not None:
             rank = st.rank   # a cross-rank check names the rank it is about
-        fields = dict(value=value, threshold=threshold, onset_step=st.onset_step, step=step,
-                      run_id=self.run_id, rank=rank, tier=severity, metric=metric,
-                      detail=verdict.detail or "", rule=rule.id, **params,
-                      **{f"target_{k}": v for k, v in self.targets.items()})
+        # parameters and targets first: the alert's own fields win over a parameter that
+        # happens to share their name (a rule may call a parameter "threshold")
+        fields = {**params, **{f"target_{k}": v for k, v in self.targets.items()},
+                  "value": value, "threshold": threshold, "onset_step": st.onset_step,
+                  "step": step, "run_id": self.run_id, "rank": rank, "tier": severity,
+                  "metric": metric, "detail": verdict.detail or "", "rule": rule.id}
         summary = render(rule.summary, **fields)
         if verdict.detail and state == "firing":
             summary = f"{summary} ({verdict.detail})"

@@ -37,6 +37,7 @@ __all__ = ["build_app", "ensure_topics"]
 log = logging.getLogger("rlwatch.worker")
 
 FLUSH_SECONDS = 1.0
+MAX_STATE_BYTES = 900_000   # under Kafka's default 1 MB message limit
 PARTITIONS = 4   # the events topic and the run table are co-partitioned by run_id
 
 
@@ -97,7 +98,12 @@ class RunStates:
         for run_id in list(self.dirty):
             st = self.cache.get(run_id)
             if st is not None:
-                self.table[run_id.encode()] = json.dumps(st.to_state(), allow_nan=True).encode()
+                value = json.dumps(st.to_state(), allow_nan=True).encode()
+                if len(value) > MAX_STATE_BYTES:
+                    log.error("rlwatch: state of run %s is %d bytes, over %d: kept in memory "
+                              "only (a restart loses it)", run_id, len(value), MAX_STATE_BYTES)
+                    continue
+                self.table[run_id.encode()] = value
                 n += 1
         self.dirty.clear()
         return n
@@ -128,6 +134,9 @@ def build_app(settings: Settings, observer=None) -> faust.App:
         key_serializer="raw",
         value_serializer="raw",
         table_cleanup_interval=60.0,
+        # the liveness timer walks the table's local keys: without standby replicas those are
+        # only the runs this worker owns
+        table_standby_replicas=0,
     )
     processor = Processor(load_pack(settings.rules))
     events = app.topic(settings.events_topic, key_type=bytes, value_type=bytes)
@@ -172,7 +181,17 @@ def build_app(settings: Settings, observer=None) -> faust.App:
             if observer is not None:
                 observer.observe_event(event)
             st = states.get(event.run_id)
-            alerts = processor.process(st, event, now)
+            try:
+                alerts = processor.process(st, event, now)
+            except Exception as exc:  # noqa: BLE001 - one bad event must not stop the worker
+                counters["dlq"] += 1
+                log.exception("rlwatch: processing an event of run %s failed; sent to %s",
+                              event.run_id, settings.dlq_topic)
+                await dlq.send(key=key, value=json.dumps(
+                    {"reason": f"processing failed: {type(exc).__name__}: {exc}", "ts": now,
+                     "key": event.run_id, "raw": raw.decode("utf-8", "replace")[:100_000]
+                     if isinstance(raw, bytes) else str(raw)[:100_000]}).encode())
+                continue
             states.touch(event.run_id)
             if alerts:
                 states.flush()

@@ -21,7 +21,7 @@ from rules.conditions import leaves
 from rules.engine import RuleEngine, RunRules
 from rules.schema import Pack, Rule
 from streams import stats as S
-from streams.run import RunState, dist_value, sample_value
+from streams.run import MAX_LATEST_METRICS, RunState, dist_value, sample_value
 
 __all__ = ["Pipeline", "Processor", "TARGET_TAG_PREFIX"]
 
@@ -179,6 +179,14 @@ class Processor:
             elif c.groups is not None:
                 group_keys.add((c.groups, c.window))
         self.bank_keys = sorted(bank_keys, key=str)
+        # ranks other than 0 only need the signals of rules that watch every rank
+        each = set()
+        for r in self.engine.rules:
+            if r.scope == "each_rank":
+                for t in r.tiers:
+                    each.update((c.metric, c.signal, c.window, c.cycle_metric, c.smooth)
+                                for c in leaves(t.when) if c.metric is not None)
+        self.rank_bank_keys = sorted(each, key=str)
         self.rank_metrics = sorted(rank_metrics)
         self.dist_keys = sorted(dist_keys, key=str)
         self.corr_keys = sorted(corr_keys)
@@ -189,10 +197,10 @@ class Processor:
 
     # -- state ----------------------------------------------------------------------------------
     def new_state(self, run_id: str) -> RunState:
-        return RunState(run_id, self.bank_keys, self.rank_metrics)
+        return RunState(run_id, self.bank_keys, self.rank_metrics, self.rank_bank_keys)
 
     def load_state(self, data: dict) -> RunState:
-        return RunState.from_state(data, self.bank_keys, self.rank_metrics)
+        return RunState.from_state(data, self.bank_keys, self.rank_metrics, self.rank_bank_keys)
 
     def rules_for(self, state: RunState) -> RunRules:
         key = (state.run_id, tuple(sorted(state.targets.items())))
@@ -208,6 +216,9 @@ class Processor:
         """Apply one validated event; return the alerts whose state changed."""
         ts = event.ts if event.ts is not None else now
         state.now_ts = ts
+        gen = event.tags.get("generation") if event.tags else None
+        if gen is not None and gen.isdigit() and int(gen) > state.generation:
+            state.new_generation(int(gen))   # the run rolled back: its steps start over
         fresh = state.seen(event.rank, event.step, ts, event.kind)
         self._take_tags(state, event.tags)
         if isinstance(event, CheckpointEvent):
@@ -227,10 +238,17 @@ class Processor:
     def _step(self, state: RunState, event: StepEvent, ts: float, now: float) -> list[Alert]:
         state.metrics, state.dists = event.metrics, event.dists
         state.groups_step = event.groups
-        state.bank(event.rank).update(event.metrics)
+        if event.rank == 0 or self.rank_bank_keys:
+            state.bank(event.rank).update(event.metrics)
         alerts: list[Alert] = []
         if event.rank == 0:
-            state.latest_metrics.update(event.metrics)
+            latest = state.latest_metrics
+            if len(latest) + len(event.metrics) <= MAX_LATEST_METRICS:
+                latest.update(event.metrics)
+            else:   # nearly full: known names stay current, new ones only while there is room
+                for k, v in event.metrics.items():
+                    if k in latest or len(latest) < MAX_LATEST_METRICS:
+                        latest[k] = v
             state.update_step_derivatives(event, self.dist_keys, self.corr_keys, self.group_keys)
         alerts += self._evaluate(state, "step", event.rank, event.step, ts, now)
         for step in state.take_rank_values(event):

@@ -25,6 +25,7 @@ __all__ = ["RunState"]
 MAX_CHECKPOINTS = 64
 MAX_PROMPTS = 2000
 MAX_PENDING_STEPS = 8
+MAX_LATEST_METRICS = 512   # metric names remembered per run (a run logging ever new names)
 GROUP_TREND_EVERY = 10
 
 
@@ -33,15 +34,18 @@ def _finite(xs: list[float]) -> list[float]:
 
 
 class RunState:
-    def __init__(self, run_id: str, bank_keys: list[SignalKey], rank_metrics: list[str]):
+    def __init__(self, run_id: str, bank_keys: list[SignalKey], rank_metrics: list[str],
+                 rank_bank_keys: list[SignalKey] | None = None):
         self.run_id = run_id
         self.bank_keys = bank_keys
+        self.rank_bank_keys = rank_bank_keys or []
         self.rank_metrics = rank_metrics
         self.banks: dict[int, SignalBank] = {}
         self.alerts: dict[str, Any] = {}          # key -> rules.state.AlertState
         self.checkpoints: list[tuple[int, str]] = []
         self.last_step: dict[int, int] = {}
         self.last_other: dict[str, dict[int, int]] = {}   # samples: rank -> last step
+        self.generation = 0        # bumped by the SDK after each rollback
         self.last_seen: dict[int, float] = {}
         self.last_event_ts: float = math.nan
         self.world_size: int = 1
@@ -69,7 +73,7 @@ class RunState:
     def bank(self, rank: int) -> SignalBank:
         b = self.banks.get(rank)
         if b is None:
-            b = self.banks[rank] = SignalBank(self.bank_keys)
+            b = self.banks[rank] = SignalBank(self.bank_keys if rank == 0 else self.rank_bank_keys)
         return b
 
     def seen(self, rank: int, step: int, ts: float, kind: str = "step") -> bool:
@@ -85,6 +89,15 @@ class RunState:
             return False
         book[rank] = step
         return True
+
+    def new_generation(self, generation: int) -> None:
+        """The run rolled back to a checkpoint: forget the steps seen and the open alerts
+        (their conditions are evaluated afresh on the re-trained steps)."""
+        self.generation = generation
+        self.last_step.clear()
+        self.last_other.clear()
+        self.pending.clear()
+        self.alerts.clear()
 
     def add_checkpoint(self, step: int, path: str) -> None:
         self.checkpoints.append((step, path))
@@ -132,6 +145,7 @@ class RunState:
             "last_seen": {str(k): v for k, v in self.last_seen.items()},
             "last_event_ts": None if math.isnan(self.last_event_ts) else self.last_event_ts,
             "world_size": self.world_size,
+            "generation": self.generation,
             "targets": self.targets,
             "tags": self.tags,
             "events": self.events,
@@ -145,10 +159,11 @@ class RunState:
         }
 
     @classmethod
-    def from_state(cls, state: dict, bank_keys: list[SignalKey], rank_metrics: list[str]) -> "RunState":
+    def from_state(cls, state: dict, bank_keys: list[SignalKey], rank_metrics: list[str],
+                   rank_bank_keys: list[SignalKey] | None = None) -> "RunState":
         from rules.state import AlertState
 
-        rs = cls(state["run_id"], bank_keys, rank_metrics)
+        rs = cls(state["run_id"], bank_keys, rank_metrics, rank_bank_keys)
         for r, b in state.get("banks", {}).items():
             rs.bank(int(r)).load(b)
         rs.alerts = {k: AlertState.from_state(v) for k, v in state.get("alerts", {}).items()}
@@ -160,6 +175,7 @@ class RunState:
         ts = state.get("last_event_ts")
         rs.last_event_ts = math.nan if ts is None else ts
         rs.world_size = state.get("world_size", 1)
+        rs.generation = state.get("generation", 0)
         rs.targets = state.get("targets", {})
         rs.tags = state.get("tags", {})
         rs.events = state.get("events", 0)

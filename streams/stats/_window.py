@@ -3,12 +3,12 @@ statistics (private)."""
 
 from __future__ import annotations
 
-import math
 from collections import deque
+from collections.abc import Sequence
 from itertools import islice
 from typing import Any
 
-from .base import Statistic, check_int
+from .base import Statistic, as_float, check_int
 
 
 class _LazyWindow(Statistic):
@@ -41,26 +41,36 @@ class _LazyWindow(Statistic):
         self._read = False  # a result was read since the last update (see update)
 
     def update(self, x: float) -> None:
+        # Statistic.update with _add inlined (this is the hot path of every windowed statistic)
         if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
+            x = as_float(x)
         if x - x != 0.0:
             self.n_skipped += 1
             return
         buf = self._buf
         buf.append(x)
-        if len(buf) > self._limit:
+        n = len(buf)
+        if self._read and n - 1 == self._synced:  # read after every update: advance now
+            self._read = False
+            self._synced = self._step(x, n - 1)
+        elif n > self._limit:
             self._trim()
 
-    def _push(self, x: float) -> None:
-        """``update`` for an already checked finite float."""
-        buf = self._buf
-        buf.append(x)
-        if len(buf) > self._limit:
-            self._trim()
+    #: ``update`` for a value already known to be a finite float (the check is then a no-op)
+    _push = update
 
+    # -- to be provided by subclasses ---------------------------------------------------------
+    def _step(self, x: float, size: int) -> int:  # pragma: no cover - abstract
+        """Add ``x`` to summaries of the first ``size`` values of ``_buf``; if ``size`` is the
+        full window, drop the oldest (``_buf.popleft()``) from them. Return the new size. The
+        one incremental step, used by both the eager and the deferred path."""
+        raise NotImplementedError
+
+    def _rebuild(self) -> None:  # pragma: no cover - abstract
+        """Summaries from scratch, from ``_buf`` (which then holds exactly the window)."""
+        raise NotImplementedError
+
+    # -- shared mechanics ---------------------------------------------------------------------
     def _trim(self) -> None:
         """Too many values since the last read: keep the window, rebuild on the next read."""
         buf = self._buf
@@ -76,12 +86,30 @@ class _LazyWindow(Statistic):
             return [buf[i] for i in range(-p, 0)]
         return list(buf)[self._synced :]
 
-    def _front(self, size: int) -> list[float]:
+    def _front(self, size: int) -> Sequence[float]:
         """The first ``size`` values of ``_buf`` (the window at a step of a replay)."""
-        return list(islice(self._buf, size))
+        buf = self._buf
+        return buf if len(buf) == size else list(islice(buf, size))
 
-    def _sync(self) -> None:  # pragma: no cover - overridden
-        self._synced = len(self._buf)
+    def _sync(self) -> None:
+        """Bring the summaries up to date: replay the new values, or rebuild from the window."""
+        buf = self._buf
+        size = self._synced
+        if size < 0:  # values were dropped unseen: rebuild from the window
+            while len(buf) > self.window:
+                buf.popleft()
+            self._rebuild()
+        elif len(buf) > size:
+            step = self._step
+            for x in self._new_values():
+                size = step(x, size)
+        self._synced = len(buf)
+
+    def _ready(self) -> None:
+        """Before a read: note it (see ``update``) and bring the summaries up to date."""
+        self._read = True
+        if len(self._buf) != self._synced:
+            self._sync()
 
     @property
     def n(self) -> int:

@@ -138,11 +138,26 @@ class Stateful:
 
 
 class Statistic(Stateful):
-    """A statistic over a stream of floats. See the module docstring for the contract."""
+    """A statistic over a stream of floats. See the module docstring for the contract.
+
+    ``update`` is the one place that coerces the input, skips non-finite values and counts them
+    in ``n_skipped``; subclasses implement ``_add(x)``, called with finite floats only. (The
+    hottest windowed statistics override ``update`` with the same check inlined, to save a call
+    per value: see ``_window._LazyWindow.update``.)
+    """
 
     __slots__ = ()
 
-    def update(self, x: float) -> None:  # pragma: no cover - abstract
+    def update(self, x: float) -> None:
+        if type(x) is not float:
+            x = as_float(x)
+        if x - x != 0.0:  # NaN or +/-inf
+            self.n_skipped += 1
+            return
+        self._add(x)
+
+    def _add(self, x: float) -> None:  # pragma: no cover - abstract
+        """``update`` for a finite float."""
         raise NotImplementedError
 
     def get(self) -> float:  # pragma: no cover - abstract

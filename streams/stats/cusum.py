@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ._detector import _ChangeDetector
 from ._num import scale_floor
-from .base import Statistic, check_float, check_int
+from .base import check_float, check_int
 
 __all__ = ["Cusum"]
 
 
-class Cusum(Statistic):
+class Cusum(_ChangeDetector):
     """Tabular two-sided CUSUM (Page 1954) on values standardized against a learned baseline.
 
     After each (re)start the first ``warmup`` values estimate the in-control mean ``mu`` and
@@ -39,31 +40,14 @@ class Cusum(Statistic):
     [40]
     """
 
-    __slots__ = (
-        "k",
-        "h",
-        "warmup",
-        "detected",
-        "change_count",
-        "last_direction",
-        "_n",
-        "_wmean",
-        "_wm2",
-        "_mu",
-        "_sigma",
-        "_hi",
-        "_lo",
-    )
+    __slots__ = ("k", "h", "warmup", "_n", "_wmean", "_wm2", "_mu", "_sigma", "_hi", "_lo")
+    _STATE = ("n", "wmean", "wm2", "mu", "sigma", "hi", "lo")
 
     def __init__(self, k: float = 0.5, h: float = 5.0, warmup: int = 30):
         self.k = check_float("k", k, low=0.0)
         self.h = check_float("h", h, low=0.0, low_open=True)
         self.warmup = check_int("warmup", warmup, 2)
-        self.n_skipped = 0
-        self.detected = False
-        self.change_count = 0
-        self.last_direction = 0
-        self._restart()
+        super().__init__()
 
     def _restart(self) -> None:
         self._n = 0  # values since the restart
@@ -74,15 +58,7 @@ class Cusum(Statistic):
         self._hi = 0.0
         self._lo = 0.0
 
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
+    def _add(self, x: float) -> None:
         self.detected = False
         n = self._n + 1
         self._n = n
@@ -101,13 +77,7 @@ class Cusum(Statistic):
         self._hi = hi = hi if hi > 0.0 else 0.0
         self._lo = lo = lo if lo > 0.0 else 0.0
         if hi > self.h or lo > self.h:
-            self.detected = True
-            self.change_count += 1
-            self.last_direction = 1 if hi >= lo else -1
-            self._restart()
-
-    def get(self) -> float:
-        return 1.0 if self.detected else 0.0
+            self._alarm(1 if hi >= lo else -1)
 
     @property
     def statistic(self) -> float:
@@ -124,29 +94,3 @@ class Cusum(Statistic):
 
     def _params(self) -> dict[str, Any]:
         return {"k": self.k, "h": self.h, "warmup": self.warmup}
-
-    def _dump(self) -> dict[str, Any]:
-        return {
-            "detected": self.detected,
-            "change_count": self.change_count,
-            "last_direction": self.last_direction,
-            "n": self._n,
-            "wmean": self._wmean,
-            "wm2": self._wm2,
-            "mu": self._mu,
-            "sigma": self._sigma,
-            "hi": self._hi,
-            "lo": self._lo,
-        }
-
-    def _load(self, state: dict[str, Any]) -> None:
-        self.detected = bool(state["detected"])
-        self.change_count = state["change_count"]
-        self.last_direction = state["last_direction"]
-        self._n = state["n"]
-        self._wmean = state["wmean"]
-        self._wm2 = state["wm2"]
-        self._mu = state["mu"]
-        self._sigma = state["sigma"]
-        self._hi = state["hi"]
-        self._lo = state["lo"]

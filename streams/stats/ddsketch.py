@@ -82,15 +82,7 @@ class DDSketch(Statistic):
         self._neg_floor: int | None = None
 
     # -- updates -------------------------------------------------------------------------------
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
+    def _add(self, x: float) -> None:
         self._count += 1
         if x < self._min:
             self._min = x

@@ -59,15 +59,7 @@ class EMA(Statistic):
         self._c = math.nan
         self._pow = 1.0  # (1 - alpha) ** n
 
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
+    def _add(self, x: float) -> None:
         self.n += 1
         c = self._c
         p = self._pow

@@ -6,9 +6,9 @@ import math
 from collections import deque
 from typing import Any
 
-from ._num import INF, TINY, exact_sum
+from ._num import TINY
 from .base import check_float, check_int
-from .rolling_mean import _CHECK, RollingMean
+from .rolling_mean import RollingMean
 
 __all__ = ["Flatline"]
 
@@ -45,39 +45,16 @@ class Flatline(RollingMean):
         self._qmax: deque[tuple[int, float]] = deque()
         self._qmin: deque[tuple[int, float]] = deque()
 
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
-        buf = self._buf
-        buf.append(x)
-        n = len(buf)
-        if self._read and n - 1 == self._synced:  # read after every update: advance now
-            self._read = False
+    def _step(self, x: float, size: int) -> int:
+        self._advance(x)
+        return RollingMean._step(self, x, size)
+
+    def _rebuild(self) -> None:
+        self._qmax.clear()
+        self._qmin.clear()
+        for x in self._buf:
             self._advance(x)
-            # the running sum, exactly as RollingMean.update does it
-            if n > self.window:
-                d = x - buf.popleft()
-                s = self._sum + d
-                err = self._err + (abs(s) + abs(d))
-                n -= 1
-            else:
-                s = self._sum + x
-                err = self._err + abs(s)
-            if err <= _CHECK * abs(s) and err < INF:
-                self._sum = s
-                self._err = err
-            else:
-                self._sum = s = exact_sum(buf)
-                self._err = abs(s)
-            self._synced = n
-        elif n > self._limit:
-            self._trim()
+        RollingMean._rebuild(self)
 
     def _advance(self, x: float) -> None:
         """Push one new value on the monotonic deques of ``(index, value)``."""
@@ -96,32 +73,6 @@ class Flatline(RollingMean):
         if q[0][0] <= first:
             q.popleft()
         self._i = i + 1
-
-    def _ready(self) -> None:
-        self._read = True
-        if len(self._buf) != self._synced:
-            self._sync()
-
-    def _sync(self) -> None:
-        buf = self._buf
-        synced = self._synced
-        n = len(buf)
-        if n == synced:
-            return
-        w = self.window
-        qmax = self._qmax
-        qmin = self._qmin
-        if synced < 0:  # values were dropped unseen: rebuild the deques from the window
-            qmax.clear()
-            qmin.clear()
-            new = list(buf)[-w:]
-        elif n - synced == 1:
-            new = (buf[-1],)
-        else:
-            new = self._new_values()
-        for x in new:
-            self._advance(x)
-        RollingMean._sync(self)
 
     @property
     def max(self) -> float:

@@ -56,15 +56,7 @@ class MannKendall(Statistic):
         self._tp = 0  # sum over tie groups of t(t-1)/2
         self._slope: float | None = None
 
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
+    def _add(self, x: float) -> None:
         buf = self._buf
         s = self._sorted
         self._slope = None

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from .base import Statistic, check_float, check_int
+from ._detector import _ChangeDetector
+from .base import check_float, check_int
 
 __all__ = ["PageHinkley"]
 
 _DIRECTIONS = ("both", "up", "down")
 
 
-class PageHinkley(Statistic):
+class PageHinkley(_ChangeDetector):
     """Page-Hinkley test for a change in the mean (as in River's ``drift.PageHinkley``).
 
     With ``mean_t`` the running mean since the last reset and ``dev_t = x_t - mean_t``:
@@ -40,9 +40,6 @@ class PageHinkley(Statistic):
         "threshold",
         "direction",
         "min_instances",
-        "detected",
-        "change_count",
-        "last_direction",
         "_n",
         "_mean",
         "_up",
@@ -50,6 +47,7 @@ class PageHinkley(Statistic):
         "_down",
         "_down_max",
     )
+    _STATE = ("n", "mean", "up", "up_min", "down", "down_max")
 
     def __init__(
         self,
@@ -64,13 +62,9 @@ class PageHinkley(Statistic):
             raise ValueError(f"direction must be one of {_DIRECTIONS}, got {direction!r}")
         self.direction = direction
         self.min_instances = check_int("min_instances", min_instances, 1)
-        self.n_skipped = 0
-        self.detected = False
-        self.change_count = 0
-        self.last_direction = 0
-        self._reset()
+        super().__init__()
 
-    def _reset(self) -> None:
+    def _restart(self) -> None:
         self._n = 0
         self._mean = 0.0
         self._up = 0.0
@@ -78,15 +72,7 @@ class PageHinkley(Statistic):
         self._down = 0.0
         self._down_max = 0.0
 
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
+    def _add(self, x: float) -> None:
         self.detected = False
         n = self._n + 1
         self._n = n
@@ -109,13 +95,7 @@ class PageHinkley(Statistic):
             if self._down_max - d > self.threshold:
                 hit = -1
         if hit and n >= self.min_instances:
-            self.detected = True
-            self.change_count += 1
-            self.last_direction = hit
-            self._reset()
-
-    def get(self) -> float:
-        return 1.0 if self.detected else 0.0
+            self._alarm(hit)
 
     def _params(self) -> dict[str, Any]:
         return {
@@ -124,27 +104,3 @@ class PageHinkley(Statistic):
             "direction": self.direction,
             "min_instances": self.min_instances,
         }
-
-    def _dump(self) -> dict[str, Any]:
-        return {
-            "detected": self.detected,
-            "change_count": self.change_count,
-            "last_direction": self.last_direction,
-            "n": self._n,
-            "mean": self._mean,
-            "up": self._up,
-            "up_min": self._up_min,
-            "down": self._down,
-            "down_max": self._down_max,
-        }
-
-    def _load(self, state: dict[str, Any]) -> None:
-        self.detected = bool(state["detected"])
-        self.change_count = state["change_count"]
-        self.last_direction = state["last_direction"]
-        self._n = state["n"]
-        self._mean = state["mean"]
-        self._up = state["up"]
-        self._up_min = state["up_min"]
-        self._down = state["down"]
-        self._down_max = state["down_max"]

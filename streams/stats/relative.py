@@ -10,7 +10,49 @@ from .rolling_minmax import RollingMax, RollingMin
 __all__ = ["RelativeDrop", "RelativeRise"]
 
 
-class RelativeDrop(RollingMax):
+class _Relative:
+    """Shared mechanics of :class:`RelativeDrop` and :class:`RelativeRise` (a mixin over a
+    ``_RollingExtremum``): the newest value's distance from the window's extremum, relative to
+    the extremum's magnitude, signed by the extremum's ``_sign`` so that it is >= 0."""
+
+    __slots__ = ()
+
+    def __init__(self, window: int):
+        super().__init__(window)  # type: ignore[call-arg]
+        self._last = math.nan
+
+    def _add(self, x: float) -> None:
+        super()._add(x)  # type: ignore[misc]
+        self._last = x
+
+    @property
+    def last(self) -> float:
+        return self._last
+
+    def get(self) -> float:
+        q = self._q
+        if not q:
+            return math.nan
+        ext = q[0][1]
+        if ext == 0.0:
+            return math.nan
+        hi, lo = (ext, self._last) if self._sign > 0 else (self._last, ext)
+        r = (hi - lo) / abs(ext)
+        if r - r != 0.0:  # hi - lo overflowed
+            r = hi / abs(ext) - lo / abs(ext)
+        return r
+
+    def _dump(self) -> dict[str, Any]:
+        d = super()._dump()  # type: ignore[misc]
+        d["last"] = self._last
+        return d
+
+    def _load(self, state: dict[str, Any]) -> None:
+        super()._load(state)  # type: ignore[misc]
+        self._last = state["last"]
+
+
+class RelativeDrop(_Relative, RollingMax):
     """Fraction by which the newest value is below the maximum of the last ``window`` values.
 
     ``(peak - x) / |peak|``: 0.6 means the newest value is 60% below the window's peak; 0 means
@@ -29,45 +71,12 @@ class RelativeDrop(RollingMax):
 
     __slots__ = ("_last",)
 
-    def __init__(self, window: int):
-        super().__init__(window)
-        self._last = math.nan
-
-    def _push(self, x: float) -> None:
-        RollingMax._push(self, x)
-        self._last = x
-
     @property
     def peak(self) -> float:
         return RollingMax.get(self)
 
-    @property
-    def last(self) -> float:
-        return self._last
 
-    def get(self) -> float:
-        q = self._q
-        if not q:
-            return math.nan
-        peak = q[0][1]
-        if peak == 0.0:
-            return math.nan
-        r = (peak - self._last) / abs(peak)
-        if r - r != 0.0:  # peak - x overflowed
-            r = peak / abs(peak) - self._last / abs(peak)
-        return r
-
-    def _dump(self) -> dict[str, Any]:
-        d = super()._dump()
-        d["last"] = self._last
-        return d
-
-    def _load(self, state: dict[str, Any]) -> None:
-        super()._load(state)
-        self._last = state["last"]
-
-
-class RelativeRise(RollingMin):
+class RelativeRise(_Relative, RollingMin):
     """Fraction by which the newest value is above the minimum of the last ``window`` values.
 
     ``(x - trough) / |trough|``: 1.5 means the newest value is 150% above the window's trough.
@@ -84,39 +93,6 @@ class RelativeRise(RollingMin):
 
     __slots__ = ("_last",)
 
-    def __init__(self, window: int):
-        super().__init__(window)
-        self._last = math.nan
-
-    def _push(self, x: float) -> None:
-        RollingMin._push(self, x)
-        self._last = x
-
     @property
     def trough(self) -> float:
         return RollingMin.get(self)
-
-    @property
-    def last(self) -> float:
-        return self._last
-
-    def get(self) -> float:
-        q = self._q
-        if not q:
-            return math.nan
-        trough = q[0][1]
-        if trough == 0.0:
-            return math.nan
-        r = (self._last - trough) / abs(trough)
-        if r - r != 0.0:
-            r = self._last / abs(trough) - trough / abs(trough)
-        return r
-
-    def _dump(self) -> dict[str, Any]:
-        d = super()._dump()
-        d["last"] = self._last
-        return d
-
-    def _load(self, state: dict[str, Any]) -> None:
-        super()._load(state)
-        self._last = state["last"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from ._num import EPS, INF, RECOMPUTE_TOL, exact_mean, exact_sum
@@ -44,72 +45,31 @@ class RollingMean(_LazyWindow):
         self._sum = 0.0
         self._err = 0.0  # sum of |partial sums| (+ |differences|) since the last exact sum
 
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
-        buf = self._buf
-        buf.append(x)
-        n = len(buf)
-        if self._read and n - 1 == self._synced:  # read after every update: advance now
-            self._read = False
-            if n > self.window:
-                d = x - buf.popleft()
-                s = self._sum + d
-                err = self._err + (abs(s) + abs(d))
-                n -= 1
-            else:
-                s = self._sum + x
-                err = self._err + abs(s)
-            if err <= _CHECK * abs(s) and err < INF:
-                self._sum = s
-                self._err = err
-            else:
-                self._sum = s = exact_sum(buf)
-                self._err = abs(s)  # the correctly rounded sum is off by up to eps * |sum|
-            self._synced = n
-        elif n > self._limit:
-            self._trim()
-
-    def _sync(self) -> None:
-        buf = self._buf
-        synced = self._synced
-        w = self.window
-        n = len(buf)
-        if synced < 0:  # values were dropped unseen: rebuild from the window
-            while len(buf) > w:
-                buf.popleft()
-            self._sum = s = exact_sum(buf)
-            self._err = abs(s)
-        elif n > synced:
-            size = synced
-            s = self._sum
-            err = self._err
-            for x in self._new_values():
-                if size == w:
-                    d = x - buf.popleft()
-                    s += d
-                    err += abs(s) + abs(d)
-                else:
-                    size += 1
-                    s += x
-                    err += abs(s)
-                if not (err <= _CHECK * abs(s) and err < INF):
-                    s = exact_sum(self._front(size))
-                    err = abs(s)  # the correctly rounded sum is off by up to eps * |sum|
+    def _step(self, x: float, size: int) -> int:
+        if size == self.window:
+            d = x - self._buf.popleft()
+            s = self._sum + d
+            err = self._err + (abs(s) + abs(d))
+        else:
+            size += 1
+            s = self._sum + x
+            err = self._err + abs(s)
+        if err <= _CHECK * abs(s) and err < INF:
             self._sum = s
             self._err = err
-        self._synced = len(buf)
+        else:
+            self._exact_sum(self._front(size))
+        return size
+
+    def _exact_sum(self, vals: Sequence[float]) -> None:
+        self._sum = s = exact_sum(vals)
+        self._err = abs(s)  # the correctly rounded sum is off by up to eps * |sum|
+
+    def _rebuild(self) -> None:
+        self._exact_sum(self._buf)
 
     def get(self) -> float:
-        self._read = True
-        if len(self._buf) != self._synced:
-            self._sync()
+        self._ready()
         n = len(self._buf)
         if n == 0:
             return math.nan

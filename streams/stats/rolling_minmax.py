@@ -23,7 +23,7 @@ class _RollingExtremum(Statistic):
         self._i = 0  # number of finite values seen
         self._q: deque[tuple[int, float]] = deque()
 
-    def _push(self, x: float) -> None:
+    def _add(self, x: float) -> None:
         i = self._i
         q = self._q
         if self._sign > 0:
@@ -36,17 +36,6 @@ class _RollingExtremum(Statistic):
         if q[0][0] <= i - self.window:
             q.popleft()
         self._i = i + 1
-
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
-        self._push(x)
 
     def get(self) -> float:
         q = self._q

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left, insort
 from collections import deque
 from typing import Any
@@ -29,53 +28,27 @@ class _SortedWindow(_LazyWindow):
         super().__init__(window)
         self._sorted: list[float] = []
 
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
-        buf = self._buf
-        buf.append(x)
-        n = len(buf)
-        if self._read and n - 1 == self._synced:  # read after every update: advance now
-            self._read = False
-            s = self._sorted
-            if n > self.window:
-                del s[bisect_left(s, buf.popleft())]
-                n -= 1
-            insort(s, x)
-            self._synced = n
-        elif n > self._limit:
-            self._trim()
+    def _step(self, x: float, size: int) -> int:
+        s = self._sorted
+        if size == self.window:
+            del s[bisect_left(s, self._buf.popleft())]
+        else:
+            size += 1
+        insort(s, x)
+        return size
 
-    def _sync(self) -> list[float]:
+    def _rebuild(self) -> None:
+        self._sorted = sorted(self._buf)
+
+    def _sync(self) -> list[float]:  # type: ignore[override]
         """The sorted window, brought up to date (every read goes through here)."""
         self._read = True
         buf = self._buf
-        synced = self._synced
-        n = len(buf)
-        if n == synced:
-            return self._sorted
-        w = self.window
-        s = self._sorted
-        if synced < 0 or n - synced > (w >> 2):
-            while len(buf) > w:
-                buf.popleft()
-            self._sorted = s = sorted(buf)
-        else:
-            size = synced
-            for x in self._new_values():
-                if size == w:
-                    del s[bisect_left(s, buf.popleft())]
-                else:
-                    size += 1
-                insort(s, x)
-        self._synced = len(buf)
-        return s
+        if len(buf) != self._synced:
+            if len(buf) - self._synced > (self.window >> 2):
+                self._synced = -1  # many new values: one sort is cheaper than the insertions
+            _LazyWindow._sync(self)
+        return self._sorted
 
     def _dump(self) -> dict[str, Any]:
         return {"buf": list(self._buf)}
@@ -83,10 +56,8 @@ class _SortedWindow(_LazyWindow):
     def _load(self, state: dict[str, Any]) -> None:
         # the sorted copy is exact whichever way it is built: rebuild it
         self._buf = deque(state["buf"])
-        while len(self._buf) > self.window:
-            self._buf.popleft()
-        self._sorted = sorted(self._buf)
-        self._synced = len(self._buf)
+        self._synced = -1
+        _LazyWindow._sync(self)
 
 
 class RollingMedian(_SortedWindow):

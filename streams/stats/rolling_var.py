@@ -57,156 +57,64 @@ class _RollingMoments(_LazyWindow):
         # the rounding of the two sums themselves: eps * S2 bounds both contributions
         self._e = self._s2
 
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
-        # (same as _push, inlined: this is the hot path)
-        buf = self._buf
-        buf.append(x)
-        n = len(buf)
-        if self._read and n - 1 == self._synced:  # read after every update: advance now
-            self._read = False
-            k = self._k
-            xk = x - k
-            xk2 = xk * xk
-            if n > self.window:
-                ok = buf.popleft() - k
-                ok2 = ok * ok
-                s1 = self._s1 + (xk - ok)
-                s2 = self._s2 + (xk2 - ok2)
-                e = self._e + (s2 + xk2 + ok2)
-                n -= 1
-            else:
-                s1 = self._s1 + xk
-                s2 = self._s2 + xk2
-                e = self._e + (s2 + xk2)
-            if e <= _CHECK * (s2 - s1 * s1 / n) and e < INF:
-                self._s1 = s1
-                self._s2 = s2
-                self._e = e
-            else:
-                self._recompute(buf)
-            self._synced = n
-        elif n > self._limit:
-            self._trim()
-
-    def _push(self, x: float) -> None:
-        buf = self._buf
-        buf.append(x)
-        n = len(buf)
-        if self._read and n - 1 == self._synced:  # read after every update: advance now
-            self._read = False
-            k = self._k
-            xk = x - k
-            xk2 = xk * xk
-            if n > self.window:
-                ok = buf.popleft() - k
-                ok2 = ok * ok
-                s1 = self._s1 + (xk - ok)
-                s2 = self._s2 + (xk2 - ok2)
-                e = self._e + (s2 + xk2 + ok2)
-                n -= 1
-            else:
-                s1 = self._s1 + xk
-                s2 = self._s2 + xk2
-                e = self._e + (s2 + xk2)
-            if e <= _CHECK * (s2 - s1 * s1 / n) and e < INF:
-                self._s1 = s1
-                self._s2 = s2
-                self._e = e
-            else:
-                self._recompute(buf)
-            self._synced = n
-        elif n > self._limit:
-            self._trim()
-
-    def _sync(self) -> None:
-        buf = self._buf
-        synced = self._synced
-        w = self.window
-        n = len(buf)
-        if synced < 0:  # values were dropped unseen: rebuild from the window
-            while len(buf) > w:
-                buf.popleft()
-            self._recompute(buf)
-        elif n > synced:
-            size = synced
-            k = self._k
-            s1 = self._s1
-            s2 = self._s2
-            e = self._e
-            for x in self._new_values():
-                xk = x - k
-                xk2 = xk * xk
-                if size == w:
-                    ok = buf.popleft() - k
-                    ok2 = ok * ok
-                    s1 += xk - ok
-                    s2 += xk2 - ok2
-                    e += s2 + xk2 + ok2
-                else:
-                    size += 1
-                    s1 += xk
-                    s2 += xk2
-                    e += s2 + xk2
-                if not (e <= _CHECK * (s2 - s1 * s1 / size) and e < INF):
-                    self._recompute(self._front(size))
-                    k = self._k
-                    s1 = self._s1
-                    s2 = self._s2
-                    e = self._e
+    def _step(self, x: float, size: int) -> int:
+        k = self._k
+        xk = x - k
+        xk2 = xk * xk
+        if size == self.window:
+            ok = self._buf.popleft() - k
+            ok2 = ok * ok
+            s1 = self._s1 + (xk - ok)
+            s2 = self._s2 + (xk2 - ok2)
+            e = self._e + (s2 + xk2 + ok2)
+        else:
+            size += 1
+            s1 = self._s1 + xk
+            s2 = self._s2 + xk2
+            e = self._e + (s2 + xk2)
+        if e <= _CHECK * (s2 - s1 * s1 / size) and e < INF:
             self._s1 = s1
             self._s2 = s2
             self._e = e
-        self._synced = len(buf)
+        else:
+            self._recompute(self._front(size))
+        return size
+
+    def _rebuild(self) -> None:
+        self._recompute(self._buf)
 
     def _is_constant(self) -> bool:
         buf = self._buf
         return buf.count(buf[0]) == len(buf)
 
-    def _var(self) -> float:
-        self._read = True
-        if len(self._buf) != self._synced:
-            self._sync()
-        buf = self._buf
-        n = len(buf)
+    def _fast_var(self) -> float | None:
+        """The variance from the shifted sums (NaN while undefined), or None where squares of
+        the spread lose precision and the exact path must answer."""
+        self._ready()
+        n = len(self._buf)
         if n <= self.ddof:
             return math.nan
         s1 = self._s1
         var = (self._s2 - s1 * s1 / n) / (n - self.ddof)
-        if _VAR_LOW < var < _VAR_HIGH:
-            return var
-        if self._is_constant():
-            return 0.0
-        sd = exact_std(buf, self.ddof)
-        return sd * sd
+        return var if _VAR_LOW < var < _VAR_HIGH else None
+
+    def _var(self) -> float:
+        var = self._fast_var()
+        if var is None:
+            if self._is_constant():
+                return 0.0
+            sd = exact_std(self._buf, self.ddof)
+            return sd * sd
+        return var
 
     def _std(self) -> float:
-        self._read = True
-        if len(self._buf) != self._synced:
-            self._sync()
-        buf = self._buf
-        n = len(buf)
-        if n <= self.ddof:
-            return math.nan
-        s1 = self._s1
-        var = (self._s2 - s1 * s1 / n) / (n - self.ddof)
-        if _VAR_LOW < var < _VAR_HIGH:
-            return math.sqrt(var)
-        if self._is_constant():
-            return 0.0
-        return exact_std(buf, self.ddof)
+        var = self._fast_var()
+        if var is None:
+            return 0.0 if self._is_constant() else exact_std(self._buf, self.ddof)
+        return math.sqrt(var)
 
     def _mean(self) -> float:
-        self._read = True
-        if len(self._buf) != self._synced:
-            self._sync()
+        self._ready()
         buf = self._buf
         n = len(buf)
         if n == 0:

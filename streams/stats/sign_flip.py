@@ -47,15 +47,7 @@ class SignFlipRate(Statistic):
         self._buf: deque[float] = deque(maxlen=self.window)
         self._cache: tuple[float, float] | None = None
 
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
+    def _add(self, x: float) -> None:
         self._buf.append(x)
         self._cache = None
 

@@ -40,15 +40,7 @@ class WarmupBaseline(Statistic):
         self.n_after = 0
         self._vals: list[float] = []
 
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
+    def _add(self, x: float) -> None:
         if self.frozen:
             self.n_after += 1
             return

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
 from typing import Any
 
 from ._num import MAD_TO_SIGMA, half_sum, scale_floor, sorted_mad, sorted_median, z_ratio
-from .base import check_int
+from .base import as_float, check_int
 from .rolling_quantile import _SortedWindow
 from .rolling_var import _RollingMoments
 
@@ -23,7 +22,62 @@ def _check_min_periods(min_periods: Any, window: int, lowest: int) -> int:
     return min_periods
 
 
-class RobustZ(_SortedWindow):
+class _Lagged:
+    """Shared mechanics of :class:`RobustZ` and :class:`ZScore` (a mixin over a
+    ``_LazyWindow``): the newest value is held apart in ``_last`` and scored by ``_score``
+    against the window of the values before it, which it joins when the next value arrives.
+    ``get()`` is cached in ``_z`` until the next update."""
+
+    __slots__ = ()
+    _lowest_min_periods = 1
+
+    def __init__(self, window: int, min_periods: int | None = None):
+        super().__init__(window)  # type: ignore[call-arg]
+        self.min_periods = _check_min_periods(min_periods, self.window, self._lowest_min_periods)
+        self._last = math.nan  # newest finite value, not yet in the baseline
+        self._z: float | None = None  # cached get()
+
+    def update(self, x: float) -> None:
+        # Statistic.update with _add inlined (hot path)
+        if type(x) is not float:
+            x = as_float(x)
+        if x - x != 0.0:
+            self.n_skipped += 1
+            return
+        prev = self._last
+        self._last = x
+        self._z = None
+        if prev == prev:  # the previous newest value joins the baseline
+            self._push(prev)
+
+    @property
+    def last(self) -> float:
+        """The newest value (the one being scored)."""
+        return self._last
+
+    def get(self) -> float:
+        z = self._z
+        if z is None:
+            z = self._z = self._score(self._last)
+        return z
+
+    def _score(self, x: float) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _params(self) -> dict[str, Any]:
+        return {"window": self.window, "min_periods": self.min_periods}
+
+    def _dump(self) -> dict[str, Any]:
+        d = super()._dump()  # type: ignore[misc]
+        d["last"] = self._last
+        return d
+
+    def _load(self, state: dict[str, Any]) -> None:
+        super()._load(state)  # type: ignore[misc]
+        self._last = state["last"]
+
+
+class RobustZ(_Lagged, _SortedWindow):
     """Robust z-score of the newest value: ``(x - median) / (1.4826 * MAD)``.
 
     The median and MAD are those of the ``window`` values *before* the newest one (the newest
@@ -47,38 +101,8 @@ class RobustZ(_SortedWindow):
     __slots__ = ("min_periods", "_last", "_z", "_hint")
 
     def __init__(self, window: int, min_periods: int | None = None):
-        super().__init__(window)
-        self.min_periods = _check_min_periods(min_periods, self.window, 1)
-        self._last = math.nan  # newest finite value, not yet in the baseline
-        self._z: float | None = None  # cached get()
+        super().__init__(window, min_periods)
         self._hint = -1  # previous split of the MAD search: warm start only, never the answer
-
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
-        prev = self._last
-        self._last = x
-        self._z = None
-        if prev == prev:  # the previous newest value joins the baseline (see _SortedWindow)
-            buf = self._buf
-            buf.append(prev)
-            n = len(buf)
-            if self._read and n - 1 == self._synced:  # read after every update: advance now
-                self._read = False
-                s = self._sorted
-                if n > self.window:
-                    del s[bisect_left(s, buf.popleft())]
-                    n -= 1
-                insort(s, prev)
-                self._synced = n
-            elif n > self._limit:
-                self._trim()
 
     @property
     def median(self) -> float:
@@ -95,50 +119,27 @@ class RobustZ(_SortedWindow):
         mad, self._hint = sorted_mad(s, med, self._hint)
         return mad
 
-    @property
-    def last(self) -> float:
-        """The newest value (the one being scored)."""
-        return self._last
-
-    def get(self) -> float:
-        z = self._z
-        if z is not None:
-            return z
-        x = self._last
+    def _score(self, x: float) -> float:
         s = self._sync()
         n = len(s)
         if x != x or n < self.min_periods:
-            z = math.nan
-        else:
-            h = n >> 1
-            med = s[h] if n & 1 else half_sum(s[h - 1], s[h])
-            mad, self._hint = sorted_mad(s, med, self._hint)
-            scale = MAD_TO_SIGMA * mad
-            floor = 1e-9 * abs(med)  # scale_floor(med), inlined
-            if floor < 1e-12:
-                floor = 1e-12
-            if scale < floor:
-                scale = floor
-            z = (x - med) / scale
-            if z - z != 0.0:
-                z = z_ratio(x, med, scale)
-        self._z = z
+            return math.nan
+        h = n >> 1
+        med = s[h] if n & 1 else half_sum(s[h - 1], s[h])
+        mad, self._hint = sorted_mad(s, med, self._hint)
+        scale = MAD_TO_SIGMA * mad
+        floor = 1e-9 * abs(med)  # scale_floor(med), inlined
+        if floor < 1e-12:
+            floor = 1e-12
+        if scale < floor:
+            scale = floor
+        z = (x - med) / scale
+        if z - z != 0.0:
+            z = z_ratio(x, med, scale)
         return z
 
-    def _params(self) -> dict[str, Any]:
-        return {"window": self.window, "min_periods": self.min_periods}
 
-    def _dump(self) -> dict[str, Any]:
-        d = super()._dump()
-        d["last"] = self._last
-        return d
-
-    def _load(self, state: dict[str, Any]) -> None:
-        super()._load(state)
-        self._last = state["last"]
-
-
-class ZScore(_RollingMoments):
+class ZScore(_Lagged, _RollingMoments):
     """Classical z-score of the newest value: ``(x - mean) / std`` of the ``window`` values
     before it (sample std, ``ddof=1``).
 
@@ -155,62 +156,19 @@ class ZScore(_RollingMoments):
     """
 
     __slots__ = ("min_periods", "_last", "_z")
-
-    def __init__(self, window: int, min_periods: int | None = None):
-        super().__init__(window, ddof=1)
-        self.min_periods = _check_min_periods(min_periods, self.window, 2)
-        self._last = math.nan
-        self._z: float | None = None
-
-    def update(self, x: float) -> None:
-        if type(x) is not float:
-            try:
-                x = float(x)
-            except (TypeError, ValueError, OverflowError):
-                x = math.nan
-        if x - x != 0.0:
-            self.n_skipped += 1
-            return
-        prev = self._last
-        self._last = x
-        self._z = None
-        if prev == prev:
-            self._push(prev)
+    _lowest_min_periods = 2
 
     @property
     def std(self) -> float:
         """Sample standard deviation of the baseline."""
         return self._std()
 
-    @property
-    def last(self) -> float:
-        return self._last
-
-    def get(self) -> float:
-        z = self._z
-        if z is not None:
-            return z
-        x = self._last
+    def _score(self, x: float) -> float:
         if x != x or self.n < self.min_periods:
-            z = math.nan
-        else:
-            sd = self._std()
-            mean = self._mean()
-            floor = scale_floor(mean)
-            if sd < floor:
-                sd = floor
-            z = z_ratio(x, mean, sd)
-        self._z = z
-        return z
-
-    def _params(self) -> dict[str, Any]:
-        return {"window": self.window, "min_periods": self.min_periods}
-
-    def _dump(self) -> dict[str, Any]:
-        d = super()._dump()
-        d["last"] = self._last
-        return d
-
-    def _load(self, state: dict[str, Any]) -> None:
-        super()._load(state)
-        self._last = state["last"]
+            return math.nan
+        sd = self._std()
+        mean = self._mean()
+        floor = scale_floor(mean)
+        if sd < floor:
+            sd = floor
+        return z_ratio(x, mean, sd)

@@ -180,5 +180,6 @@ def test_next_state():
     assert next_state("running", "pause") == "paused"
     assert next_state("paused", "resume") == "running"
     assert next_state("running", "stop") == "stopped"
-    assert next_state("stopped", "resume") == "stopped"
+    assert next_state("stopped", "pause") == "stopped"
+    assert next_state("stopped", "resume") == "running"   # an operator relaunching the run
     assert next_state("paused", "adjust") == "paused"

@@ -1,0 +1,65 @@
+"""Control-channel edges against real Redis: a relaunched run is not killed by an old stop;
+an operator can clear a stop; the SDK never logs the Redis password."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import pytest
+
+from alerts.control import RedisControl
+from producers import Monitor, TrainingStopped
+from rlwatch.commands import Command
+
+pytestmark = pytest.mark.integration
+
+
+def _apply(url, cmd):
+    async def go():
+        c = RedisControl(url)
+        try:
+            return await c.apply(cmd)
+        finally:
+            await c.close()
+    return asyncio.run(go())
+
+
+def test_a_relaunched_run_ignores_a_stop_from_before_it_started(services):
+    run = f"relaunch-{uuid.uuid4().hex[:6]}"
+    _apply(services["redis"], Command(run_id=run, action="stop", ts=time.time(), reason="old"))
+    time.sleep(0.05)
+    mon = Monitor(run, kafka=False, redis=services["redis"], heartbeat_seconds=0)
+    try:
+        assert mon.control.wait_ready(10) and mon.control.connected
+        mon.step_boundary()          # not stopped by the previous incarnation's stop
+        assert mon.state == "running"
+        _apply(services["redis"], Command(run_id=run, action="stop", ts=time.time(), reason="now"))
+        deadline = time.time() + 10
+        while mon.state != "stopped" and time.time() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(TrainingStopped):
+            mon.step_boundary()      # a stop issued while it runs still stops it
+    finally:
+        mon.close()
+
+
+def test_an_operator_resume_clears_a_stop(services):
+    run = f"clear-{uuid.uuid4().hex[:6]}"
+    _apply(services["redis"], Command(run_id=run, action="stop", ts=time.time()))
+    state = _apply(services["redis"], Command(run_id=run, action="resume", ts=time.time()))
+    assert state.state == "running"
+
+
+def test_the_sdk_does_not_log_the_redis_password(services, caplog):
+    url = services["redis"].replace("redis://", "redis://:s3cret-pw@")
+    caplog.set_level(logging.DEBUG)
+    mon = Monitor(f"pw-{uuid.uuid4().hex[:6]}", kafka=False, redis=url, heartbeat_seconds=0)
+    try:
+        mon.control.wait_ready(10)
+        time.sleep(1.5)
+    finally:
+        mon.close()
+    assert "s3cret-pw" not in caplog.text
