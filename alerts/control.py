@@ -17,6 +17,7 @@ from rlwatch.commands import (
     audit_key,
     channel,
     next_state,
+    pending_key,
     runs_key,
     state_key,
 )
@@ -68,6 +69,11 @@ class RedisControl:
                     pipe.xadd(audit_key(cmd.run_id),
                               {"entry": json.dumps({"type": "command", **cmd.model_dump(exclude_none=True)})},
                               maxlen=10_000, approximate=True)
+                    if cmd.action not in ("pause", "resume", "stop"):
+                        # kept for workers that are disconnected right now (pub/sub is fire
+                        # and forget); they read it when they connect
+                        pipe.lpush(pending_key(cmd.run_id), cmd.model_dump_json())
+                        pipe.ltrim(pending_key(cmd.run_id), 0, 99)
                     pipe.publish(channel(cmd.run_id), cmd.model_dump_json())
                     await pipe.execute()
                     return new

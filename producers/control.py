@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Callable
 
-from rlwatch.commands import Command, RunControl, audit_key, channel, state_key
+from rlwatch.commands import Command, RunControl, audit_key, channel, pending_key, state_key
 
 __all__ = ["CommandInbox", "ControlListener", "TrainingStopped"]
 
@@ -179,6 +179,11 @@ class ControlListener(CommandInbox):
                             self._stale_noted = True
                     else:
                         self.deliver_state(ctl)
+                # one-shot commands sent while this worker was away (and since it started)
+                for raw_cmd in reversed(client.lrange(pending_key(self.run_id), 0, 99)):
+                    cmd = Command.model_validate_json(raw_cmd)
+                    if cmd.ts >= self.started_at:
+                        self.deliver_command(cmd)   # ids already seen are skipped
                 if not self.connected and warned_at:
                     log.warning("rlwatch: control channel back (%s); authoritative state is %s",
                                 _mask(self.redis_url), self.state)

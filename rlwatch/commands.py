@@ -27,6 +27,7 @@ __all__ = [
     "audit_key",
     "channel",
     "next_state",
+    "pending_key",
     "runs_key",
     "state_key",
 ]
@@ -40,6 +41,11 @@ PREFIX = "rlwatch"
 
 def state_key(run_id: str) -> str:
     return f"{PREFIX}:run:{run_id}:state"
+
+
+def pending_key(run_id: str) -> str:
+    """Recent one-shot commands (adjust, rollback, snapshot) for workers that were away."""
+    return f"{PREFIX}:run:{run_id}:oneshots"
 
 
 def channel(run_id: str) -> str:

@@ -63,3 +63,22 @@ def test_the_sdk_does_not_log_the_redis_password(services, caplog):
     finally:
         mon.close()
     assert "s3cret-pw" not in caplog.text
+
+
+def test_an_adjust_sent_while_the_worker_was_away_is_applied_when_it_connects(services):
+    run = f"away-{uuid.uuid4().hex[:6]}"
+    _apply(services["redis"], Command(run_id=run, action="adjust", params={"beta": 1.5},
+                                      ts=time.time(), reason="kl rising"))
+    got = []
+    # the worker started (its clock says) before the command, but connects only now
+    mon = Monitor(run, kafka=False, redis=services["redis"], heartbeat_seconds=0,
+                  clock=lambda: time.time() - 30, on_adjust=lambda params, cmd: got.append(params))
+    try:
+        assert mon.control.wait_ready(10)
+        deadline = time.time() + 5
+        while not got and time.time() < deadline:
+            mon.step_boundary()
+            time.sleep(0.02)
+        assert got == [{"beta": 1.5}]
+    finally:
+        mon.close()
