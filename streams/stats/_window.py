@@ -20,8 +20,10 @@ class _LazyWindow(Statistic):
     every update (the usual pattern of a rule evaluated each step), ``update`` advances the
     summaries at once (O(1) or O(log window)); when nobody reads, ``update`` only appends, and
     the next read brings the summaries up to date in ``_sync()``, replaying the new values in
-    arrival order (and dropping the values that leave the window). Both paths do the same
-    arithmetic in the same order: answers do not depend on when they are read.
+    arrival order (and dropping the values that leave the window). Both paths go through the
+    subclass's one incremental ``_step``, so they do the same arithmetic in the same order:
+    answers do not depend on when they are read. Subclasses implement ``_step`` and
+    ``_rebuild``, and call ``_ready()`` before reading their summaries.
 
     Memory is bounded: if more than ``window`` values arrive between two reads, the oldest are
     dropped so that at most ``2 * window`` values are kept, and the summaries are rebuilt from
@@ -31,6 +33,7 @@ class _LazyWindow(Statistic):
     """
 
     __slots__ = ("window", "_buf", "_synced", "_limit", "_read")
+    _per_class = ("update", "_push", "_step", "_ready", "get")
 
     def __init__(self, window: int, minimum: int = 1):
         self.window = check_int("window", window, minimum)
@@ -127,3 +130,49 @@ class _LazyWindow(Statistic):
     def _load_window(self, state: dict[str, Any]) -> None:
         self._buf = deque(state["buf"])
         self._synced = int(state.get("synced", len(self._buf)))
+
+
+class _CachedWindow(Statistic):
+    """The last ``window`` finite values in a bounded deque, summarised on demand.
+
+    For statistics computed from the whole window at once (with numpy, on read): subclasses
+    implement ``_calc()``, returning a tuple whose first item is ``get()``; the tuple is cached
+    until the next update.
+    """
+
+    __slots__ = ("_buf", "_cache", "window")
+
+    def __init__(self, window: int, minimum: int):
+        self.window = check_int("window", window, minimum)
+        self.n_skipped = 0
+        self._buf: deque[float] = deque(maxlen=self.window)
+        self._cache: tuple[Any, ...] | None = None
+
+    def _add(self, x: float) -> None:
+        self._buf.append(x)
+        self._cache = None
+
+    def _calc(self) -> tuple[Any, ...]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _compute(self) -> tuple[Any, ...]:
+        c = self._cache
+        if c is None:
+            c = self._cache = self._calc()
+        return c
+
+    def get(self) -> float:
+        return self._compute()[0]
+
+    @property
+    def n(self) -> int:
+        return len(self._buf)
+
+    def _params(self) -> dict[str, Any]:
+        return {"window": self.window}
+
+    def _dump(self) -> dict[str, Any]:
+        return {"buf": list(self._buf)}
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self._buf = deque(state["buf"], maxlen=self.window)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections import deque
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from .base import Statistic, check_int
+from ._window import _CachedWindow
+from .base import check_int
 
 __all__ = ["Autocorrelation", "acf"]
 
@@ -58,7 +58,7 @@ def acf(values: Any, max_lag: int, detrend: bool = True) -> np.ndarray:
     return out
 
 
-class Autocorrelation(Statistic):
+class Autocorrelation(_CachedWindow):
     """Dominant autocorrelation lag and its strength over the last ``window`` values.
 
     On the detrended window (least-squares line removed) the ACF ``r_1 .. r_{max_lag+1}`` is
@@ -78,61 +78,33 @@ class Autocorrelation(Statistic):
     (8, 0.87)
     """
 
-    __slots__ = ("window", "max_lag", "_buf", "_cache")
+    __slots__ = ("max_lag",)
 
     def __init__(self, window: int, max_lag: int | None = None):
-        self.window = check_int("window", window, 5)
+        super().__init__(window, 5)
         if max_lag is None:
             max_lag = max(2, min(self.window // 2, self.window - 2))
         self.max_lag = check_int("max_lag", max_lag, 2)
         if self.max_lag > self.window - 2:
             raise ValueError(f"max_lag must be <= window - 2, got {max_lag} (window {window})")
-        self.n_skipped = 0
-        self._buf: deque[float] = deque(maxlen=self.window)
-        self._cache: tuple[float, int] | None = None
 
-    def _add(self, x: float) -> None:
-        self._buf.append(x)
-        self._cache = None
-
-    def _compute(self) -> tuple[float, int]:
-        c = self._cache
-        if c is not None:
-            return c
+    def _calc(self) -> tuple[float, int]:
         if len(self._buf) < self.window:
-            c = (math.nan, 0)
-        else:
-            r = acf(self._buf, self.max_lag + 1)
-            if np.isnan(r[1]):
-                c = (math.nan, 0)
-            else:
-                mid = r[2:-1]
-                peaks = (mid >= r[1:-2]) & (mid >= r[3:])
-                if peaks.any():
-                    ks = np.nonzero(peaks)[0]
-                    best = ks[np.argmax(mid[ks])]
-                    c = (float(mid[best]), int(best) + 2)
-                else:
-                    c = (0.0, 0)
-        self._cache = c
-        return c
-
-    def get(self) -> float:
-        return self._compute()[0]
+            return (math.nan, 0)
+        r = acf(self._buf, self.max_lag + 1)
+        if np.isnan(r[1]):
+            return (math.nan, 0)
+        mid = r[2:-1]
+        peaks = (mid >= r[1:-2]) & (mid >= r[3:])
+        if not peaks.any():
+            return (0.0, 0)
+        ks = np.nonzero(peaks)[0]
+        best = ks[np.argmax(mid[ks])]
+        return (float(mid[best]), int(best) + 2)
 
     @property
     def lag(self) -> int:
         return self._compute()[1]
 
-    @property
-    def n(self) -> int:
-        return len(self._buf)
-
     def _params(self) -> dict[str, Any]:
         return {"window": self.window, "max_lag": self.max_lag}
-
-    def _dump(self) -> dict[str, Any]:
-        return {"buf": list(self._buf)}
-
-    def _load(self, state: dict[str, Any]) -> None:
-        self._buf = deque(state["buf"], maxlen=self.window)

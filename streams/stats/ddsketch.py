@@ -89,25 +89,21 @@ class DDSketch(Statistic):
         if x > self._max:
             self._max = x
         if x > 0.0:
-            k = math.ceil(math.log(x) * self._inv_lng)
-            fl = self._pos_floor
-            if fl is not None and k < fl:
-                k = fl
-            pos = self._pos
-            pos[k] = pos.get(k, 0) + 1
-            if len(pos) > self.max_bins:
-                self._pos_floor = self._collapse(pos)
+            self._pos_floor = self._insert(self._pos, self._pos_floor, x)
         elif x < 0.0:
-            k = math.ceil(math.log(-x) * self._inv_lng)
-            fl = self._neg_floor
-            if fl is not None and k < fl:
-                k = fl
-            neg = self._neg
-            neg[k] = neg.get(k, 0) + 1
-            if len(neg) > self.max_bins:
-                self._neg_floor = self._collapse(neg)
+            self._neg_floor = self._insert(self._neg, self._neg_floor, -x)
         else:
             self._zero += 1
+
+    def _insert(self, store: dict[int, int], floor: int | None, mag: float) -> int | None:
+        """Count the magnitude ``mag > 0`` in ``store``; return the store's (new) floor."""
+        k = math.ceil(math.log(mag) * self._inv_lng)
+        if floor is not None and k < floor:
+            k = floor
+        store[k] = store.get(k, 0) + 1
+        if len(store) > self.max_bins:
+            floor = self._collapse(store)
+        return floor
 
     def _collapse(self, store: dict[int, int]) -> int:
         """Fold the lowest buckets into one so that ``max_bins`` remain; return the floor key."""

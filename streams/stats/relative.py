@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from .rolling_minmax import RollingMax, RollingMin
+from .base import _NewestValue
+from .rolling_minmax import RollingMax, RollingMin, _RollingExtremum
 
 __all__ = ["RelativeDrop", "RelativeRise"]
 
 
-class _Relative:
+class _Relative(_NewestValue):
     """Shared mechanics of :class:`RelativeDrop` and :class:`RelativeRise` (a mixin over a
     ``_RollingExtremum``): the newest value's distance from the window's extremum, relative to
     the extremum's magnitude, signed by the extremum's ``_sign`` so that it is >= 0."""
@@ -22,12 +22,8 @@ class _Relative:
         self._last = math.nan
 
     def _add(self, x: float) -> None:
-        super()._add(x)  # type: ignore[misc]
+        _RollingExtremum._add(self, x)  # type: ignore[arg-type]
         self._last = x
-
-    @property
-    def last(self) -> float:
-        return self._last
 
     def get(self) -> float:
         q = self._q
@@ -41,15 +37,6 @@ class _Relative:
         if r - r != 0.0:  # hi - lo overflowed
             r = hi / abs(ext) - lo / abs(ext)
         return r
-
-    def _dump(self) -> dict[str, Any]:
-        d = super()._dump()  # type: ignore[misc]
-        d["last"] = self._last
-        return d
-
-    def _load(self, state: dict[str, Any]) -> None:
-        super()._load(state)  # type: ignore[misc]
-        self._last = state["last"]
 
 
 class RelativeDrop(_Relative, RollingMax):

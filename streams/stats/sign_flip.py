@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections import deque
-from typing import Any
 
 import numpy as np
 
-from .base import Statistic, check_int
+from ._window import _CachedWindow
 
 __all__ = ["SignFlipRate"]
 
 
-class SignFlipRate(Statistic):
+class SignFlipRate(_CachedWindow):
     """Share of consecutive step-to-step changes whose sign flips, over the last ``window``
     values.
 
@@ -39,58 +37,28 @@ class SignFlipRate(Statistic):
     (1.0, 1.96)
     """
 
-    __slots__ = ("window", "_buf", "_cache")
+    __slots__ = ()
 
     def __init__(self, window: int):
-        self.window = check_int("window", window, 3)
-        self.n_skipped = 0
-        self._buf: deque[float] = deque(maxlen=self.window)
-        self._cache: tuple[float, float] | None = None
+        super().__init__(window, 3)
 
-    def _add(self, x: float) -> None:
-        self._buf.append(x)
-        self._cache = None
-
-    def _compute(self) -> tuple[float, float]:
-        c = self._cache
-        if c is not None:
-            return c
-        n = len(self._buf)
-        if n < 2:
-            c = (math.nan, math.nan)
-        else:
-            x = np.asarray(self._buf, dtype=float)
-            with np.errstate(over="ignore"):
-                sg = np.sign(np.diff(x))  # signs from the raw values (an overflow keeps its sign)
-            scale = float(np.max(np.abs(x)))
-            if scale > 0:
-                x = x / scale  # the ratio is scale-free; avoids overflow near 1e300
-            d = np.diff(x)
-            prod = sg[:-1] * sg[1:]
-            valid = int(np.count_nonzero(prod))
-            rate = float(np.count_nonzero(prod < 0)) / valid if valid else math.nan
-            sx = float(np.std(x))
-            ratio = float(np.std(d)) / (sx + 1e-12) if scale > 0 else 0.0
-            c = (rate, ratio)
-        self._cache = c
-        return c
-
-    def get(self) -> float:
-        return self._compute()[0]
+    def _calc(self) -> tuple[float, float]:
+        if len(self._buf) < 2:
+            return (math.nan, math.nan)
+        x = np.asarray(self._buf, dtype=float)
+        with np.errstate(over="ignore"):
+            sg = np.sign(np.diff(x))  # signs from the raw values (an overflow keeps its sign)
+        scale = float(np.max(np.abs(x)))
+        if scale > 0:
+            x = x / scale  # the ratio is scale-free; avoids overflow near 1e300
+        d = np.diff(x)
+        prod = sg[:-1] * sg[1:]
+        valid = int(np.count_nonzero(prod))
+        rate = float(np.count_nonzero(prod < 0)) / valid if valid else math.nan
+        sx = float(np.std(x))
+        ratio = float(np.std(d)) / (sx + 1e-12) if scale > 0 else 0.0
+        return (rate, ratio)
 
     @property
     def diff_std_ratio(self) -> float:
         return self._compute()[1]
-
-    @property
-    def n(self) -> int:
-        return len(self._buf)
-
-    def _params(self) -> dict[str, Any]:
-        return {"window": self.window}
-
-    def _dump(self) -> dict[str, Any]:
-        return {"buf": list(self._buf)}
-
-    def _load(self, state: dict[str, Any]) -> None:
-        self._buf = deque(state["buf"], maxlen=self.window)

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from ._num import MAD_TO_SIGMA, half_sum, scale_floor, sorted_mad, sorted_median, z_ratio
-from .base import as_float, check_int
+from .base import _NewestValue, as_float, check_int
 from .rolling_quantile import _SortedWindow
 from .rolling_var import _RollingMoments
 
@@ -22,7 +22,7 @@ def _check_min_periods(min_periods: Any, window: int, lowest: int) -> int:
     return min_periods
 
 
-class _Lagged:
+class _Lagged(_NewestValue):
     """Shared mechanics of :class:`RobustZ` and :class:`ZScore` (a mixin over a
     ``_LazyWindow``): the newest value is held apart in ``_last`` and scored by ``_score``
     against the window of the values before it, which it joins when the next value arrives.
@@ -38,7 +38,7 @@ class _Lagged:
         self._z: float | None = None  # cached get()
 
     def update(self, x: float) -> None:
-        # Statistic.update with _add inlined (hot path)
+        # Statistic.update, then _LazyWindow._push(prev), both inlined (hot path: saves a call)
         if type(x) is not float:
             x = as_float(x)
         if x - x != 0.0:
@@ -48,12 +48,14 @@ class _Lagged:
         self._last = x
         self._z = None
         if prev == prev:  # the previous newest value joins the baseline
-            self._push(prev)
-
-    @property
-    def last(self) -> float:
-        """The newest value (the one being scored)."""
-        return self._last
+            buf = self._buf
+            buf.append(prev)
+            n = len(buf)
+            if self._read and n - 1 == self._synced:  # read after every update: advance now
+                self._read = False
+                self._synced = self._step(prev, n - 1)
+            elif n > self._limit:
+                self._trim()
 
     def get(self) -> float:
         z = self._z
@@ -66,15 +68,6 @@ class _Lagged:
 
     def _params(self) -> dict[str, Any]:
         return {"window": self.window, "min_periods": self.min_periods}
-
-    def _dump(self) -> dict[str, Any]:
-        d = super()._dump()  # type: ignore[misc]
-        d["last"] = self._last
-        return d
-
-    def _load(self, state: dict[str, Any]) -> None:
-        super()._load(state)  # type: ignore[misc]
-        self._last = state["last"]
 
 
 class RobustZ(_Lagged, _SortedWindow):
