@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from rlwatch.alert import Alert
+from rlwatch.alert import SEVERITIES, Alert
 from rlwatch.events import CheckpointEvent, HeartbeatEvent, SamplesEvent, StepEvent
 from rules.conditions import leaves
 from rules.engine import RuleEngine, RunRules
@@ -159,6 +159,25 @@ def _slopes_detail(slopes: dict[str, float]) -> str | None:
     return "slope per step by category: " + ", ".join(f"{k} {v:+.2g}" for k, v in sorted(slopes.items()))
 
 
+def _resolve_open(state: RunState, step: int, ts: float, reason: str) -> list[Alert]:
+    """Resolved notices for every firing alert of a run (escalated ones too)."""
+    out = []
+    for key, st in state.alerts.items():
+        if st.status != "firing":
+            continue
+        rule, severity, rank = key.split("/")
+        severities = [severity]
+        if st.escalated:
+            severities.append(SEVERITIES[min(SEVERITIES.index(severity) + 1, len(SEVERITIES) - 1)])
+        for sev in severities:
+            out.append(Alert(rule=rule, severity=sev, state="resolved", run_id=state.run_id,
+                             rank=st.rank if st.rank is not None else (int(rank) if rank else None),
+                             step=step, onset_step=st.onset_step, value=st.value,
+                             threshold=st.threshold, metric=st.metric,
+                             summary=f"{rule} closed: {reason}", ts=ts))
+    return out
+
+
 class Processor:
     """A compiled rule pack, applied to runs. Holds no run state itself."""
 
@@ -214,11 +233,18 @@ class Processor:
     # -- events ---------------------------------------------------------------------------------
     def process(self, state: RunState, event, now: float) -> list[Alert]:
         """Apply one validated event; return the alerts whose state changed."""
-        ts = event.ts if event.ts is not None else now
-        state.now_ts = ts
         gen = event.tags.get("generation") if event.tags else None
         if gen is not None and gen.isdigit() and int(gen) > state.generation:
-            state.new_generation(int(gen))   # the run rolled back: its steps start over
+            # the run rolled back to a checkpoint: its steps start over, its open alerts close
+            closed = _resolve_open(state, event.step, event.ts if event.ts is not None else now,
+                                   "the run rolled back to a checkpoint")
+            state.new_generation(int(gen))
+            return closed + self._process(state, event, now)
+        return self._process(state, event, now)
+
+    def _process(self, state: RunState, event, now: float) -> list[Alert]:
+        ts = event.ts if event.ts is not None else now
+        state.now_ts = ts
         fresh = state.seen(event.rank, event.step, ts, event.kind)
         self._take_tags(state, event.tags)
         if isinstance(event, CheckpointEvent):

@@ -74,6 +74,15 @@ def test_after_a_rollback_the_retrained_steps_are_watched_again():
     assert firing(alerts, "nan_inf", "black"), "a NaN after the rollback went unseen"
 
 
+def test_a_rollback_closes_the_alerts_that_were_open():
+    p = Pipeline(only_rules("nan_inf"))
+    before = feed_series(p, "rb2", "loss/value", [1.0] * 10 + [float("nan")])
+    (opened,) = firing(before, "nan_inf")
+    after = feed_series(p, "rb2", "loss/value", [1.0], start=5, tags={"generation": "1"})
+    closed = resolved(after, "nan_inf")
+    assert [a.fingerprint for a in closed] == [opened.fingerprint]
+
+
 def test_an_escalated_alert_is_resolved_under_its_own_fingerprint_too():
     p = Pipeline(only_rules("kl_above_target"))
     alerts = feed_series(p, "esc", "kl/mean", [0.09] * 215 + [0.02] * 10)
