@@ -33,6 +33,8 @@ from streams.processor import Pipeline
 
 __all__ = ["DemoResult", "Observer", "run_demo"]
 
+MAX_LAG = 3   # steps a simulated worker may run ahead of the monitor
+
 COLOURS = {"info": "36", "yellow": "33", "orange": "38;5;208", "red": "31", "black": "1;37;40",
            "resolved": "32", "control": "35", "dim": "2"}
 
@@ -64,6 +66,7 @@ class Worker:
     paused_at: int | None = None
     stopped: bool = False
     adjustments: list[dict] = field(default_factory=list)
+    seen_by_monitor: int = -1   # the last step of this run the monitor has processed
 
     def train(self) -> None:
         try:
@@ -82,6 +85,11 @@ class Worker:
                     elif ev["kind"] == "checkpoint":
                         self.monitor.log_checkpoint(step, ev["path"])
                 time.sleep(self.delay)
+                # a demo on a busy machine must not outrun its own monitor: keep the lag to a
+                # few steps, as a real monitor keeps up with a real training step
+                deadline = time.monotonic() + 5.0
+                while self.seen_by_monitor < step - MAX_LAG and time.monotonic() < deadline:
+                    time.sleep(0.001)
         except TrainingStopped:
             self.stopped = True
         finally:
@@ -185,6 +193,9 @@ def run_demo(steps: int = 400, onset: int = 120, delay: float = 0.02, pause_hold
             if raw is not None:
                 event = parse_event(raw, clock())
                 observer.observe_event(event)
+                w = workers.get(event.run_id)
+                if w is not None and event.kind == "step":
+                    w.seen_by_monitor = max(w.seen_by_monitor, event.step)
                 for alert in pipeline.feed(event, clock()):
                     all_alerts.append(alert)
                     observer.observe_alert(alert)
