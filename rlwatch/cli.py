@@ -157,6 +157,18 @@ def cmd_rules(args) -> int:
     return 2
 
 
+def _run_on_redis(coro):
+    """Run an operator command's coroutine; a Redis failure is one clear line, not a traceback."""
+    try:
+        return asyncio.run(coro)
+    except BrokenPipeError:
+        raise   # the reader went away (| head): not a Redis problem
+    except Exception as exc:
+        if type(exc).__module__.startswith("redis") or isinstance(exc, OSError):
+            raise SystemExit(f"rlwatch: cannot reach Redis: {exc}") from None
+        raise
+
+
 def _control(args):
     from alerts.control import RedisControl
     from rlwatch.settings import Settings
@@ -179,14 +191,7 @@ def cmd_command(args) -> int:
         finally:
             await control.close()
 
-    try:
-        asyncio.run(go())
-    except OSError as exc:
-        raise SystemExit(f"rlwatch: cannot reach Redis: {exc}") from None
-    except Exception as exc:  # redis.ConnectionError and the like
-        if type(exc).__module__.startswith("redis"):
-            raise SystemExit(f"rlwatch: cannot reach Redis: {exc}") from None
-        raise
+    _run_on_redis(go())
     return 0
 
 
@@ -216,12 +221,7 @@ def cmd_status(args) -> int:
         finally:
             await control.close()
 
-    try:
-        asyncio.run(go())
-    except Exception as exc:
-        if type(exc).__module__.startswith("redis") or isinstance(exc, OSError):
-            raise SystemExit(f"rlwatch: cannot reach Redis: {exc}") from None
-        raise
+    _run_on_redis(go())
     return 0
 
 
@@ -239,12 +239,7 @@ def _redis_run(args, fn):
         finally:
             await r.aclose()
 
-    try:
-        return asyncio.run(go())
-    except Exception as exc:
-        if type(exc).__module__.startswith("redis") or isinstance(exc, OSError):
-            raise SystemExit(f"rlwatch: cannot reach Redis: {exc}") from None
-        raise
+    return _run_on_redis(go())
 
 
 def cmd_silence(args) -> int:
