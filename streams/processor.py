@@ -21,7 +21,7 @@ from rules.conditions import leaves
 from rules.engine import RuleEngine, RunRules
 from rules.schema import Pack, Rule
 from streams import stats as S
-from streams.run import MAX_LATEST_METRICS, RunState, dist_value, sample_value
+from streams.run import MAX_LATEST_METRICS, RunState, sample_value
 
 __all__ = ["Pipeline", "Processor", "TARGET_TAG_PREFIX"]
 
@@ -69,13 +69,6 @@ class _View:
     def __init__(self, state: RunState, rank: int, now: float,
                  rank_step: dict[int, dict] | None = None):
         self.s, self.rank, self.now, self.rank_step = state, rank, now, rank_step or {}
-        self._memo: dict = {}
-
-    def _once(self, key, compute):
-        """Rules share leaves (and their inputs): compute each question once per evaluation."""
-        if key not in self._memo:
-            self._memo[key] = compute()
-        return self._memo[key]
 
     def metric_signal(self, metric, signal, window, cycle_metric, smooth):
         bank = self.s.banks.get(self.rank)
@@ -106,7 +99,7 @@ class _View:
         xs = self.s.dists.get(name)
         if xs is None:
             return math.nan
-        value = self._once(("dist", name, stat, cap), lambda: dist_value(xs, stat, cap))
+        value = self.s.step_dist_value(name, stat, cap)
         if stat == "ratio_to_start":
             base = self.s.dist_baselines.get(f"{name}|{stat}|{window}|{cap}")
             if base is None or not base.frozen or not base.mean:
@@ -263,6 +256,7 @@ class Processor:
 
     def _step(self, state: RunState, event: StepEvent, ts: float, now: float) -> list[Alert]:
         state.metrics, state.dists = event.metrics, event.dists
+        state.step_memo = {}
         state.groups_step = event.groups
         if event.rank == 0 or self.rank_bank_keys:
             state.bank(event.rank).update(event.metrics)

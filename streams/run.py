@@ -64,6 +64,7 @@ class RunState:
         self.metrics: dict[str, float] = {}
         self.dists: dict[str, list[float]] = {}
         self.groups_step: dict[str, dict[str, float]] = {}
+        self.step_memo: dict = {}      # per-step values several rules share
         self.hashes_step: int | None = None
         self.samples: list = []
         self.latest_metrics: dict[str, float] = {}
@@ -190,13 +191,22 @@ class RunState:
         return rs
 
     # -- per-event derived values ---------------------------------------------------------------
+    def step_dist_value(self, name: str, stat: str, cap: float | None) -> float:
+        """A statistic of this step's per-sample array, computed once per step."""
+        key = (name, stat, cap)
+        value = self.step_memo.get(key)
+        if value is None:
+            xs = self.dists.get(name)
+            value = self.step_memo[key] = math.nan if xs is None else dist_value(xs, stat, cap)
+        return value
+
     def update_step_derivatives(self, event: StepEvent, dist_keys: list[tuple],
                                 corr_keys: list[tuple], group_keys: list[tuple]) -> None:
         """Update the per-run statistics that come from a step's dists and groups."""
         for name, stat, window, cap in dist_keys:
             if name not in event.dists:
                 continue
-            value = dist_value(event.dists[name], stat, cap)
+            value = self.step_dist_value(name, stat, cap)
             key = f"{name}|{stat}|{window}|{cap}"
             base = self.dist_baselines.get(key)
             if base is None:
