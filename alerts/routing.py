@@ -49,13 +49,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from alerts.actions import COMMAND_ACTIONS
 from alerts.matchers import Matchers, field_value
 from rlwatch.alert import Alert
-from rlwatch.yaml_lines import line_of
+from rlwatch.yaml_lines import line_of, parse_yaml
 
 __all__ = [
     "ALL_RECEIVERS",
@@ -482,13 +481,7 @@ class Routing:
 def load_routes_text(text: str, receivers: Iterable[str], source: str = "<routes>",
                      advisory: frozenset[str] = frozenset(), ack_timeout: float = 60.0) -> Routing:
     """Parse and validate a routes file; ``receivers`` are those the environment configured."""
-    try:
-        node = yaml.compose(text)
-        data: Any = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise RoutesFileError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    node, data = parse_yaml(text, source, RoutesFileError)
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -8,7 +8,6 @@ be used is reported with its line number and skipped; the rest is replayed.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -49,29 +48,14 @@ def _envelope(record: dict, run_id: str, preset: Preset | None) -> dict:
 
 
 def iter_records(path: Path) -> Iterator[tuple[int, dict | str]]:
-    """(line number, record) pairs, or (line number, error text) for unusable lines."""
-    if path.suffix != ".jsonl":  # trainer_state.json, TensorBoard, W&B CSV, console logs ...
-        from rlwatch.recorded import iter_recorded
+    """(position, record) pairs, or (position, error text) for unusable entries: JSON Lines of
+    events or logged dicts, trainer_state.json, TensorBoard, W&B exports, console logs."""
+    from rlwatch.recorded import iter_json_lines, iter_recorded
 
+    if path.suffix == ".jsonl":   # whatever _kind() would guess from its content
+        yield from iter_json_lines(path.read_text(encoding="utf-8", errors="replace"))
+    else:
         yield from iter_recorded(path)
-        return
-    from rlwatch.recorded import normalise_record
-
-    text = path.read_text(errors="replace")
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            yield n, f"bad JSON: {exc.msg}"
-            continue
-        except ValueError as exc:
-            yield n, f"bad JSON: {exc}"
-            continue
-        if isinstance(rec, dict) and not {"step", "kind", "schema"} & rec.keys():
-            rec = normalise_record(rec) or rec  # W&B history lines: _step, global_step
-        yield n, rec if isinstance(rec, dict) else "a line must be a JSON object"
 
 
 def replay(paths: list[str | Path], pack: Pack, preset: Preset | None = None,

@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from rules.schema import Pack
-from rlwatch.yaml_lines import line_of
+from rlwatch.yaml_lines import line_of, parse_yaml
 
 __all__ = ["BUILTIN_PACKS", "RuleFileError", "load_pack", "load_pack_text", "merge_packs"]
 
@@ -46,13 +46,7 @@ def _check_unique_ids(node: yaml.Node | None, source: str) -> None:
 
 
 def load_pack_text(text: str, source: str = "<rules>") -> Pack:
-    try:
-        node = yaml.compose(text)
-        data: Any = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise RuleFileError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    node, data = parse_yaml(text, source, RuleFileError)
     if not isinstance(data, dict):
         raise RuleFileError(f"{source}:1: a rule file is a mapping with 'rules:' (got {type(data).__name__})")
     _check_unique_ids(node, source)
