@@ -4,7 +4,6 @@ the call shapes of veRL, OpenRLHF and NeMo-RL."""
 from __future__ import annotations
 
 import json
-import threading
 
 import numpy as np
 import pytest
@@ -13,19 +12,7 @@ from producers import Monitor
 from producers.integrations import DictLogger, NemoRLLogger, OpenRLHFLogger, VerlTracking
 from producers.integrations.adapters import to_metrics
 from rlwatch.events import parse_event
-
-
-class RecordingTransport:
-    def __init__(self):
-        self.items = []
-        self.lock = threading.Lock()
-
-    def send(self, items):
-        with self.lock:
-            self.items.extend(items)
-
-    def close(self, timeout):
-        pass
+from tests.support.transports import RecordingTransport
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ yellow. Also: the real published TRL runs (../shared/real-logs) replayed with pr
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +15,7 @@ from rlwatch.presets import get_preset
 from rlwatch.replay import replay
 from rules.loader import load_pack
 from streams.processor import Pipeline
+from tests.support.paths import REAL_LOGS
 
 ONSET = 300
 PACK = load_pack("rlhf")
@@ -83,11 +83,10 @@ def test_healthy_runs_raise_nothing_above_yellow(algo, steps):
     assert not loud
 
 
-REAL = Path(__file__).resolve().parents[3] / "shared" / "real-logs"
 
 
 def _labels():
-    return json.loads((REAL / "labels.json").read_text())
+    return json.loads((REAL_LOGS / "labels.json").read_text())
 
 
 @pytest.mark.parametrize("name", sorted(n for n, v in _labels().items() if v["label"] == "healthy"))
@@ -95,7 +94,7 @@ def test_real_healthy_runs_stay_quiet(name):
     label = _labels()[name]
     preset = get_preset(label["preset"])
     pack = PACK.model_copy(update={"overrides": [preset.override()]})
-    result = replay([REAL / name], pack, preset)
+    result = replay([REAL_LOGS / name], pack, preset)
     assert result.events > 0 and not result.rejected
     loud = [(a.rule, a.severity, a.step) for a in result.alerts
             if a.state == "firing" and severity_rank(a.severity) >= 2]
@@ -108,7 +107,7 @@ def test_real_faulty_runs_are_caught(name):
     label = _labels()[name]
     preset = get_preset(label["preset"])
     pack = PACK.model_copy(update={"overrides": [preset.override()]})
-    result = replay([REAL / name], pack, preset)
+    result = replay([REAL_LOGS / name], pack, preset)
     firing = [a for a in result.alerts if a.state == "firing"]
     assert firing, f"{name} ({label['label']}) raised nothing"
     first = min(a.step for a in firing)

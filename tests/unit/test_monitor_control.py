@@ -16,25 +16,10 @@ from rlwatch.commands import Command, RunControl
 from rlwatch.events import parse_event
 from streams.processor import Pipeline
 from tests.unit._core import firing, rlhf_pack
+from tests.support.transports import RecordingTransport
 
 WAIT = 10.0
 RUN = "ppo-8b-a"
-
-
-class RecordingTransport:
-    def __init__(self):
-        self.items: list[tuple[bytes, bytes]] = []
-        self.lock = threading.Lock()
-
-    def send(self, items):
-        with self.lock:
-            self.items.extend(items)
-
-    def close(self, timeout):
-        pass
-
-    def events(self):
-        return [json.loads(v) for _, v in self.items]
 
 
 def command(action, params=None, secret=None, run_id=RUN, **kw) -> Command:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from rlwatch.cli import main
+from tests.support.paths import REAL_LOGS
 
 ROOT = Path(__file__).resolve().parents[2]
-REAL_LOGS = Path("/work/shared/real-logs")
 REQUIRED = ("rule", "severity", "state", "run_id", "step")
 
 

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import re
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from rules.loader import RuleFileError, load_pack, load_pack_text, merge_packs
 from rules.schema import Override, Pack
 from tests.unit._core import rlhf_pack
+from tests.support.paths import FAILURE_MODES
 
-FAILURE_MODES = Path("/work/shared/spec/failure-modes.md")
 
 
 def catalog_ids() -> list[str]:

@@ -8,7 +8,6 @@ import json
 import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -20,28 +19,11 @@ from producers.integrations import RlwatchCallback
 from producers.integrations.trl import detect_preset
 from rlwatch.commands import Command
 from rlwatch.events import parse_event
+from tests.support.transports import RecordingTransport
+from tests.support.paths import REAL_LOGS
 
 RUN = "trl-run-a"
-REAL_LOGS = Path("/work/shared/real-logs")
 WAIT = 10.0
-
-
-class RecordingTransport:
-    def __init__(self):
-        self.items: list[tuple[bytes, bytes]] = []
-        self.lock = threading.Lock()
-
-    def send(self, items):
-        with self.lock:
-            self.items.extend(items)
-
-    def close(self, timeout):
-        pass
-
-    def events(self, kind=None):
-        with self.lock:
-            evs = [json.loads(v) for _, v in self.items]
-        return [e for e in evs if kind is None or e["kind"] == kind]
 
 
 class GRPOConfig(TrainingArguments):
