@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Protocol, TextIO
 
-from alerts.render import text
+from alerts.render import paint, text
 from rlwatch.alert import Alert
 
 __all__ = ["ConsoleNotifier", "DeliveryError", "Notifier", "PermanentDeliveryError", "retry_after_of"]
@@ -48,15 +48,27 @@ class Notifier(Protocol):
 
 
 class ConsoleNotifier:
-    """Prints one line per alert (the embedded demo, and a worker with no sinks configured)."""
+    """Prints each alert: one line (coloured on a terminal, with the first lines of the
+    diagnosis for red and black), or the alert's JSON with ``json_lines``. The worker's
+    default sink and the embedded demo's."""
 
     name = "console"
 
-    def __init__(self, stream: TextIO | None = None):
+    def __init__(self, stream: TextIO | None = None, *, json_lines: bool = False,
+                 colour: bool = False, diagnosis_lines: int = 0):
         self.stream = stream or sys.stdout
+        self.json_lines, self.colour, self.diagnosis_lines = json_lines, colour, diagnosis_lines
 
     async def send(self, alert: Alert, done: list[str]) -> None:
-        print(text(alert, done), file=self.stream, flush=True)
+        if self.json_lines:
+            print(alert.to_json(), file=self.stream, flush=True)
+            return
+        tone = "resolved" if alert.state == "resolved" else alert.severity
+        lines = [paint(text(alert, done), tone, self.colour)]
+        if alert.state == "firing" and alert.severity in ("red", "black") and alert.diagnosis:
+            lines += [paint(f"      {line}", "dim", self.colour)
+                      for line in alert.diagnosis.splitlines()[:self.diagnosis_lines]]
+        print("\n".join(lines), file=self.stream, flush=True)
 
     async def close(self) -> None:
         return None

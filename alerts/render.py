@@ -8,6 +8,16 @@ __all__ = ["TIER_COLOURS", "num", "slack_batch", "slack_blocks", "text"]
 
 TIER_COLOURS = {"info": "#439FE0", "yellow": "#F2C744", "orange": "#F2952F", "red": "#D93F3F",
                 "black": "#1D1C1D"}
+#: terminal colours for tiers and for the demo's other lines
+ANSI = {"info": "36", "yellow": "33", "orange": "38;5;208", "red": "31", "black": "1;37;40",
+        "resolved": "32", "control": "35", "dim": "2"}
+
+
+def paint(s: str, colour: str, use: bool) -> str:
+    """``s`` in a terminal colour when ``use``; unchanged otherwise (a file, a pipe)."""
+    return f"\033[{ANSI[colour]}m{s}\033[0m" if use else s
+
+
 TIER_ICONS = {"info": "ℹ️", "yellow": "🟡", "orange": "🟠", "red": "🔴", "black": "⚫"}
 
 

@@ -21,7 +21,8 @@ from alerts.actions import Enforcement
 from alerts.control import MemoryControl
 from alerts.dedup import MemoryDedup
 from alerts.dispatch import Dispatcher
-from alerts.render import text as alert_text
+from alerts.notifiers import ConsoleNotifier
+from alerts.render import paint
 from producers.control import CommandInbox
 from producers.monitor import Monitor, TrainingStopped
 from producers.simulator import SimConfig, Simulator
@@ -34,9 +35,6 @@ from streams.processor import Pipeline
 __all__ = ["DemoResult", "Observer", "run_demo"]
 
 MAX_LAG = 3   # steps a simulated worker may run ahead of the monitor
-
-COLOURS = {"info": "36", "yellow": "33", "orange": "38;5;208", "red": "31", "black": "1;37;40",
-           "resolved": "32", "control": "35", "dim": "2"}
 
 
 class QueueTransport:
@@ -109,10 +107,6 @@ class DemoResult:
     audit: dict[str, list[dict]]
 
 
-def _paint(s: str, colour: str, use: bool) -> str:
-    return f"\033[{COLOURS[colour]}m{s}\033[0m" if use else s
-
-
 class Observer:
     """What a live view (the web dashboard) is told about the demo's runs. All no-ops here."""
 
@@ -136,26 +130,12 @@ def run_demo(steps: int = 400, onset: int = 120, delay: float = 0.02, pause_hold
 
     def say(line: str, colour_name: str = "dim") -> None:
         if not as_json:
-            print(_paint(line, colour_name, use_colour), file=out, flush=True)
-
-    class _Console:
-        name = "console"
-
-        async def send(self, alert: Alert, done: list[str]) -> None:
-            if as_json:
-                print(alert.to_json(), file=out, flush=True)
-            else:
-                say(alert_text(alert, done), "resolved" if alert.state == "resolved" else alert.severity)
-                if alert.state == "firing" and alert.severity in ("red", "black") and alert.diagnosis:
-                    for line in alert.diagnosis.splitlines()[:4]:
-                        say(f"      {line}")
-
-        async def close(self) -> None:
-            return None
+            print(paint(line, colour_name, use_colour), file=out, flush=True)
 
     # Automatic adjusts are advisory here, so the fault runs its course to the brake; the
     # operator adjusts by hand after the pause (the worker applies it through on_adjust).
-    dispatcher = Dispatcher([_Console()], control, MemoryDedup(), clock=clock,
+    dispatcher = Dispatcher([ConsoleNotifier(out, json_lines=as_json, colour=use_colour,
+                                             diagnosis_lines=4)], control, MemoryDedup(), clock=clock,
                             enforcement=Enforcement.parse("adjust"))
     workers: dict[str, Worker] = {}
     specs = [("ppo-healthy", "healthy", 11), ("ppo-kl-blowup", "kl_above_target", 7)]
