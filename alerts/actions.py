@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from rlwatch.alert import Alert
-from rlwatch.commands import Command
+from contract.alert import Alert
+from contract.commands import Command
 
 __all__ = ["Enforcement", "commands_for"]
 

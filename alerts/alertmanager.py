@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 from alerts.render import num
 from alerts.webhook import JsonPoster, dumps
-from rlwatch.alert import Alert
+from contract.alert import Alert
 
 __all__ = ["AlertmanagerNotifier", "am_alert"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Callable, Protocol
 
-from rlwatch.commands import (
+from contract.commands import (
     Command,
     RunControl,
     audit_key,

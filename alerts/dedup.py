@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from rlwatch.alert import Alert
+from contract.alert import Alert
 
 __all__ = ["Dedup", "MemoryDedup", "RedisDedup", "delivery_key"]
 

@@ -38,8 +38,8 @@ from alerts.outbox import MemoryOutbox, Outbox, OutboxItem, backoff, item_id
 from alerts.redact import redact
 from alerts.routing import GroupClock, Routing, due, group_key, inhibited_by, repeat_due
 from alerts.silences import SilenceStore, silenced_by
-from rlwatch.alert import Alert
-from rlwatch.commands import Command
+from contract.alert import Alert
+from contract.commands import Command
 
 __all__ = ["Delivery", "Dispatcher"]
 

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-from rlwatch.alert import SEVERITIES, Alert
-from rlwatch.commands import Command, RunControl, state_key
+from contract.alert import SEVERITIES, Alert
+from contract.commands import Command, RunControl, state_key
 
 __all__ = ["BRAKES", "MemoryAcks", "RedisAcks", "SentCommand", "escalation_alert", "overdue_commands"]
 

@@ -24,7 +24,7 @@ from alerts.routing import ReceiverSpec, RoutesFileError, Routing, load_routes
 from alerts.silences import RedisSilences
 from alerts.slack import RedisThreads, SlackBotNotifier, SlackWebhookNotifier
 from alerts.webhook import WebhookNotifier
-from rlwatch.settings import Settings
+from contract.settings import Settings
 
 __all__ = ["build_dispatcher", "build_notifiers", "build_routing", "receiver_notifier"]
 

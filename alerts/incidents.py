@@ -13,8 +13,8 @@ import hashlib
 import json
 from typing import Any, Protocol
 
-from rlwatch.alert import Alert
-from rlwatch.events import to_jsonable
+from contract.alert import Alert
+from contract.events import to_jsonable
 
 __all__ = ["IncidentStore", "MemoryIncidents", "RedisIncidents", "incident_id", "make_incident"]
 

@@ -10,7 +10,7 @@ One matcher syntax everywhere: a mapping of *field* to *pattern* (or a list of p
 * ``severity`` also takes an order comparison: ``">=red"``, ``">orange"``, ``"<=yellow"``.
 * The empty mapping matches every alert.
 
->>> from rlwatch.alert import Alert
+>>> from contract.alert import Alert
 >>> a = Alert(rule="kl_above_target", severity="red", state="firing", run_id="exp-7", step=3)
 >>> Matchers.parse({"run": "exp-*", "severity": ">=red"}).matches(a)
 True
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rlwatch.alert import SEVERITIES, Alert
+from contract.alert import SEVERITIES, Alert
 
 __all__ = ["FIELDS", "Matchers", "field_value", "parse_matcher_args"]
 

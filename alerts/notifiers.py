@@ -6,7 +6,7 @@ import sys
 from typing import Protocol, TextIO
 
 from alerts.render import paint, text
-from rlwatch.alert import Alert
+from contract.alert import Alert
 
 __all__ = ["ConsoleNotifier", "DeliveryError", "Notifier", "PermanentDeliveryError", "retry_after_of"]
 

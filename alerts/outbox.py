@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from alerts.routing import GroupClock
-from rlwatch.alert import Alert
+from contract.alert import Alert
 
 __all__ = ["MemoryOutbox", "Outbox", "OutboxItem", "RedisOutbox", "backoff", "item_id"]
 

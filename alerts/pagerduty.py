@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from alerts.render import num
 from alerts.webhook import JsonPoster, dumps
-from rlwatch.alert import Alert
+from contract.alert import Alert
 
 __all__ = ["PD_SEVERITY", "PagerDutyNotifier", "pd_event"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlwatch.alert import Alert
+from contract.alert import Alert
 
 __all__ = ["TIER_COLOURS", "num", "slack_batch", "slack_blocks", "text"]
 

@@ -53,8 +53,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from alerts.actions import COMMAND_ACTIONS
 from alerts.matchers import Matchers, field_value
-from rlwatch.alert import Alert
-from rlwatch.yaml_lines import line_of, parse_yaml
+from contract.alert import Alert
+from contract.yaml_lines import line_of, parse_yaml
 
 __all__ = [
     "ALL_RECEIVERS",

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from alerts.matchers import Matchers
 from alerts.routing import parse_interval
-from rlwatch.alert import Alert
+from contract.alert import Alert
 
 __all__ = ["MemorySilences", "RedisSilences", "Silence", "SilenceStore", "parse_duration", "silenced_by"]
 

@@ -22,7 +22,7 @@ from typing import Protocol
 from alerts.notifiers import DeliveryError, PermanentDeliveryError, retry_after_of
 from alerts.redact import guarded_logger, redact
 from alerts.render import slack_batch, slack_blocks
-from rlwatch.alert import SEVERITIES, Alert
+from contract.alert import SEVERITIES, Alert
 
 __all__ = ["MemoryThreads", "RedisThreads", "SlackBotNotifier", "SlackWebhookNotifier", "ThreadStore"]
 

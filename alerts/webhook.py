@@ -15,7 +15,7 @@ import json
 
 from alerts.notifiers import DeliveryError, PermanentDeliveryError, retry_after_of
 from alerts.redact import redact, safe_url
-from rlwatch.alert import Alert
+from contract.alert import Alert
 
 __all__ = ["JsonPoster", "WebhookNotifier", "signature"]
 

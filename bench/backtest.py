@@ -17,11 +17,11 @@ from collections import Counter
 from pathlib import Path
 
 from producers.simulator import FAULTS, SimConfig, effective_algo, simulate
-from rlwatch.alert import severity_rank
-from rlwatch.events import parse_event
-from rlwatch.presets import get_preset
+from contract.alert import severity_rank
+from contract.events import parse_event
+from contract.presets import get_preset
 from rlwatch.replay import replay
-from rules.loader import load_pack
+from rules.loader import load_pack, with_preset
 from streams.processor import Pipeline
 
 ONSET = 300
@@ -86,7 +86,7 @@ def main() -> None:
         labels = json.loads(labels_file.read_text())
         for name, lab in sorted(labels.items()):
             preset = get_preset(lab["preset"])
-            p = pack.model_copy(update={"overrides": [preset.override()]})
+            p = with_preset(pack, preset)
             res = replay([REAL / name], p, preset)
             firing = [a for a in res.alerts if a.state == "firing"]
             loud = [a for a in firing if severity_rank(a.severity) >= 2]

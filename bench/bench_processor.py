@@ -13,7 +13,7 @@ import statistics
 import time
 
 from producers.simulator import SimConfig, simulate
-from rlwatch.events import dump_event, parse_event
+from contract.events import dump_event, parse_event
 from rules.loader import load_pack
 from streams.processor import Pipeline
 

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Callable
 
-from rlwatch.commands import Command, RunControl, audit_key, channel, pending_key, state_key
+from contract.commands import Command, RunControl, audit_key, channel, pending_key, state_key
 
 __all__ = ["CommandInbox", "ControlListener", "TrainingStopped"]
 
@@ -35,7 +35,7 @@ class TrainingStopped(RuntimeError):
 
 def _mask(url: str) -> str:
     """A Redis URL without its password, for logs."""
-    from rlwatch.settings import mask_url
+    from contract.settings import mask_url
 
     return mask_url(url)
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 from producers.control import CommandInbox, ControlListener, TrainingStopped
 from producers.sender import BackgroundSender, KafkaTransport, Transport
-from rlwatch.commands import Command
+from contract.commands import Command
 
 __all__ = ["Monitor", "TrainingStopped"]
 
@@ -80,7 +80,7 @@ class Monitor:
         self._closed = False
 
         if transport is None and kafka is not False:
-            from rlwatch.settings import Settings
+            from contract.settings import Settings
 
             settings = Settings.from_env()
             bootstrap = kafka if isinstance(kafka, str) else settings.kafka

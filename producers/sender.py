@@ -14,7 +14,7 @@ import time
 from collections import deque
 from typing import Callable, Protocol
 
-from rlwatch.events import dump_event
+from contract.events import dump_event
 
 __all__ = ["BackgroundSender", "KafkaTransport", "Transport"]
 

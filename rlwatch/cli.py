@@ -14,8 +14,8 @@ __all__ = ["main"]
 
 
 def _pack(rules: str | None, preset_name: str | None = None):
-    from rlwatch.presets import get_preset
-    from rules.loader import RuleFileError, load_pack, merge_packs
+    from contract.presets import get_preset
+    from rules.loader import RuleFileError, load_pack, merge_packs, with_preset
 
     try:
         names = (rules or "rlhf").split(",")
@@ -27,9 +27,7 @@ def _pack(rules: str | None, preset_name: str | None = None):
         preset = get_preset(preset_name)
     except ValueError as exc:
         raise SystemExit(f"rlwatch: {exc}") from None
-    if preset is not None:
-        pack = pack.model_copy(update={"overrides": [preset.override(), *pack.overrides]})
-    return pack, preset
+    return with_preset(pack, preset), preset
 
 
 def cmd_demo(args) -> int:
@@ -54,7 +52,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_worker(args) -> int:
-    from rlwatch.settings import Settings
+    from contract.settings import Settings
     from streams.app import build_app, ensure_topics
 
     settings = Settings.from_env(kafka=args.kafka, redis=args.redis, rules=args.rules, routes=args.routes)
@@ -138,7 +136,7 @@ def cmd_rules(args) -> int:
             print(f"{f}: OK, {len(pack.rules)} rules{note}")
         return status
     if args.rules_cmd == "test":
-        from rules.testing import run_rule_tests
+        from rlwatch.rule_tests import run_rule_tests
 
         failed = 0
         for f in args.files:
@@ -171,14 +169,14 @@ def _run_on_redis(coro):
 
 def _control(args):
     from alerts.control import RedisControl
-    from rlwatch.settings import Settings
+    from contract.settings import Settings
 
     settings = Settings.from_env(redis=args.redis)
     return RedisControl(settings.redis), settings
 
 
 def cmd_command(args) -> int:
-    from rlwatch.commands import Command
+    from contract.commands import Command
 
     async def go():
         control, settings = _control(args)
@@ -227,7 +225,7 @@ def cmd_status(args) -> int:
 
 def _redis_run(args, fn):
     """Run ``fn(redis)`` on the configured Redis; a Redis failure is one clear line."""
-    from rlwatch.settings import Settings
+    from contract.settings import Settings
 
     async def go():
         import redis.asyncio as aioredis

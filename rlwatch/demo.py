@@ -26,9 +26,9 @@ from alerts.render import paint
 from producers.control import CommandInbox
 from producers.monitor import Monitor, TrainingStopped
 from producers.simulator import SimConfig, Simulator
-from rlwatch.alert import Alert
-from rlwatch.commands import Command
-from rlwatch.events import parse_event
+from contract.alert import Alert
+from contract.commands import Command
+from contract.events import parse_event
 from rules.loader import load_pack
 from streams.processor import Pipeline
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from rlwatch.alert import Alert
-from rlwatch.events import EventError, parse_event
-from rlwatch.presets import Preset
+from contract.alert import Alert
+from contract.events import EventError, parse_event
+from contract.presets import Preset
 from rules.schema import Pack
 from streams.processor import Pipeline
 

@@ -15,7 +15,7 @@ import string
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from rlwatch.alert import SEVERITIES, Alert
+from contract.alert import SEVERITIES, Alert
 from rules.conditions import RunView, evaluate, leaves
 from rules.schema import Condition, Pack, Rule, Tier
 from rules.state import AlertState, advance

@@ -13,10 +13,12 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from rules.schema import Pack
-from rlwatch.yaml_lines import line_of, parse_yaml
+from contract.presets import Preset
+from rules.schema import Override, Pack
+from contract.yaml_lines import line_of, parse_yaml
 
-__all__ = ["BUILTIN_PACKS", "RuleFileError", "load_pack", "load_pack_text", "merge_packs"]
+__all__ = ["BUILTIN_PACKS", "RuleFileError", "load_pack", "load_pack_text", "merge_packs",
+           "preset_override", "with_preset"]
 
 BUILTIN_PACKS = ("rlhf",)
 
@@ -86,3 +88,16 @@ def merge_packs(*packs: Pack) -> Pack:
             rules[r.id] = r
     return Pack(pack="+".join(p.pack for p in packs), targets=targets,
                 rules=list(rules.values()), overrides=overrides)
+
+
+def preset_override(preset: Preset) -> Override:
+    """A preset's targets, parameters and disabled rules as an override of every run."""
+    return Override(runs="*", targets=dict(preset.targets), disable=list(preset.disable),
+                    params={k: dict(v) for k, v in preset.params.items()})
+
+
+def with_preset(pack: Pack, preset: Preset | None) -> Pack:
+    """``pack`` with ``preset``'s override first (the pack's own overrides still win)."""
+    if preset is None:
+        return pack
+    return pack.model_copy(update={"overrides": [preset_override(preset), *pack.overrides]})

@@ -24,9 +24,9 @@ import time
 import faust
 
 from alerts.factory import build_dispatcher
-from rlwatch.alert import Alert
-from rlwatch.events import EventError, parse_event
-from rlwatch.settings import Settings
+from contract.alert import Alert
+from contract.events import EventError, parse_event
+from contract.settings import Settings
 from rules.loader import load_pack
 from streams.processor import Processor
 from streams.run import RunState
@@ -39,6 +39,22 @@ log = logging.getLogger("rlwatch.worker")
 FLUSH_SECONDS = 1.0
 MAX_STATE_BYTES = 900_000   # under Kafka's default 1 MB message limit
 PARTITIONS = 4   # the events topic and the run table are co-partitioned by run_id
+
+
+def broker_credentials(settings: Settings):
+    """The ``broker_credentials`` of the Faust app (SASL and/or SSL), or None."""
+    ctx = settings.kafka_ssl_context()
+    if settings.kafka_sasl_mechanism:
+        mech = settings.kafka_sasl_mechanism.upper()
+        if mech == "GSSAPI":
+            return faust.GSSAPICredentials(kerberos_service_name=settings.kafka_sasl_username or "kafka",
+                                           ssl_context=ctx)
+        return faust.SASLCredentials(username=settings.kafka_sasl_username,
+                                     password=settings.kafka_sasl_password,
+                                     mechanism=mech, ssl_context=ctx)
+    if ctx is not None:
+        return faust.SSLCredentials(ctx)
+    return None
 
 
 def ensure_topics(settings: Settings, timeout: float = 30.0) -> None:
@@ -123,11 +139,11 @@ class RunStates:
 
 
 def build_app(settings: Settings, observer=None) -> faust.App:
-    broker_credentials = settings.faust_broker_credentials()   # SASL and/or SSL, or None
+    credentials = broker_credentials(settings)   # SASL and/or SSL, or None
     app = faust.App(
         settings.app_id,
         broker=[f"kafka://{h}" for h in settings.kafka.split(",")],
-        broker_credentials=broker_credentials,
+        broker_credentials=credentials,
         store="memory://",
         web_enabled=False,
         topic_partitions=PARTITIONS,

@@ -165,7 +165,7 @@ class Fleet:
         return r
 
     def observe_event(self, event) -> None:
-        """A parsed event (``rlwatch.events.parse_event``). Never raises."""
+        """A parsed event (``contract.events.parse_event``). Never raises."""
         try:
             with self._lock:
                 self._event(event, self.clock())
@@ -264,7 +264,7 @@ class Fleet:
         r.sample_version += 1
 
     def observe_alert(self, alert) -> None:
-        """An alert (``rlwatch.alert.Alert``) as the pipeline emitted it. Never raises."""
+        """An alert (``contract.alert.Alert``) as the pipeline emitted it. Never raises."""
         try:
             with self._lock:
                 self._alert(alert, self.clock())
@@ -300,7 +300,7 @@ class Fleet:
         self.version += 1
 
     def observe_command(self, command, state: str | None = None) -> None:
-        """A control command (``rlwatch.commands.Command``); ``state`` is the run's state after it."""
+        """A control command (``contract.commands.Command``); ``state`` is the run's state after it."""
         try:
             with self._lock:
                 r = self._run(command.run_id, self.clock())

@@ -45,7 +45,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rlwatch.commands import Command
+from contract.commands import Command
 from web.fleet import CHARTS, Fleet, kl_lines_from_pack
 from web.metrics import CONTENT_TYPE, registry_for, render
 

@@ -28,7 +28,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from rlwatch.presets import Preset, get_preset
+from contract.presets import Preset, get_preset
 
 __all__ = ["META_KEYS", "DictLogger", "NemoRLLogger", "OpenRLHFLogger", "VerlTracking", "to_metrics"]
 
@@ -93,7 +93,7 @@ class DictLogger:
     """``log(step, dict)`` -> the dict's numbers, renamed by ``preset``, to ``monitor.log``.
 
     ``preset``: a preset name (``verl``, ``openrlhf``, ``nemo-rl``, ``trl-ppo``, ``trl-grpo``),
-    a :class:`~rlwatch.presets.Preset`, or None to keep the names as logged. Names the preset
+    a :class:`~contract.presets.Preset`, or None to keep the names as logged. Names the preset
     does not know are kept as they are.
     """
 

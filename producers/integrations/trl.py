@@ -35,8 +35,8 @@ from transformers import TrainerCallback
 from producers.control import TrainingStopped
 from producers.integrations.adapters import META_KEYS, to_metrics
 from producers.monitor import Monitor
-from rlwatch.commands import Command
-from rlwatch.presets import Preset, get_preset
+from contract.commands import Command
+from contract.presets import Preset, get_preset
 
 __all__ = ["RlwatchCallback", "detect_preset"]
 
@@ -93,7 +93,7 @@ class RlwatchCallback(TrainerCallback):
     ``monitor_kwargs``, and closed (flushed) at ``on_train_end``.
 
     ``preset``: ``"auto"`` (the config class, else the first logged names that tell PPO from
-    GRPO), ``"trl-ppo"``, ``"trl-grpo"``, a :class:`~rlwatch.presets.Preset`, or None (names as
+    GRPO), ``"trl-ppo"``, ``"trl-grpo"``, a :class:`~contract.presets.Preset`, or None (names as
     logged).
 
     ``on_adjust(params, command)``: applies ``adjust`` commands yourself; without it the

@@ -12,7 +12,7 @@ import pytest
 
 from alerts.control import RedisControl
 from producers import Monitor, TrainingStopped
-from rlwatch.commands import Command
+from contract.commands import Command
 
 pytestmark = pytest.mark.integration
 

@@ -30,9 +30,9 @@ from alerts.outbox import RedisOutbox
 from alerts.silences import RedisSilences, Silence
 from producers import Monitor
 from producers.control import ControlListener
-from rlwatch.alert import Alert
-from rlwatch.commands import Command, channel
-from rlwatch.settings import Settings
+from contract.alert import Alert
+from contract.commands import Command, channel
+from contract.settings import Settings
 from tests.integration.conftest import ROOT, worker_env
 from tests.support.http_recorder import start_recorder
 

@@ -27,7 +27,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from alerts.control import RedisControl
 from producers import Monitor
-from rlwatch.commands import Command
+from contract.commands import Command
 from tests.integration.conftest import ROOT
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from rlwatch.events import parse_event
+from contract.events import parse_event
 from rules.loader import load_pack
 from rules.schema import Pack
 

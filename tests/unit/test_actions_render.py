@@ -1,4 +1,4 @@
-"""alerts.actions (alert -> commands), alerts.render (text, Slack), rlwatch.commands (HMAC)."""
+"""alerts.actions (alert -> commands), alerts.render (text, Slack), contract.commands (HMAC)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 
 from alerts.actions import Enforcement, commands_for
 from alerts.render import TIER_COLOURS, slack_blocks, text
-from rlwatch.alert import SEVERITIES, Alert
-from rlwatch.commands import Command, next_state
+from contract.alert import SEVERITIES, Alert
+from contract.commands import Command, next_state
 
 
 def alert(**kw) -> Alert:

@@ -11,7 +11,7 @@ import pytest
 from producers import Monitor
 from producers.integrations import DictLogger, NemoRLLogger, OpenRLHFLogger, VerlTracking
 from producers.integrations.adapters import to_metrics
-from rlwatch.events import parse_event
+from contract.events import parse_event
 from tests.support.transports import RecordingTransport
 
 

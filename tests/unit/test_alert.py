@@ -1,4 +1,4 @@
-"""rlwatch.alert: identity (fingerprint) and the JSON line of contract section 3."""
+"""contract.alert: identity (fingerprint) and the JSON line of contract section 3."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rlwatch.alert import SEVERITIES, Alert, fingerprint, severity_rank
+from contract.alert import SEVERITIES, Alert, fingerprint, severity_rank
 
 
 def make(**kw) -> Alert:

@@ -9,11 +9,11 @@ import json
 import pytest
 
 from producers.simulator import FAULTS, SimConfig, effective_algo, simulate
-from rlwatch.alert import severity_rank
-from rlwatch.events import parse_event
-from rlwatch.presets import get_preset
+from contract.alert import severity_rank
+from contract.events import parse_event
+from contract.presets import get_preset
 from rlwatch.replay import replay
-from rules.loader import load_pack
+from rules.loader import load_pack, with_preset
 from streams.processor import Pipeline
 from tests.support.paths import REAL_LOGS
 
@@ -93,7 +93,7 @@ def _labels():
 def test_real_healthy_runs_stay_quiet(name):
     label = _labels()[name]
     preset = get_preset(label["preset"])
-    pack = PACK.model_copy(update={"overrides": [preset.override()]})
+    pack = with_preset(PACK, preset)
     result = replay([REAL_LOGS / name], pack, preset)
     assert result.events > 0 and not result.rejected
     loud = [(a.rule, a.severity, a.step) for a in result.alerts
@@ -106,7 +106,7 @@ def test_real_healthy_runs_stay_quiet(name):
 def test_real_faulty_runs_are_caught(name):
     label = _labels()[name]
     preset = get_preset(label["preset"])
-    pack = PACK.model_copy(update={"overrides": [preset.override()]})
+    pack = with_preset(PACK, preset)
     result = replay([REAL_LOGS / name], pack, preset)
     firing = [a for a in result.alerts if a.state == "firing"]
     assert firing, f"{name} ({label['label']}) raised nothing"

@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from rlwatch.alert import severity_rank
+from contract.alert import severity_rank
 from rlwatch.demo import run_demo
 
 

@@ -1,4 +1,4 @@
-"""rlwatch.events: strict parsing with reasons, and strict-JSON dumping (contract section 1)."""
+"""contract.events: strict parsing with reasons, and strict-JSON dumping (contract section 1)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rlwatch.events import (
+from contract.events import (
     MAX_EVENT_BYTES,
     CheckpointEvent,
     EventError,

@@ -12,8 +12,8 @@ import pytest
 
 from producers import Monitor, TrainingStopped
 from producers.control import CommandInbox
-from rlwatch.commands import Command, RunControl
-from rlwatch.events import parse_event
+from contract.commands import Command, RunControl
+from contract.events import parse_event
 from streams.processor import Pipeline
 from tests.unit._core import firing, rlhf_pack
 from tests.support.transports import RecordingTransport

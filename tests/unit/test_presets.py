@@ -1,10 +1,11 @@
-"""rlwatch.presets: framework metric names onto canonical ones (contract sections 2 and 6)."""
+"""contract.presets: framework metric names onto canonical ones (contract sections 2 and 6)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rlwatch.presets import PRESETS, get_preset
+from contract.presets import PRESETS, get_preset
+from rules.loader import preset_override
 from rules.schema import Override
 
 
@@ -58,8 +59,8 @@ def test_values_pass_through_untouched():
 
 
 def test_override_carries_the_preset_scales():
-    ov = get_preset("trl-grpo").override()
+    ov = preset_override(get_preset("trl-grpo"))
     assert isinstance(ov, Override) and ov.runs == "*"
     assert ov.targets["kl"] == 0.1 and ov.params["kl_above_target"]["cap"] == 0.5
-    ppo = get_preset("trl-ppo").override()
+    ppo = preset_override(get_preset("trl-ppo"))
     assert ppo.targets["kl"] > 1.0   # TRL PPO's objective/kl is summed over the sequence

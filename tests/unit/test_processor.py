@@ -9,7 +9,7 @@ import random
 import pytest
 
 from producers.simulator import SimConfig, simulate
-from rlwatch.events import parse_event
+from contract.events import parse_event
 from streams.processor import Pipeline, Processor
 from tests.unit._core import (
     T0,

@@ -10,8 +10,8 @@ import pytest
 
 from producers.control import CommandInbox
 from producers.monitor import Monitor
-from rlwatch.commands import Command
-from rlwatch.events import EventError, parse_event
+from contract.commands import Command
+from contract.events import EventError, parse_event
 from rules.loader import load_pack_text
 from streams.processor import Pipeline
 from tests.unit._core import T0, feed_series, firing, only_rules, resolved, rlhf_pack, step_event

@@ -1,4 +1,4 @@
-"""rules.testing: promtool-style series notation and rule unit test files."""
+"""rlwatch.rule_tests: promtool-style series notation and rule unit test files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from rules.loader import RuleFileError
-from rules.testing import expand_series, run_rule_tests
+from rlwatch.rule_tests import expand_series, run_rule_tests
 
 
 @pytest.mark.parametrize("spec, expected", [

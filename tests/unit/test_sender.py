@@ -113,7 +113,7 @@ def test_exactly_put_minus_capacity_events_are_dropped_while_down_and_reported_a
     assert report["kind"] == "heartbeat" and report["run_id"] == "run-a"
     assert s.dropped_total == n - capacity and s.dropped == 0
     # the report is a valid contract event
-    from rlwatch.events import parse_event
+    from contract.events import parse_event
     assert parse_event(json.dumps(report), 0.0).kind == "heartbeat"
 
 

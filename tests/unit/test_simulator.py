@@ -24,7 +24,7 @@ from producers.simulator import (  # noqa: E402
     effective_algo,
     simulate,
 )
-from rlwatch.events import parse_event  # noqa: E402
+from contract.events import parse_event  # noqa: E402
 
 CATALOG_IDS = (
     "kl_above_target", "kl_rising", "kl_zero", "token_kl_spike", "tool_words", "entropy_collapse",

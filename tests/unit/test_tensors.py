@@ -20,7 +20,7 @@ from producers.tensors import (
     response_stats,
     update_ratio,
 )
-from rlwatch.events import dump_event, parse_event
+from contract.events import dump_event, parse_event
 
 ROOT = Path(__file__).resolve().parents[2]
 

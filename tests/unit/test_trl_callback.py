@@ -17,8 +17,8 @@ from producers import Monitor
 from producers.control import CommandInbox
 from producers.integrations import RlwatchCallback
 from producers.integrations.trl import detect_preset
-from rlwatch.commands import Command
-from rlwatch.events import parse_event
+from contract.commands import Command
+from contract.events import parse_event
 from tests.support.transports import RecordingTransport
 from tests.support.paths import REAL_LOGS
 

@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from producers.simulator import SimConfig, Simulator
-from rlwatch.events import parse_event
+from contract.events import parse_event
 
 
 def free_port() -> int:

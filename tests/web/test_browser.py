@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from alerts.control import MemoryControl
-from rlwatch.alert import Alert
+from contract.alert import Alert
 from tests.web.conftest import free_port
 from web.fleet import Fleet
 from web.server import WebServer
@@ -114,7 +114,7 @@ def test_demo_dashboard_in_chromium(tmp_path):
 def _fleet_of_50(stop: threading.Event, fleet: Fleet) -> threading.Thread:
     """50 simulated runs: 60 steps each up front, then one step per run every 0.2 s."""
     from producers.simulator import SimConfig, Simulator
-    from rlwatch.events import parse_event
+    from contract.events import parse_event
 
     faults = ["healthy"] * 6 + ["kl_above_target", "entropy_collapse", "length_hacking", "reward_spike"]
     sims = []

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from rlwatch.alert import Alert
-from rlwatch.commands import Command
-from rlwatch.events import parse_event
+from contract.alert import Alert
+from contract.commands import Command
+from contract.events import parse_event
 from rules.loader import load_pack
 from tests.web.conftest import sim_events
 from web.fleet import Fleet, kl_lines_from_pack

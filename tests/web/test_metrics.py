@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlwatch.alert import Alert
-from rlwatch.commands import Command
+from contract.alert import Alert
+from contract.commands import Command
 from tests.web.conftest import sim_events
 from web.fleet import Fleet
 from web.metrics import registry_for, render

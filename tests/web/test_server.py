@@ -12,8 +12,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from alerts.control import MemoryControl
-from rlwatch.alert import Alert
-from rlwatch.commands import Command
+from contract.alert import Alert
+from contract.commands import Command
 from tests.web.conftest import sim_events
 from web.fleet import Fleet
 from web.server import WebServer, build_web_app, parse_address
@@ -99,7 +99,7 @@ def test_fleet_and_run_api():
 
 def test_json_never_carries_nan():
     f = _fleet(steps=5)
-    from rlwatch.events import parse_event
+    from contract.events import parse_event
     f.observe_event(parse_event({"schema": 1, "kind": "step", "run_id": "ppo-a", "step": 99,
                                  "metrics": {"loss/value": "NaN", "kl/mean": "Infinity"}}, time.time()))
 

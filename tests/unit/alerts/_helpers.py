@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from alerts.notifiers import DeliveryError
-from rlwatch.alert import Alert
+from contract.alert import Alert
 
 T0 = 1_764_500_000.0
 

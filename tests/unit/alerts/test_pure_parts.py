@@ -14,9 +14,9 @@ from alerts.pagerduty import pd_event
 from alerts.redact import guarded_logger, redact, safe_url
 from alerts.render import slack_batch, slack_blocks
 from alerts.silences import Silence, parse_duration, silenced_by
-from rlwatch.commands import Command, RunControl
-from rlwatch.events import parse_event
-from rlwatch.settings import Settings
+from contract.commands import Command, RunControl
+from contract.events import parse_event
+from contract.settings import Settings
 from streams.snapshot import SnapshotRecorder, attach_snapshot, build_snapshot
 from tests.unit.alerts._helpers import T0, alert
 
@@ -199,19 +199,21 @@ def test_snapshot_recorder_is_bounded_in_runs_and_steps():
 # -- settings: Kafka security passes through, secrets are masked ---------------------------------
 
 def test_kafka_security_reaches_kafka_python_and_faust():
+    from streams.app import broker_credentials
+
     s = Settings(kafka_security_protocol="sasl_ssl", kafka_sasl_mechanism="PLAIN",
                  kafka_sasl_username="svc", kafka_sasl_password="pw")
     assert s.kafka_python_kwargs() == {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
                                        "sasl_plain_username": "svc", "sasl_plain_password": "pw"}
-    creds = s.faust_broker_credentials()
+    creds = broker_credentials(s)
     assert creds.username == "svc" and creds.password == "pw" and creds.ssl_context is not None
     assert str(creds.protocol.value) == "SASL_SSL"
     plain = Settings(kafka_sasl_mechanism="SCRAM-SHA-512", kafka_sasl_username="u", kafka_sasl_password="p")
     assert plain.kafka_python_kwargs()["security_protocol"] == "SASL_PLAINTEXT"
-    assert str(plain.faust_broker_credentials().protocol.value) == "SASL_PLAINTEXT"
+    assert str(broker_credentials(plain).protocol.value) == "SASL_PLAINTEXT"
     ssl_only = Settings(kafka_security_protocol="SSL")
-    assert type(ssl_only.faust_broker_credentials()).__name__ == "SSLCredentials"
-    assert Settings().faust_broker_credentials() is None and Settings().kafka_python_kwargs() == {}
+    assert type(broker_credentials(ssl_only)).__name__ == "SSLCredentials"
+    assert broker_credentials(Settings()) is None and Settings().kafka_python_kwargs() == {}
 
 
 def test_settings_describe_masks_secrets_and_url_passwords(monkeypatch):

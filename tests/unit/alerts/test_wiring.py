@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from alerts.factory import build_notifiers, build_routing
-from rlwatch.settings import Settings
+from contract.settings import Settings
 
 FAKE_BOT = "xox" + "b-"   # a bot-token prefix, built so no literal looks like a real token
 

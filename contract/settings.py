@@ -124,19 +124,3 @@ class Settings:
         if self.kafka_ssl_certfile:
             ctx.load_cert_chain(self.kafka_ssl_certfile, self.kafka_ssl_keyfile or None)
         return ctx
-
-    def faust_broker_credentials(self):
-        """The ``broker_credentials`` of the Faust app (SASL and/or SSL), or None."""
-        import faust
-
-        ctx = self.kafka_ssl_context()
-        if self.kafka_sasl_mechanism:
-            mech = self.kafka_sasl_mechanism.upper()
-            if mech == "GSSAPI":
-                return faust.GSSAPICredentials(kerberos_service_name=self.kafka_sasl_username or "kafka",
-                                               ssl_context=ctx)
-            return faust.SASLCredentials(username=self.kafka_sasl_username, password=self.kafka_sasl_password,
-                                         mechanism=mech, ssl_context=ctx)
-        if ctx is not None:
-            return faust.SSLCredentials(ctx)
-        return None

@@ -1,5 +1,7 @@
 """Presets: the metric names frameworks log, mapped onto rlwatch's canonical names
-(contract sections 2 and 6), with the rule adjustments each framework's scales need. Pure.
+(contract sections 2 and 6), with the rule adjustments each framework's scales need. Data:
+the training-side SDK reads it without the rule language (``rules.loader.with_preset`` turns a
+preset's targets, parameters and disabled rules into a pack override).
 
 A name the preset does not know is kept as it is (user rules may use it).
 """
@@ -7,8 +9,6 @@ A name the preset does not know is kept as it is (user rules may use it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from rules.schema import Override
 
 __all__ = ["PRESETS", "Preset", "get_preset"]
 
@@ -34,9 +34,6 @@ class Preset:
             out[self.names.get(name, k)] = v
         return out
 
-    def override(self) -> Override:
-        return Override(runs="*", targets=dict(self.targets), disable=list(self.disable),
-                        params={k: dict(v) for k, v in self.params.items()})
 
 
 _TRL_PPO = {

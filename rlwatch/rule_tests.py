@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from rlwatch.events import parse_event
+from contract.events import parse_event
 from rules.loader import RuleFileError, load_pack
 from rules.schema import Override, Pack
 from streams.processor import Pipeline

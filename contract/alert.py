@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlwatch.events import to_jsonable
+from contract.events import to_jsonable
 
 __all__ = ["SEVERITIES", "Alert", "fingerprint", "severity_rank"]
 
