@@ -50,7 +50,7 @@ def _envelope(record: dict, run_id: str, preset: Preset | None) -> dict:
 def iter_records(path: Path) -> Iterator[tuple[int, dict | str]]:
     """(position, record) pairs, or (position, error text) for unusable entries: JSON Lines of
     events or logged dicts, trainer_state.json, TensorBoard, W&B exports, console logs."""
-    from rlwatch.recorded import iter_json_lines, iter_recorded
+    from producers.recorded import iter_json_lines, iter_recorded
 
     if path.suffix == ".jsonl":   # whatever _kind() would guess from its content
         yield from iter_json_lines(path.read_text(encoding="utf-8", errors="replace"))

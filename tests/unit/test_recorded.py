@@ -1,4 +1,4 @@
-"""rlwatch.recorded: trainer_state.json, TensorBoard event files (written here by a tiny
+"""producers.recorded: trainer_state.json, TensorBoard event files (written here by a tiny
 independent TFRecord/protobuf writer, CRCs included), W&B exports, veRL/OpenRLHF console logs;
 and their replay through `rlwatch replay`."""
 
@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import math
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 from rlwatch.cli import main
-from rlwatch.recorded import crc32c, iter_recorded, masked_crc32c, read_recorded
+from producers.recorded import crc32c, iter_recorded, masked_crc32c, read_recorded
 from rlwatch.replay import iter_records
 
 # -- an independent writer (bitwise CRC, hand-rolled protobuf), so reader bugs cannot cancel out --
@@ -153,6 +155,44 @@ def test_garbage_that_is_not_a_tfrecord_is_not_read_as_one(tmp_path):
     f.write_bytes(b"\x00" * 7 + b"garbage that is not a tfrecord at all")
     records, skipped = read_recorded(f)
     assert records == [] and skipped == 1
+
+
+def test_tensorboard_long_tags_and_malformed_events(tmp_path):
+    long_tag = "train/" + "k" * 300                     # lengths that need multi-byte varints
+    many = [simple_value(f"m{i}", float(i)) for i in range(20)]
+    broken = event(2, [simple_value("kl", 0.2)])[:-3]    # framing cut inside the Event
+    f = write_events(tmp_path / "events.out.tfevents.long", [
+        tfrecord(event(1, [simple_value(long_tag, 0.5), tensor_value(long_tag + "/t", 1.5)])),
+        tfrecord(broken),
+        tfrecord(event(300, many)),
+    ])
+    items = list(iter_recorded(f))
+    errors = [(k, r) for k, r in items if isinstance(r, str)]
+    assert errors == [(2, "record 2 is not a valid Event: truncated length-delimited field")]
+    assert [r for _, r in items if isinstance(r, dict)] == [
+        {"step": 1, "metrics": {long_tag: 0.5, long_tag + "/t": 1.5}},
+        {"step": 300, "metrics": {f"m{i}": float(i) for i in range(20)}},
+    ]
+
+
+def test_without_google_crc32c_reading_tensorboard_says_what_to_install(tmp_path):
+    tb = write_events(tmp_path / "oddly_named.bin", [tfrecord(event(5, [simple_value("c", 3.0)]))])
+    csv_file = tmp_path / "h.csv"
+    csv_file.write_text("_step,kl\n1,0.5\n")
+    script = (
+        "import sys\n"
+        "sys.modules['google_crc32c'] = None\n"          # as if it were not installed
+        "from producers.recorded import read_recorded\n"
+        f"print(read_recorded({str(csv_file)!r}))\n"
+        f"read_recorded({str(tb)!r})\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 1
+    assert proc.stdout.strip() == "([{'step': 1, 'metrics': {'kl': 0.5}}], 0)"   # other formats read
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "producers.recorded.tensorboard.MissingCRC32C: reading TensorBoard event files needs the "
+        "google-crc32c package, a dependency of rlwatch: pip install google-crc32c")
 
 
 # -- trainer_state.json -------------------------------------------------------------------------
