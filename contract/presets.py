@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["PRESETS", "Preset", "get_preset"]
+__all__ = ["PRESETS", "Preset", "PresetGuess", "detect_preset", "get_preset", "guess_preset"]
 
 
 @dataclass(frozen=True)
@@ -23,15 +23,28 @@ class Preset:
     disable: tuple[str, ...] = ()
     note: str = ""
 
+    def rename(self, name: str) -> str | None:
+        """The canonical name this preset gives a logged ``name``; None when it does not know it."""
+        if name in self.names:
+            return self.names[name]
+        for p in self.strip_prefixes:
+            if name.startswith(p) and name[len(p):] in self.names:
+                return self.names[name[len(p):]]
+        return None
+
     def map_metrics(self, metrics: dict) -> dict:
+        """``metrics`` with the names this preset knows renamed; other names kept as they are.
+        When a logged name is already the canonical name another logged name maps to, the
+        logged canonical one wins (whatever the order of the dict)."""
         out = {}
         for k, v in metrics.items():
-            name = k
-            for p in self.strip_prefixes:
-                if name.startswith(p) and name[len(p):] in self.names:
-                    name = name[len(p):]
-                    break
-            out[self.names.get(name, k)] = v
+            new = self.rename(k)
+            if new is None or new == k:
+                out[k] = v
+            elif new not in metrics:
+                out[new] = v
+            else:
+                out.setdefault(new, metrics[new])
         return out
 
 
@@ -128,6 +141,35 @@ _NEMO_RL = {
     "train/advantages/max": "advantages/max",
 }
 
+_TRL_DPO = {
+    # TRL DPOTrainer (also ORPO / KTO style names where they are the same quantity)
+    "rewards/chosen": "dpo/chosen_reward",
+    "rewards/rejected": "dpo/rejected_reward",
+    "rewards/margins": "dpo/margin",
+    "rewards/accuracies": "dpo/accuracy",
+    "logps/chosen": "dpo/chosen_logp",
+    "logps/rejected": "dpo/rejected_logp",
+    "logits/chosen": "dpo/chosen_logits",
+    "logits/rejected": "dpo/rejected_logits",
+    "loss": "loss/policy",
+    "grad_norm": "grad_norm/actor",
+    "learning_rate": "lr/actor",
+    # the same quantities as user callbacks often re-log them
+    "reward_margin": "dpo/margin",
+    "reward_margins": "dpo/margin",
+    "chosen_reward": "dpo/chosen_reward",
+    "rejected_reward": "dpo/rejected_reward",
+}
+
+_TINKER = {
+    # Tinker RL cookbook: reward/g is the reward being optimised (a judge / proxy), reward/f the
+    # task's own (true) reward logged beside it
+    "reward/g": "reward/mean",
+    "reward/f": "judge/score",
+    "policy/entropy": "entropy/mean",
+    "optim/lr": "lr/actor",
+}
+
 PRESETS: dict[str, Preset] = {
     "trl-ppo": Preset(
         "trl-ppo", _TRL_PPO, strip_prefixes=("train/",),
@@ -143,6 +185,14 @@ PRESETS: dict[str, Preset] = {
     "verl": Preset("verl", _VERL),
     "openrlhf": Preset("openrlhf", _OPENRLHF, strip_prefixes=("train/",)),
     "nemo-rl": Preset("nemo-rl", _NEMO_RL),
+    "trl-dpo": Preset(
+        "trl-dpo", _TRL_DPO, strip_prefixes=("train/",),
+        note="TRL DPOTrainer: rewards/* are the implicit rewards beta * log(pi/pi_ref) of the "
+             "chosen and rejected answers; rewards/margins is their difference"),
+    "tinker": Preset(
+        "tinker", _TINKER,
+        note="Tinker RL: reward/g (optimised) -> reward/mean, reward/f (true task reward) -> "
+             "judge/score, so that a proxy climbing while the task reward stays flat is visible"),
 }
 
 
@@ -153,3 +203,66 @@ def get_preset(name: str | None) -> Preset | None:
         return PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown preset {name!r}; one of: {', '.join(PRESETS)}") from None
+
+
+# -- finding the preset from the logged names ---------------------------------------------------
+
+#: A guess needs at least this many logged names the preset renames ...
+MIN_MATCHED = 2
+
+
+@dataclass(frozen=True)
+class PresetGuess:
+    """What :func:`guess_preset` found: the preset (None when undecided) and the evidence."""
+
+    preset: Preset | None
+    matched: tuple[str, ...] = ()       # logged names the preset renames
+    distinctive: tuple[str, ...] = ()   # of which no other preset renames
+    runner_up: str | None = None
+    runner_up_matched: int = 0
+    reason: str = ""
+
+
+def guess_preset(keys) -> PresetGuess:
+    """The framework whose metric names these are, with the evidence.
+
+    Confidence rule: a preset is chosen when (1) it renames at least ``MIN_MATCHED`` of the
+    logged names, (2) at least one of those is renamed by no other preset (a *distinctive*
+    name, e.g. ``frac_reward_zero_std`` for TRL GRPO, ``rewards/chosen`` for TRL DPO), and (3)
+    it renames strictly more logged names than any other preset. Otherwise the result is None
+    (names already canonical, too few names, or a tie such as ``kl`` + ``reward``, which TRL
+    GRPO and OpenRLHF both log).
+    """
+    names = {str(k) for k in keys}
+    renamed = {p.name: {k for k in names if (c := p.rename(k)) is not None and c != k}
+               for p in PRESETS.values()}
+    owners: dict[str, int] = {}
+    for matched in renamed.values():
+        for k in matched:
+            owners[k] = owners.get(k, 0) + 1
+    ranked = sorted(renamed.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    best, matched = ranked[0]
+    runner, runner_matched = (ranked[1][0], len(ranked[1][1])) if len(ranked) > 1 else (None, 0)
+    distinctive = tuple(sorted(k for k in matched if owners[k] == 1))
+    kw = dict(matched=tuple(sorted(matched)), distinctive=distinctive, runner_up=runner,
+              runner_up_matched=runner_matched)
+    if len(matched) < MIN_MATCHED:
+        return PresetGuess(None, reason=f"no preset renames {MIN_MATCHED} or more of the logged "
+                                        f"names (best: {best}, {len(matched)})", **kw)
+    if not distinctive:
+        return PresetGuess(None, reason=f"{best} renames {', '.join(sorted(matched))}, but other "
+                                        "presets rename the same names", **kw)
+    if runner_matched >= len(matched):
+        return PresetGuess(None, reason=f"{best} and {runner} rename as many of the logged names "
+                                        f"({len(matched)})", **kw)
+    return PresetGuess(PRESETS[best], reason=f"{best}: renames {len(matched)} logged names "
+                                             f"({', '.join(distinctive[:4])}"
+                                             f"{', ...' if len(distinctive) > 4 else ''} only it "
+                                             f"knows); next best {runner} renames {runner_matched}",
+                       **kw)
+
+
+def detect_preset(keys) -> Preset | None:
+    """The preset whose framework logged these metric names, or None when the names do not
+    say so with confidence (see :func:`guess_preset`)."""
+    return guess_preset(keys).preset
