@@ -175,6 +175,25 @@ def test_tensorboard_long_tags_and_malformed_events(tmp_path):
     ]
 
 
+def test_tensorboard_integer_and_non_scalar_tensors(tmp_path):
+    def tensor(tag: str, body: bytes) -> bytes:
+        meta = field(1, 2, field(1, 2, b"scalars"))
+        return field(1, 2, tag.encode()) + field(9, 2, meta) + field(8, 2, body)
+
+    int64 = field(1, 0, varint(9)) + field(10, 0, varint(7))            # DT_INT64, int64_val 7
+    neg = field(1, 0, varint(3)) + field(7, 2, varint(-2))              # DT_INT32, packed int_val -2
+    shape_2 = field(2, 2, field(2, 2, field(1, 0, varint(2))))          # a shape [2]
+    pair = field(1, 0, varint(1)) + shape_2 + field(5, 2, struct.pack("<2f", 1.0, 2.0))
+    shape_1 = field(2, 2, field(2, 2, field(1, 0, varint(1))))          # a shape [1]: one value
+    one = field(1, 0, varint(1)) + shape_1 + field(5, 2, struct.pack("<f", 0.5))
+    f = write_events(tmp_path / "events.out.tfevents.ints", [
+        tfrecord(event(1, [tensor("steps_done", int64), tensor("delta", neg),
+                           tensor("pair", pair), tensor("one", one)])),
+    ])
+    assert read_recorded(f) == ([{"step": 1, "metrics": {"steps_done": 7.0, "delta": -2.0,
+                                                         "one": 0.5}}], 0)
+
+
 def test_without_google_crc32c_reading_tensorboard_says_what_to_install(tmp_path):
     tb = write_events(tmp_path / "oddly_named.bin", [tfrecord(event(5, [simple_value("c", 3.0)]))])
     csv_file = tmp_path / "h.csv"
