@@ -1,101 +1,180 @@
-"""Backtest of the built-in pack: detection delay per failure mode and false alarms.
+"""Backtest of a rule pack on data it was not tuned on (issue 10), with rlwatch.backtest.
 
-* Simulated faults (producers/simulator.py), several seeds each: steps from the onset to the
-  first alert of the fault's own rule at any tier, and at its catalog tier.
-* Healthy simulated PPO and GRPO runs, several seeds: alerts per 1,000 steps by tier.
-* The published TRL runs in ../shared/real-logs with their labels: first alert vs onset for
-  the faulty ones, anything orange or above on the healthy ones.
+* Real logs (../shared/real-logs, labels.json): each file judged by its own rule(s), severity,
+  delay after the onset, alarms and brakes before it, yellow notices per 1,000 healthy steps;
+  then the score per left-out source repository (leave-one-source-out; with --tune also the
+  score of a pack tuned by ``rlwatch rules tune`` on the other sources' healthy runs).
+* Simulated runs from held-out seeds (>= 1000; nobody tunes on them), fault magnitudes drawn by
+  those seeds over each fault's range, healthy runs with random healthy features, each logged
+  every 1, 5 and 10 steps: recall, orange+ on healthy runs or before the onset, yellow per 1,000
+  healthy steps, and detection delay against magnitude.
 
-    python bench/backtest.py [--seeds 3] [--healthy-steps 2000]
+    python bench/backtest.py [--seeds 2] [--every 1,5,10] [--jobs 2] [--faults a,b] [--real-only]
+                             [--sim-only] [--tune] [--rules PACK] [--json OUT]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-from collections import Counter
+import sys
+import time
+from collections import Counter, defaultdict
 from pathlib import Path
 
-from producers.simulator import FAULTS, SimConfig, effective_algo, simulate
-from contract.alert import severity_rank
-from contract.events import parse_event
-from contract.presets import get_preset
-from rlwatch.replay import replay
-from rules.loader import load_pack, with_preset
-from streams.processor import Pipeline
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-ONSET = 300
-REAL = Path(__file__).resolve().parents[2] / "shared" / "real-logs"
+from rlwatch.backtest import (  # noqa: E402
+    HELDOUT_SEEDS_FROM, SimCase, delay_table, score, score_real, score_sim, table,
+)
+from tests.support.paths import REAL_LOGS  # noqa: E402
+from tests.support.real_logs import sources  # noqa: E402
+
+ALGOS = ("ppo", "grpo", "dpo")
 
 
-def run_sim(pack, fault, seed, steps, algo="ppo"):
-    world = 4 if fault in ("rank_outlier", "param_hash_mismatch") else 1
-    cfg = SimConfig(run_id=f"bt-{fault}-{seed}", fault=fault, onset=ONSET, seed=seed,
-                    algo=effective_algo(algo, fault), world_size=world)
-    p, fired, last = Pipeline(pack), [], 0.0
-    for raw in simulate(cfg, steps):
-        ev = parse_event(raw, raw["ts"])
-        last = max(last, ev.ts)
-        fired += [a for a in p.feed(ev, ev.ts) if a.state == "firing"]
-    if fault == "run_stalled":
-        fired += [a for a in p.tick(last + 600) if a.state == "firing"]
-    return fired
+def sim_faults() -> list[str]:
+    from producers.simulator import FAULTS
+
+    return [f for f in FAULTS if f != "healthy"] + ["nan_inf:skipped_step"]
+
+
+def sim_cases(faults, seeds: int, every: list[int], healthy_seeds: int) -> list[SimCase]:
+    cases = []
+    for fault in faults:
+        for i in range(seeds):
+            for j, k in enumerate(every):
+                algo = ("ppo", "grpo")[(i + j) % 2]          # alternate; the sim falls back
+                cases.append(SimCase(fault, algo, HELDOUT_SEEDS_FROM + 10 * i + j, k))
+    for i in range(healthy_seeds):
+        for j, k in enumerate(every):
+            for algo in ALGOS:
+                cases.append(SimCase("healthy", algo, HELDOUT_SEEDS_FROM + 500 + 10 * i + j, k))
+    return cases
+
+
+def real_section(pack, tune: bool, out: dict) -> None:
+    print(f"== Real logs ({REAL_LOGS})")
+    src = sources()
+    t0 = time.time()
+    report = score_real(REAL_LOGS, pack, sources=src)
+    print(table(report.verdicts))
+    print(f"score: {report.score.line('files')}   ({time.time() - t0:.0f} s)")
+    for v in report.verdicts:
+        for p in v.problems:
+            if v.passed is False:
+                print(f"  {v.run}: {p}")
+    out["real"] = report.to_dict()
+
+    print("\n== Leave one source out (score on the left-out source's files)")
+    tuned_rows = {}
+    if tune:
+        from rlwatch.tune import leave_one_source_out
+
+        tuned_rows = {row["source"]: row for row in leave_one_source_out(REAL_LOGS, pack, sources=src)}
+    print(f"{'left-out source':58s} {'files':>5s} {'default pack':>14s}" + (f" {'tuned pack':>12s}" if tune else ""))
+    for name, s in report.by_source.items():
+        line = f"{name[:58]:58s} {s.scored + s.unscored:5d} {s.passed:>6d}/{s.scored:<7d}"
+        if tune and name in tuned_rows:
+            t = tuned_rows[name]
+            line += f" {t['tuned_passed']:>5d}/{t['scored']:<6d} {t.get('note', '')}"
+        print(line)
+    out["real_by_source"] = {k: s.to_dict() for k, s in report.by_source.items()}
+    if tune:
+        out["real_loso_tuned"] = list(tuned_rows.values())
+
+
+def sim_section(pack, args, out: dict) -> None:
+    every = [int(x) for x in args.every.split(",")]
+    faults = args.faults.split(",") if args.faults else sim_faults()
+    cases = sim_cases(faults, args.seeds, every, args.healthy_seeds)
+    print(f"\n== Simulated runs: {len(cases)} cases, held-out seeds >= {HELDOUT_SEEDS_FROM}, "
+          f"logging every {', '.join(map(str, every))} steps")
+    t0 = time.time()
+    done = [0]
+
+    def tick(v):
+        done[0] += 1
+        if done[0] % 25 == 0:
+            print(f"  ... {done[0]}/{len(cases)} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+
+    report = score_sim(cases, args.rules, jobs=args.jobs, progress=tick)
+    vs = report.verdicts
+    print(f"({time.time() - t0:.0f} s)")
+
+    print(f"\n{'fault':30s} {'caught':>8s} {'median delay':>13s} {'max delay':>10s} {'reached':>8s}  "
+          f"{'orange+ before onset':22s} missed (seed/log_every/magnitude)")
+    by_fault = defaultdict(list)
+    for v in vs:
+        if v.kind != "quiet":
+            by_fault[v.label].append(v)
+    for fault, group in by_fault.items():
+        caught = [v for v in group if v.caught is not None]
+        d = [v.delay for v in caught if v.delay is not None]
+        reached = Counter(v.reached or "none" for v in group).most_common(1)[0][0]
+        pre = sum(bool(v.false_alarms) for v in group)
+        missed = [f"{v.extra.get('seed')}/{v.extra.get('log_every')}/"
+                  f"{'-' if v.extra.get('magnitude') is None else format(v.extra['magnitude'], '.2f')}"
+                  for v in group if v.passed is False][:4]
+        print(f"{fault[:30]:30s} {len(caught):>3d}/{len(group):<4d} "
+              f"{(f'{statistics.median(d):.0f}' if d else '-'):>13s} {(str(max(d)) if d else '-'):>10s} "
+              f"{reached:>8s}  {pre:<22d} {' '.join(missed)}")
+
+    healthy = [v for v in vs if v.kind == "quiet"]
+    print(f"\nHealthy runs: {len(healthy)} ({sum(v.steps for v in healthy)} steps)")
+    for k in every:
+        for algo in ALGOS:
+            hs = [v for v in healthy if v.extra.get("log_every") == k and v.extra.get("algo") == algo]
+            if not hs:
+                continue
+            s = score(hs)
+            loud = Counter(h.rule for v in hs for h in v.loud)
+            print(f"  every {k:2d} {algo:4s}: {len(hs)} runs, orange+ on {s.alarmed_runs}, "
+                  f"yellow {s.yellow_per_1k:.2f}/1k steps" + (f"; orange+: {dict(loud)}" if loud else ""))
+
+    s = report.score
+    print(f"\nscore: {s.line('simulated runs')}")
+    print(f"recall {s.recall:.3f} (target >= 0.95); runs with orange+ on healthy or before the onset: "
+          f"{s.alarmed_runs} (target 0); yellow per 1,000 healthy steps {s.yellow_per_1k:.2f} (target <= 1)")
+    for k in every:
+        sk = score(v for v in vs if v.extra.get("log_every") == k)
+        print(f"  logging every {k:2d}: recall {sk.recall:.3f}, alarmed runs {sk.alarmed_runs}, "
+              f"yellow/1k {sk.yellow_per_1k:.2f}")
+
+    print("\nDetection delay (steps after the onset) against fault magnitude")
+    print(f"{'magnitude':15s} {'every':>5s} {'caught':>9s} {'median':>7s} {'p90':>6s}")
+    for row in delay_table(vs):
+        med = "-" if row["median_delay"] is None else f"{row['median_delay']:.0f}"
+        p90 = "-" if row["p90_delay"] is None else str(row["p90_delay"])
+        print(f"{row['magnitude']:15s} {row['log_every']:>5d} {row['caught']:>4d}/{row['runs']:<4d} {med:>7s} {p90:>6s}")
+    out["sim"] = report.to_dict()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--healthy-steps", type=int, default=2000)
+    ap.add_argument("--rules", default="rlhf")
+    ap.add_argument("--seeds", type=int, default=2, help="held-out seeds per fault and logging interval")
+    ap.add_argument("--healthy-seeds", type=int, default=2, help="held-out healthy runs per algorithm and interval")
+    ap.add_argument("--every", default="1,5,10")
+    ap.add_argument("--faults", help="comma-separated fault ids (default: every fault)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--real-only", action="store_true")
+    ap.add_argument("--sim-only", action="store_true")
+    ap.add_argument("--tune", action="store_true", help="also score a pack tuned on the other sources")
+    ap.add_argument("--json", help="write every verdict and score as JSON to this file")
     args = ap.parse_args()
-    pack = load_pack("rlhf")
-    tiers = {r.id: max((t.severity for t in r.tiers), key=severity_rank) for r in pack.rules}
+    from rules.loader import load_pack
 
-    print(f"Simulated faults (onset step {ONSET}, {args.seeds} seeds, 600 steps after onset)")
-    print(f"{'rule':28s} {'caught':>7s} {'delay any tier':>15s} {'delay top tier':>15s}")
-    delays = []
-    for fault in [f for f in FAULTS if f != "healthy"]:
-        any_d, top_d = [], []
-        for seed in range(args.seeds):
-            fired = [a for a in run_sim(pack, fault, seed, ONSET + 600) if a.rule == fault]
-            if fired:
-                any_d.append(max(0, min(a.step for a in fired) - ONSET))
-            top = [a for a in fired if a.severity == tiers[fault]]
-            if top:
-                top_d.append(max(0, min(a.step for a in top) - ONSET))
-        delays += any_d
-        med = lambda d: f"{statistics.median(d):.0f}" if d else "-"
-        print(f"{fault:28s} {len(any_d):>3d}/{args.seeds:<3d} {med(any_d):>15s} {med(top_d):>15s}")
-    print(f"median detection delay over all faults: {statistics.median(delays):.0f} steps\n")
-
-    print(f"Healthy simulated runs ({args.seeds} seeds x {args.healthy_steps} steps)")
-    for algo in ("ppo", "grpo"):
-        counts, steps = Counter(), 0
-        for seed in range(args.seeds):
-            for a in run_sim(pack, "healthy", 100 + seed, args.healthy_steps, algo):
-                counts[(a.severity, a.rule)] += 1
-            steps += args.healthy_steps
-        per_k = {s: sum(n for (sev, _), n in counts.items() if sev == s) * 1000 / steps
-                 for s in ("yellow", "orange", "red", "black")}
-        rules = sorted({r for (_, r) in counts})
-        print(f"  {algo}: alerts per 1,000 steps: " + ", ".join(f"{k} {v:.2f}" for k, v in per_k.items())
-              + (f"  (rules: {', '.join(rules)})" if rules else ""))
-
-    labels_file = REAL / "labels.json"
-    if labels_file.exists():
-        print("\nPublished TRL runs (../shared/real-logs)")
-        labels = json.loads(labels_file.read_text())
-        for name, lab in sorted(labels.items()):
-            preset = get_preset(lab["preset"])
-            p = with_preset(pack, preset)
-            res = replay([REAL / name], p, preset)
-            firing = [a for a in res.alerts if a.state == "firing"]
-            loud = [a for a in firing if severity_rank(a.severity) >= 2]
-            first = min((a.step for a in firing), default=None)
-            worst = max((a.severity for a in firing), key=severity_rank, default="none")
-            onset = lab.get("onset")
-            delay = "" if first is None or onset is None else f" delay {first - onset}"
-            print(f"  {name:40s} {lab['label']:16s} first alert {first}{delay}, worst {worst}, "
-                  f"orange+ {len(loud)}: {sorted({a.rule for a in loud})}")
+    pack = load_pack(args.rules)
+    out: dict = {}
+    if not args.sim_only and (REAL_LOGS / "labels.json").exists():
+        real_section(pack, args.tune, out)
+    if not args.real_only:
+        sim_section(pack, args, out)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+        print(f"\nwrote {args.json}")
 
 
 if __name__ == "__main__":

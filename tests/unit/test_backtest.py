@@ -1,0 +1,187 @@
+"""rlwatch.backtest: how a labelled run is judged from its alerts (pure; no replay). These pin the
+scoring rules themselves, so that a score printed by `rlwatch backtest` means what it says."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from contract.alert import Alert
+from rlwatch.backtest import (
+    Label, Span, delay_table, expectation, judge, load_labels, own_rules, required_severity, score,
+)
+
+SPAN = Span(1, 400, 400)          # a run logging every step, steps 1-400
+SPAN5 = Span(5, 200, 40)          # a run logging every 5 steps, 40 points
+
+
+def alert(rule, severity, step, state="firing", actions=None):
+    if actions is None:
+        actions = {"info": ["notify"], "yellow": ["notify"], "orange": ["notify"],
+                   "red": ["pause", "snapshot"], "black": ["stop", "rollback"]}[severity]
+    return Alert(rule=rule, severity=severity, state=state, run_id="r", step=step, actions=actions)
+
+
+# -- which rules, which severity ----------------------------------------------------------------
+
+def test_own_rules_and_required_severity_per_label():
+    assert own_rules("truncation") == ("truncation_rising",)
+    assert set(own_rules("reward_collapse")) == {"reward_collapse", "dead_reward", "grpo_zero_variance"}
+    assert own_rules("other:dpo_chosen_reward_decline") == ("dpo_chosen_decline",)
+    assert "proxy_divergence" in own_rules("other:proxy_reward_hacking")
+    assert own_rules("other") is None and own_rules("something new") is None
+    assert required_severity("truncation") == "orange"
+    assert required_severity("reward_collapse") == "orange"       # red in the catalog: orange is enough
+    assert required_severity("stagnation") == "yellow"            # the catalog's only tier
+    assert required_severity("tool_words") == "yellow"
+    assert required_severity("other:transient_kl_grad_spike") == "info"
+
+
+def test_windows_default_to_100_steps_or_10_logs_and_stagnation_to_the_end():
+    assert expectation(Label("a", "truncation", 30), SPAN).window_end == 130
+    assert expectation(Label("a", "truncation", 30), Span(10, 2000, 200)).window_end == 130   # 10 logs of 10
+    assert expectation(Label("a", "truncation", 30, max_delay=7), SPAN).window_end == 37
+    assert expectation(Label("a", "stagnation", 1), SPAN).window_end == 400
+    assert expectation(Label("a", "truncation", None), SPAN).onset == 1      # no onset: from the start
+    assert expectation(Label("a", "other:transient_kl_grad_spike", 71), SPAN).window_end == 81
+    assert expectation(Label("a", "other", None), SPAN).kind == "unscored"
+
+
+# -- healthy ----------------------------------------------------------------------------------
+
+def test_healthy_run_passes_with_yellows_and_fails_on_orange_or_a_brake():
+    lab = Label("h", "healthy")
+    ok = judge(lab, [alert("stagnation", "yellow", 200), alert("grpo_zero_variance", "yellow", 300)], SPAN)
+    assert ok.passed and ok.yellow == 2 and ok.yellow_per_1k == pytest.approx(5.0)
+    bad = judge(lab, [alert("kl_rising", "orange", 50)], SPAN)
+    assert bad.passed is False and "kl_rising orange@50" in bad.problems[0]
+    braked = judge(lab, [alert("odd_rule", "yellow", 50, actions=["pause"])], SPAN)
+    assert braked.passed is False and braked.wrong_brakes
+
+
+def test_resolved_alerts_are_not_counted_as_new_notices():
+    v = judge(Label("h", "healthy"), [alert("stagnation", "yellow", 200),
+                                     alert("stagnation", "yellow", 260, state="resolved")], SPAN)
+    assert v.yellow == 1 and v.open_at_end is None
+
+
+# -- faults -----------------------------------------------------------------------------------
+
+def test_fault_caught_by_its_own_rule_at_the_required_severity_in_window():
+    lab = Label("f", "truncation", 65)
+    v = judge(lab, [alert("truncation_rising", "yellow", 70), alert("truncation_rising", "orange", 90)], SPAN)
+    assert v.passed and v.caught.step == 90 and v.delay == 25 and v.reached == "orange"
+
+
+def test_another_rule_does_not_catch_it():
+    v = judge(Label("f", "truncation", 65), [alert("length_hacking", "orange", 70)], SPAN)
+    assert v.passed is False and v.caught is None and "not caught by truncation_rising" in v.problems[0]
+
+
+def test_too_low_a_severity_or_too_late_is_a_miss():
+    lab = Label("f", "truncation", 65)
+    low = judge(lab, [alert("truncation_rising", "yellow", 70)], SPAN)
+    assert low.passed is False and low.reached == "yellow" and "reached only yellow" in low.problems[0]
+    late = judge(lab, [alert("truncation_rising", "orange", 166)], SPAN)
+    assert late.passed is False
+
+
+def test_yellow_catches_stagnation():
+    v = judge(Label("s", "stagnation", 1), [alert("stagnation", "yellow", 250)], SPAN)
+    assert v.passed and v.delay == 249
+
+
+def test_equivalent_ids_catch_a_collapse_only_at_orange():
+    lab = Label("c", "reward_collapse", 3)
+    assert judge(lab, [alert("dead_reward", "orange", 20)], SPAN).passed
+    assert not judge(lab, [alert("grpo_zero_variance", "yellow", 9)], SPAN).passed
+
+
+def test_alarms_and_brakes_before_the_onset_fail_a_caught_fault():
+    lab = Label("f", "reward_collapse", 200)
+    v = judge(lab, [alert("kl_rising", "orange", 50), alert("reward_collapse", "red", 210)], SPAN)
+    assert v.caught is not None and v.passed is False and v.false_alarms[0].rule == "kl_rising"
+    v = judge(lab, [alert("value_shift", "yellow", 50, actions=["pause"]),
+                    alert("reward_collapse", "red", 210)], SPAN)
+    assert v.passed is False and v.wrong_brakes
+    # after the onset, other rules may react to the fault
+    v = judge(lab, [alert("kl_rising", "orange", 205), alert("reward_collapse", "red", 210)], SPAN)
+    assert v.passed
+
+
+def test_a_readers_onset_is_an_estimate_and_a_simulated_one_is_exact():
+    early = [alert("truncation_rising", "orange", 35)]
+    read = judge(Label("f", "truncation", 65), early, SPAN)
+    assert read.passed and read.delay == -30          # an early catch, not a false alarm
+    sim = judge(Label("f", "truncation", 65, onset_exact=True), early, SPAN)
+    assert sim.passed is False and sim.false_alarms    # the fault did not exist at step 35
+    grace = judge(Label("f", "truncation", 65, onset_exact=True), [alert("truncation_rising", "orange", 62)], SPAN)
+    assert grace.passed and grace.delay == -3
+    way_early = judge(Label("f", "truncation", 265), early, SPAN)
+    assert way_early.passed is False                  # more than a window before the reader's onset
+
+
+# -- notify, don't alarm ----------------------------------------------------------------------
+
+def test_transient_spike_must_notify_and_never_brake():
+    lab = Label("k", "other:transient_kl_grad_spike", 71)
+    assert judge(lab, [alert("kl_above_target", "yellow", 71)], SPAN).passed
+    red = judge(lab, [alert("kl_above_target", "red", 71)], SPAN)
+    assert red.passed is False and red.wrong_brakes and red.reached == "red"
+    silent = judge(lab, [], SPAN)
+    assert silent.passed is False and "no notice" in silent.problems[0]
+    elsewhere = judge(lab, [alert("kl_above_target", "yellow", 71), alert("kl_rising", "orange", 34)], SPAN)
+    assert elsewhere.passed is False                  # warn, don't alarm: anywhere in the run
+
+
+def test_missing_and_unwatched_own_rules_are_named():
+    v = judge(Label("d", "other:dpo_chosen_reward_decline", 60), [], SPAN5,
+              pack_rules=["kl_above_target"], watched=[])
+    assert v.own_missing == ("dpo_chosen_decline",) and "not in the pack" in v.problems[0]
+    v = judge(Label("t", "truncation", 30), [], SPAN5, pack_rules=["truncation_rising"], watched=["kl_rising"])
+    assert v.own_unwatched == ("truncation_rising",) and "none of its inputs" in v.problems[0]
+
+
+def test_open_at_end_follows_firing_and_resolved_notices():
+    v = judge(Label("f", "truncation", 30), [alert("truncation_rising", "orange", 40),
+                                             alert("truncation_rising", "orange", 70, state="resolved"),
+                                             alert("truncation_rising", "yellow", 70)], SPAN5)
+    assert v.passed and v.open_at_end == "yellow"
+
+
+# -- scores and tables ------------------------------------------------------------------------
+
+def test_score_counts_each_kind_and_skips_unscored():
+    vs = [judge(Label("h", "healthy"), [alert("stagnation", "yellow", 5)], SPAN),
+          judge(Label("f", "truncation", 30), [alert("truncation_rising", "orange", 40)], SPAN),
+          judge(Label("g", "truncation", 30), [], SPAN),
+          judge(Label("o", "other"), [alert("kl_above_target", "red", 3)], SPAN)]
+    s = score(vs)
+    assert (s.scored, s.passed, s.healthy, s.quiet, s.faults, s.caught, s.unscored) == (3, 2, 1, 1, 2, 1, 1)
+    assert s.recall == 0.5 and s.delays == [10] and s.yellow_per_1k == pytest.approx(2.5)
+    assert "2/3 files pass" in s.line("files") and "1 unscored" in s.line("files")
+
+
+def test_delay_table_bins_by_magnitude_and_interval():
+    def sim(m, every, caught_at):
+        v = judge(Label("x", "truncation_rising", 300, onset_exact=True),
+                  [alert("truncation_rising", "orange", caught_at)] if caught_at else [], SPAN)
+        v.extra.update(magnitude=m, log_every=every)
+        return v
+    rows = delay_table([sim(0.1, 1, 350), sim(0.2, 1, None), sim(0.9, 1, 310), sim(None, 5, 305)])
+    by = {(r["magnitude"], r["log_every"]): r for r in rows}
+    assert by[("mild", 1)]["runs"] == 2 and by[("mild", 1)]["caught"] == 1 and by[("mild", 1)]["median_delay"] == 50
+    assert by[("strong", 1)]["median_delay"] == 10
+    assert by[("all-or-nothing", 5)]["caught"] == 1
+
+
+def test_labels_file_with_sources(tmp_path):
+    (tmp_path / "labels.json").write_text(json.dumps({
+        "b.jsonl": {"label": "healthy", "onset": None},
+        "a.jsonl": {"label": "truncation", "onset": 5, "max_delay": 50, "preset": "trl-grpo",
+                    "source": "team-a"}}))
+    labs = load_labels(tmp_path, sources={"b.jsonl": "team-b"})
+    assert [(x.run, x.source, x.max_delay) for x in labs] == [("a.jsonl", "team-a", 50), ("b.jsonl", "team-b", None)]
+    with pytest.raises(FileNotFoundError):
+        load_labels(tmp_path / "nowhere")
