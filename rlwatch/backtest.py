@@ -540,7 +540,7 @@ def score_real(directory: str | Path, pack="rlhf", *, labels: list[Label] | None
     for lab in labels:
         r = replay_labelled(directory, lab, pack, tuned=tuned)
         v = judge(lab, r.alerts, r.span, pack_rules=r.pack_rules, watched=r.watched)
-        v.extra.update(preset=r.preset, events=r.events, rejected=r.rejected)
+        v.extra.update(preset=r.preset, events=r.events, rejected=r.rejected, watched=len(r.watched))
         verdicts.append(v)
         if progress is not None:
             progress(v)

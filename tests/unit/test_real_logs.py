@@ -1,0 +1,141 @@
+"""Detection that holds on runs the pack was not tuned on (issue 10), scored as
+``rlwatch backtest`` scores it (rlwatch/backtest.py):
+
+* every labelled real log in ../shared/real-logs: its verdict by its own rule(s), at the required
+  severity, within its window, with nothing orange or above and no brake before the onset
+  (healthy: nothing orange or above at all; the transient spike: a notice and no alarm);
+* every real log is watched: its preset is found and some of its own rules had their inputs;
+* a small held-out simulated set (seeds >= 5000, never used for tuning; magnitudes drawn by the
+  seed; logging every 2, 5 and 10 steps): recall >= 0.95, nothing orange or above on healthy
+  runs or before an onset, at most 1 yellow per 1,000 healthy steps.
+
+Where today's pack fails, the test states the target and is marked ``xfail(strict=True)`` with
+what the detection work must fix: when a fix makes it pass, the strict marker turns it into a
+failure until someone removes the marker. The whole file runs in well under a minute.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from contract.presets import PRESETS
+from rlwatch.backtest import SimCase, load_labels, own_rules, score_real, score_sim
+from rules.loader import load_pack
+from tests.support.paths import REAL_LOGS
+from tests.support.real_logs import sources
+
+PACK = load_pack("rlhf")
+LABELS = {lab.run: lab for lab in load_labels(REAL_LOGS, sources())}
+
+
+@functools.lru_cache(maxsize=1)
+def real():
+    report = score_real(REAL_LOGS, PACK, labels=list(LABELS.values()))
+    return {v.run: v for v in report.verdicts}
+
+
+def xfail(reason: str):
+    return pytest.mark.xfail(strict=True, reason=reason)
+
+
+# -- real logs: one verdict per labelled file ----------------------------------------------------
+
+#: What today's pack gets wrong, file by file (the target is the test's assertion).
+REAL_FAILURES = {
+    "tinker_rl_leetcode_3b_easy_llmjudge.jsonl":
+        "proxy reward climbs 0.13 -> 0.27 while the true reward (judge/score) stays ~0: no "
+        "proxy_divergence rule, and reward_quality_divergence needs the true score to fall",
+    "trl_dpo_specgaming_aligned.jsonl":
+        "rewards/chosen falls below -0.1 from step 60 while the margin grows: no "
+        "dpo_chosen_decline rule reads dpo/chosen_reward and dpo/margin",
+    "trl_grpo_nipsgate_rho0.7_s43.jsonl":
+        "one-step KL spike (17.8 vs median 0.09) at step 71 gets kl_above_target red (pause) "
+        "instead of a yellow notice; kl_rising orange at 34 and grad_norm_anomaly orange at 49 "
+        "on single excursions",
+    "trl_ppo_kartik_v2_s2026.jsonl":
+        "flat objective/scores for 100 steps (logged every step) and no stagnation notice: the "
+        "100-entry window never fills in a 100-step run",
+}
+
+SCORED = sorted(n for n, lab in LABELS.items() if lab.label == "healthy" or own_rules(lab.label))
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=xfail(REAL_FAILURES[n])) if n in REAL_FAILURES
+                                  else n for n in SCORED])
+def test_real_log_verdict(name):
+    v = real()[name]
+    assert v.passed, f"{name} ({v.label}, onset {v.onset}): {'; '.join(v.problems)}"
+
+
+#: Files whose own rules are not all present or watched today.
+WATCH_FAILURES = {
+    "trl_dpo_specgaming_aligned.jsonl": "no rule of the pack reads the DPO metrics (dpo/*)",
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=xfail(WATCH_FAILURES[n])) if n in WATCH_FAILURES
+                                  else n for n in sorted(LABELS)])
+def test_real_log_is_watched(name):
+    lab, v = LABELS[name], real()[name]
+    assert lab.preset in PRESETS and v.extra["preset"] == lab.preset, "the run's framework was not found"
+    assert v.extra["events"] > 0 and v.extra["rejected"] == 0
+    assert v.extra["watched"] > 0, "no rule had its inputs: silence would mean nothing"
+    if v.own:
+        live = set(v.own) - set(v.own_missing) - set(v.own_unwatched)
+        assert live, f"none of {v.own} is in the pack with its inputs logged"
+
+
+def test_unscored_labels_are_the_ones_without_a_catalog_id():
+    # "other" without an id (a reader's borderline judgement) is reported, not scored
+    unscored = {n for n, v in real().items() if v.passed is None}
+    assert unscored == {n for n, lab in LABELS.items() if lab.label != "healthy" and not own_rules(lab.label)}
+
+
+# -- simulated runs from held-out seeds ---------------------------------------------------------
+
+SIM_FAULTS = ["kl_above_target", "kl_rising", "entropy_collapse", "reward_collapse", "truncation_rising",
+              "grad_norm_anomaly", "value_loss_divergence", "length_hacking", "stagnation", "nan_inf",
+              "entropy_blowup", "reward_crash", "dead_reward", "dpo_chosen_decline", "proxy_divergence"]
+SIM_CASES = ([SimCase(f, ("ppo", "grpo")[i % 2], 5000 + i, (5, 10)[i % 2]) for i, f in enumerate(SIM_FAULTS)]
+             + [SimCase("nan_inf:skipped_step", "grpo", 5015, 2, window=150)]
+             + [SimCase("healthy", algo, 5100 + j, every, steps=1000)
+                for j, algo in enumerate(("ppo", "grpo", "dpo")) for every in (5, 10)])
+
+
+@functools.lru_cache(maxsize=1)
+def sim():
+    return score_sim(SIM_CASES, PACK)
+
+
+def _misses():
+    return [f"{v.label}@{v.extra.get('log_every')}" for v in sim().verdicts if v.kind == "catch" and v.caught is None]
+
+
+@xfail("missed today: length_hacking and stagnation logged every 5-10 steps (entry-counted windows), "
+       "and the new catalog ids entropy_blowup, reward_crash, dpo_chosen_decline, proxy_divergence "
+       "have no rule")
+def test_simulated_recall_is_at_least_95_percent():
+    s = sim().score
+    assert s.faults >= len(SIM_FAULTS) and s.recall >= 0.95, f"recall {s.recall:.2f}; missed {_misses()}"
+
+
+@xfail("kl_rising orange on a healthy GRPO run logged every 5 and every 10 steps (KL growing from zero "
+       "is not a fault); nan_inf black (stop) on a skipped mixed-precision step")
+def test_simulated_healthy_and_pre_onset_stay_below_orange_and_unbraked():
+    bad = [(v.run, [str(h) for h in v.false_alarms + v.wrong_brakes][:4])
+           for v in sim().verdicts if v.false_alarms or v.wrong_brakes]
+    assert not bad
+
+
+def test_simulated_yellow_notices_at_most_one_per_1000_healthy_steps():
+    s = sim().score
+    assert s.healthy_steps >= 5000 and s.yellow_per_1k <= 1.0, f"{s.yellow_per_1k:.2f} per 1,000 steps"
+
+
+@xfail("nan_inf is black (stop) on a NaN gradient norm with a finite loss: the catalog's nan_inf "
+       "split (a yellow count for a skipped step) is not in the pack yet")
+def test_skipped_mixed_precision_step_notifies_and_does_not_brake():
+    v = next(v for v in sim().verdicts if v.label == "nan_inf:skipped_step")
+    assert v.passed, "; ".join(v.problems)
