@@ -17,12 +17,23 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+try:   # the fast path of parse_event; the standard library reads everything it reads
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - orjson is a dependency
+    _orjson = None
+
 __all__ = [
+    "CANONICAL_METRICS",
     "MAX_EVENT_BYTES",
+    "MAX_METRICS",
+    "MAX_NAME_LEN",
+    "MAX_STEP",
+    "MAX_TAGS",
     "CheckpointEvent",
     "Event",
     "EventError",
@@ -40,6 +51,28 @@ __all__ = [
 MAX_EVENT_BYTES = 1_000_000
 #: Largest number of values in one per-sample array of ``dists``.
 MAX_DIST_LEN = 65_536
+#: Largest step: the largest integer a float holds exactly (JSON readers in other languages).
+MAX_STEP = 2**53
+#: Most metrics in one event, and the longest metric, dist, group or tag name.
+MAX_METRICS = 4096
+MAX_NAME_LEN = 256
+#: Most tags in one event, and the longest tag value.
+MAX_TAGS = 64
+MAX_TAG_VALUE_LEN = 1024
+#: Longest ``incarnation`` (a fresh id per start of the training program).
+MAX_INCARNATION_LEN = 64
+
+#: The canonical metric names (contract section 2), and the few more the built-in pack reads.
+CANONICAL_METRICS = frozenset({
+    "reward/mean", "reward/std", "reward/frac_zero_std", "kl/mean", "kl/token_max",
+    "kl/token_p99", "kl/beta", "kl/ppo", "entropy/mean", "loss/policy", "loss/value",
+    "value/mean", "value/std", "returns/mean", "returns/std", "returns/abs_max",
+    "advantages/mean", "advantages/std", "ppo/clip_frac", "value/clip_frac", "ppo/epoch",
+    "response/length_mean", "response/length_max", "response/truncated_frac",
+    "response/eos_frac", "response/eos_count", "grad_norm/actor", "grad_norm/critic",
+    "update_ratio/actor", "update_ratio/critic", "lr/actor", "lr/critic",
+    "gpu/mem_allocated_gb", "judge/score", "rm/train_acc", "rm/val_acc", "dpo/pref_prob",
+})
 
 _NONFINITE_IN = {
     "nan": math.nan,
@@ -86,11 +119,27 @@ class _Base(BaseModel):
 
     schema_: Literal[1] = Field(alias="schema")
     run_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\s]+$")
-    step: int = Field(ge=0)
-    rank: int = Field(default=0, ge=0)
-    world_size: int | None = Field(default=None, ge=1)
+    step: int = Field(ge=0, le=MAX_STEP)
+    rank: int = Field(default=0, ge=0, le=1_000_000)
+    world_size: int | None = Field(default=None, ge=1, le=1_000_000)
     ts: float | None = None
     tags: dict[str, str] = Field(default_factory=dict)
+    #: a fresh id per start of the training program: a new one means the run was relaunched
+    incarnation: str | None = Field(default=None, min_length=1, max_length=MAX_INCARNATION_LEN,
+                                    pattern=r"^[^\s]+$")
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tags(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            if len(v) > MAX_TAGS:
+                raise ValueError(f"{len(v)} tags, more than {MAX_TAGS}")
+            for k, x in v.items():
+                if len(str(k)) > MAX_NAME_LEN:
+                    raise ValueError(f"tag name {str(k)[:40]!r}... is longer than {MAX_NAME_LEN}")
+                if isinstance(x, str) and len(x) > MAX_TAG_VALUE_LEN:
+                    raise ValueError(f"tag {k!r} is longer than {MAX_TAG_VALUE_LEN} characters")
+        return v
 
     @field_validator("schema_", mode="before")
     @classmethod
@@ -142,6 +191,11 @@ class StepEvent(_Base):
     def _metrics(cls, v: Any) -> Any:
         if not isinstance(v, dict):
             raise ValueError(f"must be an object of name -> number, got {type(v).__name__}")
+        if len(v) > MAX_METRICS:
+            raise ValueError(f"{len(v)} metrics, more than {MAX_METRICS}")
+        for k in v:
+            if len(k) > MAX_NAME_LEN:
+                raise ValueError(f"metric name {k[:40]!r}... is longer than {MAX_NAME_LEN}")
         return {str(k): _number(x, f"metric {k!r}") for k, x in v.items()}
 
     @field_validator("dists", mode="before")
@@ -238,27 +292,158 @@ def _explain(err: ValidationError) -> str:
     return "; ".join(parts)
 
 
+_RUN_ID = re.compile(r"[^\s]+")
+_STEP_KEYS = frozenset({"schema", "kind", "run_id", "step", "rank", "world_size", "ts", "tags",
+                        "incarnation", "metrics", "dists", "groups", "hashes", "batch_ids"})
+
+
+def _numbers(d: Any) -> dict | None:
+    """``d`` as name -> float when it is plainly that (else None: the strict path decides)."""
+    if type(d) is not dict or len(d) > MAX_METRICS:
+        return None
+    for k, x in d.items():
+        t = type(x)
+        if t is not float:
+            if t is not int or len(k) > MAX_NAME_LEN:
+                return None
+            d = {k: (float(v) if type(v) is int else v) for k, v in d.items()}
+            break
+        if len(k) > MAX_NAME_LEN:
+            return None
+    for x in d.values():
+        if type(x) is not float:
+            return None
+    return d
+
+
+def _strings(d: Any, limit: int) -> bool:
+    if type(d) is not dict or len(d) > MAX_TAGS:
+        return False
+    for k, x in d.items():
+        if type(x) is not str or len(x) > limit or len(k) > MAX_NAME_LEN:
+            return False
+    return True
+
+
+def _fast_step(d: dict, received_at: float) -> StepEvent | None:
+    """A step event built without pydantic when every field is plainly valid; None when
+    anything is unusual (a non-finite spelling, a wrong type, an unknown key), so that the
+    strict path gives the reason."""
+    if d.get("schema") != 1 or type(d["schema"]) is not int or not _STEP_KEYS.issuperset(d):
+        return None
+    run_id, step = d.get("run_id"), d.get("step")
+    if (type(run_id) is not str or not 0 < len(run_id) <= 256 or not _RUN_ID.fullmatch(run_id)
+            or type(step) is not int or not 0 <= step <= MAX_STEP):
+        return None
+    rank = d.get("rank", 0)
+    world = d.get("world_size")
+    ts = d.get("ts")
+    if type(rank) is not int or not 0 <= rank <= 1_000_000:
+        return None
+    if world is not None and (type(world) is not int or not 1 <= world <= 1_000_000):
+        return None
+    if ts is None:
+        ts = received_at
+    elif type(ts) is int:
+        ts = float(ts)
+    elif type(ts) is not float or ts - ts != 0.0:
+        return None
+    inc = d.get("incarnation")
+    if inc is not None and (type(inc) is not str or not 0 < len(inc) <= MAX_INCARNATION_LEN
+                            or not _RUN_ID.fullmatch(inc)):
+        return None
+    tags = d.get("tags", {})
+    hashes = d.get("hashes", {})
+    if not _strings(tags, MAX_TAG_VALUE_LEN) or not _strings(hashes, MAX_TAG_VALUE_LEN):
+        return None
+    metrics = _numbers(d.get("metrics", {}))
+    if metrics is None:
+        return None
+    dists = d.get("dists", {})
+    if type(dists) is not dict:
+        return None
+    if dists:
+        out = {}
+        for k, xs in dists.items():
+            if type(xs) is not list or len(xs) > MAX_DIST_LEN or len(k) > MAX_NAME_LEN:
+                return None
+            kinds = set(map(type, xs))
+            if kinds <= {float}:
+                out[k] = xs
+            elif kinds <= {float, int}:
+                out[k] = [float(x) for x in xs]
+            else:
+                return None
+        dists = out
+    groups = d.get("groups", {})
+    if type(groups) is not dict:
+        return None
+    if groups:
+        out = {}
+        for k, g in groups.items():
+            g = _numbers(g)
+            if g is None or len(k) > MAX_NAME_LEN:
+                return None
+            out[k] = g
+        groups = out
+    batch_ids = d.get("batch_ids", [])
+    if type(batch_ids) is not list or not all(type(b) is str for b in batch_ids):
+        return None
+    ev = object.__new__(StepEvent)
+    object.__setattr__(ev, "__dict__", {
+        "schema_": 1, "run_id": run_id, "step": step, "rank": rank, "world_size": world,
+        "ts": ts, "tags": tags, "incarnation": inc, "kind": "step", "metrics": metrics,
+        "dists": dists, "groups": groups, "hashes": hashes, "batch_ids": batch_ids})
+    object.__setattr__(ev, "__pydantic_fields_set__", _FIELDS_SET)
+    object.__setattr__(ev, "__pydantic_extra__", {})
+    object.__setattr__(ev, "__pydantic_private__", None)
+    return ev
+
+
+_FIELDS_SET = frozenset()
+
+
 def parse_event(raw: bytes | str | dict, received_at: float) -> StepEvent | SamplesEvent | CheckpointEvent | HeartbeatEvent:
     """Validate one event. ``received_at`` fills ``ts`` when the event has none.
 
-    Raises :class:`EventError` with a one-line reason for anything malformed.
+    Raises :class:`EventError` with a one-line reason for anything malformed. Plain step
+    events (numbers as numbers) take a fast path (orjson and type checks); anything else, and
+    every rejection, goes through the pydantic models, which word the reasons.
     """
+    data = raw if type(raw) is dict else None
     if isinstance(raw, (bytes, bytearray)):
         if len(raw) > MAX_EVENT_BYTES:
             raise EventError(f"event is {len(raw)} bytes, over the {MAX_EVENT_BYTES}-byte limit")
+    elif isinstance(raw, str):
+        if len(raw) > MAX_EVENT_BYTES // 4 and len(raw.encode()) > MAX_EVENT_BYTES:
+            raise EventError(f"event is {len(raw)} bytes, over the {MAX_EVENT_BYTES}-byte limit")
+    if data is None and _orjson is not None and isinstance(raw, (bytes, bytearray, str)):
+        try:
+            data = _orjson.loads(raw)
+        except _orjson.JSONDecodeError:
+            data = None   # bare NaN tokens, bad UTF-8, bad JSON: the standard path says which
+    if type(data) is dict:
+        if data.get("kind") == "step":
+            ev = _fast_step(data, received_at)
+            if ev is not None:
+                return ev
+        return _strict(data, received_at)
+    if isinstance(raw, (bytes, bytearray)):
         try:
             raw = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise EventError(f"event is not UTF-8 text: {exc}") from None
     if isinstance(raw, str):
-        if len(raw) > MAX_EVENT_BYTES // 4 and len(raw.encode()) > MAX_EVENT_BYTES:
-            raise EventError(f"event is {len(raw)} bytes, over the {MAX_EVENT_BYTES}-byte limit")
         try:
             raw = json.loads(raw)
         except (json.JSONDecodeError, RecursionError) as exc:
             raise EventError(f"bad JSON: {exc}") from None
         except ValueError as exc:   # e.g. an integer with more digits than Python converts
             raise EventError(f"bad JSON: {exc}") from None
+    return _strict(raw, received_at)
+
+
+def _strict(raw: Any, received_at: float):
     if not isinstance(raw, dict):
         raise EventError(f"an event must be a JSON object, got {type(raw).__name__}")
     if "schema" not in raw:

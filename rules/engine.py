@@ -1,10 +1,11 @@
-"""Rule evaluation: a pack, a run's view and its alert states in, alerts out. Pure.
+"""Rule evaluation: compiled rules and a run's alert states in, alerts out. Pure.
 
 :class:`RuleEngine` is built once per pack. :meth:`RuleEngine.for_run` applies the pack's
 per-run overrides (targets, disabled rules, changed parameters) and the targets the run itself
-reported, giving a :class:`RunRules`. :meth:`RunRules.evaluate` runs every enabled rule's tiers
-against a :class:`~rules.conditions.RunView` at one step and returns the alerts whose state
-changed (firing, escalated, resolved).
+reported, giving a :class:`RunRules`, which :meth:`RunRules.compile` turns into a
+:class:`rules.compile.Program` over one rank's statistics. :func:`evaluate` runs some compiled
+rules at one step and returns the alerts whose state changed (firing, escalated, resolved);
+the text of an alert is rendered only then.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from contract.alert import SEVERITIES, Alert
-from rules.conditions import RunView, evaluate, leaves
-from rules.schema import Condition, Pack, Rule, Tier
+from rules.compile import CompiledRule, CompiledTier, Program, Source, compile_rules
+from rules.schema import Condition, Pack, Rule, Threshold, leaves
 from rules.state import AlertState, advance
 
-__all__ = ["RuleEngine", "RunRules", "render"]
+__all__ = ["RuleEngine", "RunRules", "evaluate", "render"]
 
 
 class _SafeFormatter(string.Formatter):
@@ -50,6 +51,10 @@ def render(template: str, **fields) -> str:
         return template
 
 
+def _up(severity: str) -> str:
+    return SEVERITIES[min(SEVERITIES.index(severity) + 1, len(SEVERITIES) - 1)]
+
+
 @dataclass
 class RunRules:
     """The pack as it applies to one run."""
@@ -58,87 +63,98 @@ class RunRules:
     rules: list[Rule]
     targets: dict[str, float]
     params: dict[str, dict[str, float]]
+    positions: dict[str, int]
 
-    def evaluate(self, view: RunView, states: dict[str, AlertState], *, step: int, ts: float,
-                 rank: int | None, checkpoint_before: Callable[[int], dict | None] = lambda s: None,
-                 only: Callable[[Rule], bool] = lambda r: True) -> list[Alert]:
-        """Evaluate at one step; ``states`` (keyed ``rule/severity/rank``) is updated in place."""
-        out: list[Alert] = []
-        for rule in self.rules:
-            if not only(rule):
-                continue
-            params = self.params.get(rule.id, rule.params)
-            for tier in rule.tiers:
-                verdict = evaluate(tier.when, view, self.targets, params)
-                key = f"{rule.id}/{tier.severity}/{'' if rank is None else rank}"
-                st = states.get(key)
-                if st is None:
-                    if not verdict.holds:
-                        continue  # keep the state table small: only what has been true
-                    st = states[key] = AlertState()
-                if verdict.holds:
-                    st.value, st.threshold, st.metric = verdict.value, verdict.threshold, verdict.metric
-                    if st.status != "firing":
-                        st.rank = verdict.rank   # the alert keeps the rank it fired for
-                was_escalated = st.escalated
-                change = advance(st, verdict.holds, step, ts, for_steps=tier.for_,
-                                 for_seconds=tier.for_seconds, keep_firing_for=tier.keep_firing_for,
-                                 escalate_after=tier.escalate_after)
-                if change is None:
-                    if st.status == "inactive":
-                        del states[key]
+    def compile(self, src: Source, keep: Callable[[Rule], bool] = lambda r: True) -> Program:
+        return compile_rules(self.rules, self.params, self.targets, src, self.positions, keep)
+
+
+def evaluate(run_id: str, rules: Iterable[CompiledRule], targets: dict[str, float],
+             states: dict[str, AlertState], *, step: int, ts: float, rank: int | None,
+             checkpoint_before: Callable[[int], dict | None] = lambda s: None) -> list[Alert]:
+    """Evaluate ``rules`` at one step; ``states`` (keyed ``rule/severity/rank``) is updated in
+    place and keeps only alerts that are pending or firing."""
+    out: list[Alert] = []
+    suffix = "/" if rank is None else f"/{rank}"
+    for cr in rules:
+        for ct in cr.tiers:
+            holds = ct.test()
+            key = ct.key + suffix
+            st = states.get(key)
+            if st is None:
+                if not holds:
                     continue
-                severity = tier.severity
-                if change == "escalated":
-                    severity = SEVERITIES[min(SEVERITIES.index(severity) + 1, len(SEVERITIES) - 1)]
-                out.append(self._alert(rule, tier, severity, st, verdict, view, step, ts, rank,
-                                       params, "resolved" if change == "resolved" else "firing",
-                                       checkpoint_before, escalated=change == "escalated"))
-                if change == "resolved" and was_escalated:
-                    # the escalated alert has its own fingerprint: resolve it too
-                    up = SEVERITIES[min(SEVERITIES.index(severity) + 1, len(SEVERITIES) - 1)]
-                    out.append(self._alert(rule, tier, up, st, verdict, view, step, ts, rank,
-                                           params, "resolved", checkpoint_before, escalated=False))
-                if st.status == "inactive":
-                    del states[key]
-        return out
+                st = states[key] = AlertState()
+            tier = ct.tier
+            was_escalated = st.escalated
+            change = advance(st, holds, step, ts, for_steps=tier.for_,
+                             for_seconds=tier.for_seconds, keep_firing_for=tier.keep_firing_for,
+                             escalate_after=tier.escalate_after)
+            if change is not None:
+                out += _announce(run_id, cr, ct, st, change, targets, step, ts, rank,
+                                 checkpoint_before, was_escalated)
+            if st.status == "inactive":
+                del states[key]
+    return out
 
-    def _alert(self, rule: Rule, tier: Tier, severity: str, st: AlertState, verdict, view,
-               step: int, ts: float, rank: int | None, params: dict[str, float], state: str,
-               checkpoint_before, escalated: bool) -> Alert:
-        value = verdict.value if state == "firing" else st.value
-        threshold = verdict.threshold if state == "firing" else st.threshold
-        metric = st.metric if st.metric is not None else verdict.metric
-        if st.rank is not None:
-            rank = st.rank   # a cross-rank check names the rank it is about
-        # parameters and targets first: the alert's own fields win over a parameter that
-        # happens to share their name (a rule may call a parameter "threshold")
-        fields = {**params, **{f"target_{k}": v for k, v in self.targets.items()},
-                  "value": value, "threshold": threshold, "onset_step": st.onset_step,
-                  "step": step, "run_id": self.run_id, "rank": rank, "tier": severity,
-                  "metric": metric, "detail": verdict.detail or "", "rule": rule.id}
-        summary = render(rule.summary, **fields)
-        if verdict.detail and state == "firing":
-            summary = f"{summary} ({verdict.detail})"
-        if escalated:
-            summary = f"{summary}; escalated from {tier.severity} after {tier.escalate_after} steps"
-        diagnosis = render(rule.diagnosis.strip(), **fields)
-        if state == "firing":
-            for note in rule.notes:
-                v = evaluate(note.when, view, self.targets, params)
-                text = note.text if v.holds else note.otherwise if v.holds is False else None
-                if text:
-                    diagnosis = f"{diagnosis}\n{render(text.strip(), **fields)}".strip()
-        actions = tier.action_names() if state == "firing" else []
-        rollback_to = None
-        if "rollback" in actions and st.onset_step is not None:
-            rollback_to = checkpoint_before(st.onset_step)
-        return Alert(rule=rule.id, severity=severity, state=state, run_id=self.run_id,
-                     rank=rank, step=step, onset_step=st.onset_step, value=_num(value),
-                     threshold=_num(threshold), metric=metric, actions=actions,
-                     adjust=tier.adjust_params() if state == "firing" else {},
-                     rollback_to=rollback_to, summary=summary, diagnosis=diagnosis,
-                     labels=dict(rule.labels), ts=ts)
+
+def _announce(run_id: str, cr: CompiledRule, ct: CompiledTier, st: AlertState, change: str,
+              targets, step, ts, rank, checkpoint_before, was_escalated: bool) -> list[Alert]:
+    tier = ct.tier
+    if change == "resolved":
+        out = [_alert(run_id, cr, tier, tier.severity, st, targets, step, ts, rank, "resolved",
+                      checkpoint_before)]
+        if was_escalated:
+            out.append(_alert(run_id, cr, tier, _up(tier.severity), st, targets, step, ts, rank,
+                              "resolved", checkpoint_before))
+        return out
+    _holds, value, threshold, metric, detail, who = ct.explain()
+    st.value, st.threshold, st.detail = value, threshold, detail
+    if metric is not None:
+        st.metric = metric
+    if change == "firing":
+        st.rank = who
+    severity = _up(tier.severity) if change == "escalated" else tier.severity
+    alert = _alert(run_id, cr, tier, severity, st, targets, step, ts, rank, "firing",
+                   checkpoint_before, escalated=change == "escalated")
+    st.summary = alert.summary[:300]
+    return [alert]
+
+
+def _alert(run_id: str, cr: CompiledRule, tier, severity: str, st: AlertState, targets,
+           step: int, ts: float, rank: int | None, state: str, checkpoint_before,
+           escalated: bool = False) -> Alert:
+    rule = cr.rule
+    if st.rank is not None:
+        rank = st.rank   # a cross-rank check names the rank it is about
+    # parameters and targets first: the alert's own fields win over a parameter that
+    # happens to share their name (a rule may call a parameter "threshold")
+    fields = {**cr.params, **{f"target_{k}": v for k, v in targets.items()},
+              "value": st.value, "threshold": st.threshold, "onset_step": st.onset_step,
+              "step": step, "run_id": run_id, "rank": rank, "tier": severity,
+              "metric": st.metric, "detail": st.detail or "", "rule": rule.id}
+    summary = render(rule.summary, **fields)
+    if st.detail and state == "firing":
+        summary = f"{summary} ({st.detail})"
+    if escalated:
+        summary = f"{summary}; escalated from {tier.severity} after {tier.escalate_after} steps"
+    diagnosis = render(rule.diagnosis.strip(), **fields)
+    if state == "firing":
+        for explain, text, otherwise in cr.notes:
+            holds = explain()[0]
+            note = text if holds else otherwise if holds is False else None
+            if note:
+                diagnosis = f"{diagnosis}\n{render(note.strip(), **fields)}".strip()
+    actions = tier.action_names() if state == "firing" else []
+    rollback_to = None
+    if "rollback" in actions and st.onset_step is not None:
+        rollback_to = checkpoint_before(st.onset_step)
+    return Alert(rule=rule.id, severity=severity, state=state, run_id=run_id,
+                 rank=rank, step=step, onset_step=st.onset_step, value=_num(st.value),
+                 threshold=_num(st.threshold), metric=st.metric, actions=actions,
+                 adjust=tier.adjust_params() if state == "firing" else {},
+                 rollback_to=rollback_to, summary=summary, diagnosis=diagnosis,
+                 labels=dict(rule.labels), ts=ts)
 
 
 def _num(x: float | None) -> float | None:
@@ -146,11 +162,12 @@ def _num(x: float | None) -> float | None:
 
 
 class RuleEngine:
-    """A pack, compiled once; cheap to specialise per run."""
+    """A pack, checked once; cheap to specialise per run."""
 
     def __init__(self, pack: Pack):
         self.pack = pack
         self.rules = [r for r in pack.rules if r.enabled]
+        self.positions = {r.id: i for i, r in enumerate(self.rules)}
 
     def for_run(self, run_id: str, reported_targets: dict[str, float] | None = None) -> RunRules:
         targets = dict(self.pack.targets)
@@ -163,10 +180,11 @@ class RuleEngine:
                 for rid, p in ov.params.items():
                     params.setdefault(rid, {}).update(p)
         targets.update(reported_targets or {})
-        return RunRules(run_id, [r for r in self.rules if r.id not in disabled], targets, params)
+        return RunRules(run_id, [r for r in self.rules if r.id not in disabled], targets, params,
+                        self.positions)
 
     def conditions(self) -> Iterable[Condition]:
-        """Every leaf condition of every rule and note (to know which signals to keep)."""
+        """Every leaf condition of every rule and note."""
         for r in self.rules:
             for t in r.tiers:
                 yield from leaves(t.when)
@@ -177,8 +195,7 @@ class RuleEngine:
         """Targets that conditions use but the pack gives no default for."""
         used = set()
         for c in self.conditions():
-            for spec in (c.above, c.below, c.abs_above):
-                if getattr(spec, "target", None):
+            for spec in (c.above, c.below, c.abs_above, c.cap):
+                if isinstance(spec, Threshold) and spec.target:
                     used.add(spec.target)
         return sorted(used - set(self.pack.targets))
-

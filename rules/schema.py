@@ -1,84 +1,131 @@
-"""The rule language: pydantic models of a rule file (YAML).
+"""The rule language: pydantic models of a rule file (YAML). Pure.
 
 A rule file (a *pack*) looks like::
 
     pack: rlhf
-    targets: {kl: 0.1}                 # per-run targets, overridable per run
+    diagnoses: diagnoses.yaml          # optional: titles, summaries, diagnoses by rule id
+    targets: {kl: 0.05}                # per-run targets, overridable per run
     rules:
       - id: kl_above_target
-        params: {cap: 0.2}
+        params: {yellow: 1.5, red: 2.5, cap: 0.2}
         summary: "KL {value:.3g} above {threshold:.3g}"
-        diagnosis: "..."
         tiers:
           - severity: yellow
-            when: {metric: kl/mean, above: {target: kl, factor: 1.5}}
-            for: 5                     # consecutive steps
+            when: {metric: kl/mean, above: {target: kl, factor: yellow}}
+            for: 5                     # held over 5 training steps
             actions: [notify, {adjust: {beta: 1.5}}]
-          - severity: red
-            when: {metric: kl/mean, above: {target: kl, factor: 2.5}}
-            actions: [pause, snapshot]
+          - severity: black
+            when: {metric: kl/mean, signal: median, window: 3, above: cap}
+            actions: [stop, rollback, snapshot]
     overrides:
       - runs: "ppo-8b-*"               # glob on run_id
         targets: {kl: 0.03}
         disable: [stagnation]
         params: {kl_above_target: {cap: 0.5}}
 
+Thresholds (``above``, ``below``, ``abs_above``, ``cap``) are a number, the name of one of the
+rule's ``params`` (``above: cap``), or ``{target: NAME, factor: F}`` / ``{param: NAME, factor:
+F}`` where ``F`` is a number or a parameter name. A name that is not a parameter of the rule is
+an error; so is an unknown key anywhere, an override of an unknown rule or parameter. Write
+numbers with a dot (``1.0e-6``): YAML reads ``1e-6`` as text, which then names no parameter.
+
+**Steps, not entries.** Every count of the language is in training steps, whatever the
+logging interval of the run:
+
+* ``window: W`` -- a rolling window holds the points whose step is within the last W steps
+  (``step > now - W``), and never fewer than the few points its signal needs to mean anything
+  (:data:`MIN_POINTS`: 3 for a median, 10 for a trend, ...). On a run logging every step that
+  is exactly the last W values; on a run logging every 10 steps a 50-step trend reads the last
+  10 points (100 steps) instead of 5, too few for a trend test.
+* ``for: N`` -- the condition held at every logged point from its onset (the step of the first
+  true point) over at least N training steps: ``step - onset_step + 1 >= N``. Logged every
+  step, ``for: 5`` fires on the 5th true point; logged every 10 steps, on the 2nd consecutive
+  true point (11 steps). ``for: 1`` fires at once.
+* ``keep_firing_for: N`` -- a firing alert resolves once its condition has been false for more
+  than N steps since the first false point; ``escalate_after: N`` -- N steps after firing.
+* ``min_steps: N`` -- a warm-up: the condition is undecided until the metric has been logged
+  across N steps (``step - first_step + 1 >= N``) and at least ``min(N, 5)`` points.
+* ``smooth: N`` and ``signal: ema`` with ``window: N`` -- an EMA with a span of N steps; a gap of
+  k steps between two points decays the average as k single steps would.
+* baselines (``ratio_to_start``) -- the points of the run's first ``window`` steps, but at least
+  3 of them.
+
 A condition (``when``) is one of:
 
-* a metric test: ``{metric, signal?, window?, above?|below?|equals?, min_steps?}``;
-  thresholds are numbers, ``{target: NAME, factor: F}`` or ``{param: NAME, factor: F}``;
+* a metric test: ``{metric, signal?, window?, smooth?, above?|below?|abs_above?, min_steps?}``;
 * ``{nonfinite: any}`` or ``{nonfinite: [metric, ...]}``;
 * across ranks: ``{ranks: METRIC, stat: max_over_median, above: 3}``;
   ``{hashes: actor, mismatch: true}``;
-* a per-sample distribution of the step: ``{dist: reward, stat: bimodality, above: 0.555}``;
+* a per-sample distribution of the step: ``{dist: reward, stat: bimodality, above: 0.6}``;
 * a correlation of two per-sample arrays: ``{corr: [reward, response_length], window: 20, above: 0.5}``;
 * per-category groups: ``{groups: reward/mean, stat: gap_slope, above: 0}``;
 * samples: ``{samples: token_kl_argmax, stat: top_share, above: 0.5}``;
-* silence: ``{stalled_seconds: 300}``;
+* silence: ``{stalled_seconds: 300}`` (or a parameter name);
 * composites: ``{all: [...]}``, ``{any: [...]}``, ``{not: {...}}``.
 
-Pure: no I/O.
+A condition is undecided (neither true nor false) at a step where its metric was not logged or
+its signal is not defined yet; undecided changes no alert state.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Iterator, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 __all__ = [
     "ACTIONS",
     "Condition",
+    "MIN_POINTS",
     "Override",
     "Pack",
     "Rule",
+    "SIGNALS",
     "Threshold",
     "Tier",
+    "leaves",
 ]
 
 ACTIONS = ("notify", "adjust", "snapshot", "pause", "stop", "rollback")
-SIGNALS = (
-    "value",        # the metric itself
-    "ema",          # bias-corrected EMA (alpha from window: 2/(window+1))
-    "mean", "std", "median", "min", "max",      # rolling, over `window` steps
-    "zscore",       # newest value vs mean/std of the window before it
-    "robust_z",     # newest value vs median/MAD of the window before it
-    "ratio_to_median",   # newest value / median of the window before it
-    "ratio_to_start",    # median of the last 5 values / median of the run's first `window` values
-    "rel_drop",     # fraction below the window's peak
-    "rel_rise",     # fraction above the window's trough
-    "trend_z",      # Mann-Kendall z over the window (> 0 rising)
-    "trend_tau",    # Kendall's tau of value vs step over the window
-    "slope",        # Theil-Sen slope per step over the window
-    "flat_range",   # (max - min) / |mean| over the window
-    "autocorr",     # strength of the dominant autocorrelation lag over the window
-    "sign_flip_rate",    # share of step-to-step changes that flip sign
-    "diff_ratio",   # std of step-to-step changes / std of values over the window
-    "delta",        # newest value minus the previous one
-    "cycle_rise",   # rise of the value since the start of its update cycle (see cycle_metric)
-    "rel_trend",    # Theil-Sen slope x window / |median|: relative change across the window
-    "level_change", # median of the window's last values / median of its first values - 1
-)
+
+#: signal -> what it is. Windows are in steps (see the module doc).
+SIGNALS = {
+    "value": "the metric itself",
+    "ema": "bias-corrected EMA with a span of `window` steps",
+    "mean": "rolling mean over the window",
+    "std": "rolling standard deviation over the window",
+    "median": "rolling median over the window",
+    "min": "rolling minimum over the window",
+    "max": "rolling maximum over the window",
+    "zscore": "newest value against the mean and std of the window before it",
+    "robust_z": "newest value against the median and MAD of the window before it",
+    "ratio_to_median": "newest value / median of the window before it",
+    "ratio_to_start": "current level (median of the last few points) / median of the run's first `window` steps",
+    "rel_drop": "fraction below the window's peak",
+    "rel_rise": "fraction above the window's trough",
+    "trend_z": "Mann-Kendall z over the window (> 0 rising)",
+    "trend_tau": "Kendall's tau of value against step over the window",
+    "slope": "least-squares slope per step over the window",
+    "flat_range": "(max - min) / |mean| over the window",
+    "autocorr": "strength of the dominant autocorrelation lag over the window",
+    "sign_flip_rate": "share of point-to-point changes that flip sign",
+    "diff_ratio": "std of point-to-point changes / std of the values over the window",
+    "delta": "newest value minus the previous point",
+    "cycle_rise": "rise since the start of the update cycle (see cycle_metric)",
+    "rel_trend": "least-squares slope x window / |median|: relative change across the window",
+    "level_change": "median of the window's last points / median of its first points - 1",
+}
+
+#: The fewest points a signal's window holds (it reaches further back than `window` steps on a
+#: sparsely logged run rather than hold fewer) and needs before it is defined.
+MIN_POINTS = {
+    "value": 1, "ema": 1, "mean": 2, "std": 3, "median": 3, "min": 2, "max": 2, "zscore": 8,
+    "robust_z": 8, "ratio_to_median": 5, "ratio_to_start": 1, "rel_drop": 3, "rel_rise": 3,
+    "trend_z": 10, "trend_tau": 10, "slope": 5, "flat_range": 5, "autocorr": 20,
+    "sign_flip_rate": 10, "diff_ratio": 10, "delta": 2, "cycle_rise": 1, "rel_trend": 8,
+    "level_change": 10,
+}
+
 DIST_STATS = ("bimodality", "skewness", "mean", "std", "median", "p99", "max", "tail_mass",
               "frac_at_cap", "ratio_to_start")
 RANK_STATS = ("max_over_median", "max", "median")
@@ -91,11 +138,12 @@ class _Strict(BaseModel):
 
 
 class Threshold(_Strict):
-    """A threshold relative to a per-run target or a rule parameter."""
+    """A threshold relative to a per-run target or a rule parameter; ``factor`` is a number or
+    a parameter name."""
 
     target: str | None = None
     param: str | None = None
-    factor: float = 1.0
+    factor: Union[float, str] = 1.0
 
     @model_validator(mode="after")
     def _one(self) -> "Threshold":
@@ -104,17 +152,18 @@ class Threshold(_Strict):
         return self
 
 
-ThresholdSpec = Union[float, Threshold]
+#: a number, a parameter name, or a Threshold object
+ThresholdSpec = Union[float, str, Threshold]
 
 
 class Condition(_Strict):
     # metric tests
     metric: str | None = None
     signal: str = "value"
-    window: int = Field(default=50, ge=2, le=5000)
+    window: int = Field(default=50, ge=1, le=100_000)
     min_steps: int = Field(default=0, ge=0)
-    smooth: int | None = Field(default=None, ge=2, le=1000,
-                               description="EMA span applied to the metric before the signal")
+    smooth: int | None = Field(default=None, ge=2, le=10_000,
+                               description="EMA span in steps applied to the metric before the signal")
     cycle_metric: str | None = None
     # other sources
     nonfinite: Union[Literal["any"], list[str], None] = None
@@ -127,7 +176,7 @@ class Condition(_Strict):
     samples: str | None = None
     stat: str | None = None
     cap: ThresholdSpec | None = None
-    stalled_seconds: float | None = Field(default=None, gt=0)
+    stalled_seconds: Union[float, str, None] = None
     # comparison
     above: ThresholdSpec | None = None
     below: ThresholdSpec | None = None
@@ -166,11 +215,19 @@ class Condition(_Strict):
         if allowed is not None:
             if self.stat not in allowed:
                 raise ValueError(f"{source} conditions need stat: one of {', '.join(allowed)}")
+        elif self.stat is not None:
+            raise ValueError(f"a {source.rstrip('_')} condition takes no stat")
         if source == "corr" and len(self.corr or []) != 2:
             raise ValueError("corr takes two per-sample arrays, e.g. [reward, response_length]")
         if source == "hashes" and self.mismatch is not True:
             raise ValueError("a hashes condition is written {hashes: NAME, mismatch: true}")
-        least = {"autocorr": 5, "trend_z": 3, "trend_tau": 3, "slope": 3}.get(self.signal, 2)
+        if source != "metric":
+            for name in ("smooth", "cycle_metric"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} belongs to metric conditions")
+        if self.cap is not None and source != "dist":
+            raise ValueError("cap belongs to dist conditions (tail_mass, frac_at_cap)")
+        least = {"autocorr": 5, "trend_z": 3, "trend_tau": 3, "slope": 3}.get(self.signal, 1)
         if self.window < least:
             raise ValueError(f"signal {self.signal} needs a window of at least {least} steps")
         if self.signal == "cycle_rise" and not self.cycle_metric:
@@ -185,7 +242,7 @@ class ActionSpec(_Strict):
 class Tier(_Strict):
     severity: Literal["info", "yellow", "orange", "red", "black"]
     when: Condition
-    for_: int = Field(default=1, ge=1, alias="for", description="consecutive steps true")
+    for_: int = Field(default=1, ge=1, alias="for", description="training steps held")
     for_seconds: float = Field(default=0.0, ge=0)
     keep_firing_for: int = Field(default=0, ge=0, description="steps to keep firing once false")
     escalate_after: int | None = Field(default=None, ge=1,
@@ -250,10 +307,13 @@ class Override(_Strict):
 class Pack(_Strict):
     pack: str = "custom"
     description: str = ""
+    diagnoses: str | None = None
     targets: dict[str, float] = Field(default_factory=dict)
     rules: list[Rule] = Field(default_factory=list)
     overrides: list[Override] = Field(default_factory=list)
     tests: list[dict[str, Any]] = Field(default_factory=list)
+    # where the overrides came from (file, YAML node, location) and the load warnings
+    _meta: dict = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _unique(self) -> "Pack":
@@ -265,3 +325,14 @@ class Pack(_Strict):
 
 
 Condition.model_rebuild()
+
+
+def leaves(cond: Condition) -> Iterator[Condition]:
+    """Every non-composite condition inside ``cond``."""
+    if cond.all is not None or cond.any is not None:
+        for c in (cond.all or cond.any):
+            yield from leaves(c)
+    elif cond.not_ is not None:
+        yield from leaves(cond.not_)
+    else:
+        yield cond

@@ -1,46 +1,68 @@
 """The alert state machine, in the spirit of Prometheus' alerting rules. Pure.
 
-One :class:`AlertState` per (rule, tier, rank) of a run::
+One :class:`AlertState` per (rule, tier, rank) of a run; every count is in training steps
+(the step numbers of the events), so a run logging every 10 steps is judged like one logging
+every step::
 
-    inactive --true--> pending --true for N steps and T seconds--> firing
+    inactive --true--> pending --true over N steps and T seconds--> firing
     pending  --false--> inactive
     firing   --false for more than keep_firing_for steps--> inactive  (emits "resolved")
     firing   --still true escalate_after steps after firing--> escalated (emits once)
 
-An unknown verdict (no data at this step) changes nothing. Steps and seconds are both counted:
-the step numbers and timestamps come from the events, never from a clock.
+"True over N steps" is ``step - onset_step + 1 >= N`` at a true point, ``onset_step`` being the
+step of the first true point. An undecided verdict (no data at this step) changes nothing. The
+step numbers and timestamps come from the events, never from a clock.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Literal
 
 __all__ = ["AlertState", "Transition", "advance"]
 
 Transition = Literal["firing", "resolved", "escalated"]
 
+_FIELDS = ("status", "onset_step", "onset_ts", "false_since", "fired_step", "escalated", "value",
+           "threshold", "metric", "rank", "detail", "summary")
 
-@dataclass
+
 class AlertState:
-    status: Literal["inactive", "pending", "firing"] = "inactive"
-    onset_step: int | None = None
-    onset_ts: float | None = None
-    true_steps: int = 0
-    false_steps: int = 0
-    fired_step: int | None = None
-    escalated: bool = False
-    value: float | None = None
-    threshold: float | None = None
-    metric: str | None = None
-    rank: int | None = None
+    __slots__ = _FIELDS
+
+    def __init__(self, status: str = "inactive", onset_step: int | None = None,
+                 onset_ts: float | None = None, false_since: int | None = None,
+                 fired_step: int | None = None, escalated: bool = False,
+                 value: float | None = None, threshold: float | None = None,
+                 metric: str | None = None, rank: int | None = None, detail: str | None = None,
+                 summary: str | None = None):
+        self.status = status
+        self.onset_step = onset_step
+        self.onset_ts = onset_ts
+        self.false_since = false_since   # first step of the current false spell while firing
+        self.fired_step = fired_step
+        self.escalated = escalated
+        # what the alert showed when it last changed state (for the resolved notice)
+        self.value = value
+        self.threshold = threshold
+        self.metric = metric
+        self.rank = rank
+        self.detail = detail
+        self.summary = summary
 
     def to_state(self) -> dict:
-        return asdict(self)
+        return {k: getattr(self, k) for k in _FIELDS}
 
     @classmethod
     def from_state(cls, data: dict) -> "AlertState":
-        return cls(**data)
+        return cls(**{k: v for k, v in data.items() if k in _FIELDS})
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, AlertState) and self.to_state() == other.to_state()
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"AlertState({self.to_state()})"
 
 
 def advance(s: AlertState, holds: bool | None, step: int, ts: float, *, for_steps: int = 1,
@@ -50,25 +72,27 @@ def advance(s: AlertState, holds: bool | None, step: int, ts: float, *, for_step
     if holds is None:
         return None
     if holds:
-        s.false_steps = 0
+        s.false_since = None
         if s.status == "inactive":
-            s.status, s.onset_step, s.onset_ts, s.true_steps = "pending", step, ts, 0
-        s.true_steps += 1
-        if (s.status == "pending" and s.true_steps >= for_steps
-                and ts - (s.onset_ts if s.onset_ts is not None else ts) >= for_seconds):
-            s.status, s.fired_step = "firing", step
-            return "firing"
-        if (s.status == "firing" and escalate_after is not None and not s.escalated
+            s.status, s.onset_step, s.onset_ts = "pending", step, ts
+        if s.status == "pending":
+            if (step - s.onset_step + 1 >= for_steps
+                    and ts - (s.onset_ts if s.onset_ts is not None else ts) >= for_seconds):
+                s.status, s.fired_step = "firing", step
+                return "firing"
+            return None
+        if (escalate_after is not None and not s.escalated
                 and step - (s.fired_step if s.fired_step is not None else step) >= escalate_after):
             s.escalated = True
             return "escalated"
         return None
     if s.status == "pending":
-        s.status, s.onset_step, s.onset_ts, s.true_steps = "inactive", None, None, 0
+        s.status, s.onset_step, s.onset_ts = "inactive", None, None
         return None
     if s.status == "firing":
-        s.false_steps += 1
-        if s.false_steps > keep_firing_for:
-            s.status, s.true_steps, s.false_steps, s.escalated = "inactive", 0, 0, False
+        if s.false_since is None:
+            s.false_since = step
+        if step - s.false_since + 1 > keep_firing_for:
+            s.status, s.false_since, s.escalated = "inactive", None, False
             return "resolved"
     return None

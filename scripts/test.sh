@@ -6,7 +6,6 @@ cd "$(dirname "$0")/.."
 python3 -m pip install -q --disable-pip-version-check -e ".[all]"
 scripts/services.sh install
 scripts/services.sh start
-python3 scripts/build_pack.py --check
 # The dashboard's browser test: Debian's Chromium, node and playwright-core (web/frontend); promtool checks /metrics.
 pkgs=""; command -v chromium >/dev/null || pkgs="$pkgs chromium"; command -v node >/dev/null || pkgs="$pkgs nodejs npm"
 command -v promtool >/dev/null || pkgs="$pkgs prometheus"

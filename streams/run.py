@@ -1,109 +1,508 @@
-"""Everything rlwatch remembers about one run, and the view the rules read. Pure.
+"""Everything rlwatch remembers about one run, and what happens to it per event. Pure.
 
-:class:`RunState` is small, bounded and serialisable (it lives in a Faust table between events
-and survives a worker restart): the signal banks of the ranks that rules watch, the alert
-states, the checkpoints the run reported, the last steps and times seen per rank, a short
-buffer of per-rank values for cross-rank checks, and a few per-prompt tallies.
+:class:`RunState` is the one owner of per-run state: the worker, ``replay``, the demo and the
+dashboard read the same object. It is small, bounded and serialisable (it lives in a Faust
+table between events and survives a worker restart): the signals of the ranks that rules
+watch, the alert states, the checkpoints, the last steps and times seen per rank, a short
+buffer of per-rank values for cross-rank checks, the statistics of dists and groups and a few
+per-prompt tallies. :meth:`RunState.apply` takes one event through it: bookkeeping, statistics,
+the compiled rules whose inputs arrived, alerts out.
 
-What belongs to the event being processed (its metrics, dists, samples) is set on the state
-for the duration of one evaluation and never serialised.
+**Relaunch.** An event whose ``incarnation`` differs from the run's (the SDK draws a fresh one
+per start of the training program) starts the run afresh: steps seen, windows, baselines and
+alert states are reset and its open alerts are closed with resolved notices ("relaunched");
+checkpoints, tags and targets stay. Without the field a relaunch is inferred when a step event
+of rank 0 goes back more than :data:`RELAUNCH_STEPS_BACK` steps with a timestamp later than
+any event of the run (a re-read Kafka message has its old timestamp; a restarted program has a
+new one). A rollback (``generation`` tag) keeps the windows and forgets steps and alerts.
+
+**Limits.** Steps are at most ``2**53`` (the parser), a step more than :data:`MAX_STEP_JUMP`
+ahead of the run's newest step and a rank beyond :data:`MAX_RANKS` are rejected
+(:class:`contract.events.EventError`, one line, dead-lettered); a timestamp more than
+:data:`MAX_TS_AGE` seconds before or :data:`MAX_TS_AHEAD` after the receive time is not epoch
+seconds from a sane clock and is replaced by the receive time; tags (:data:`MAX_RUN_TAGS`),
+remembered metric names, checkpoints, prompts and pending rank steps are bounded.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
-from rlwatch.events import SamplesEvent, StepEvent
-from streams import stats as S
-from streams.signals import SignalBank, SignalKey
+import numpy as np
+
+from contract.alert import SEVERITIES, Alert, severity_rank
+from contract.events import EventError, StepEvent
+from rules.compile import Program, resolve_threshold
+from rules.engine import RunRules, evaluate
+from rules.state import AlertState
+from streams.signals import NAN, Bank, median_of
 from streams.text import repetition_score
 
-__all__ = ["RunState"]
+__all__ = ["MAX_RANKS", "MAX_STEP_JUMP", "RunState", "SUMMARY_METRICS", "TARGET_TAG_PREFIX"]
 
 MAX_CHECKPOINTS = 64
 MAX_PROMPTS = 2000
 MAX_PENDING_STEPS = 8
 MAX_LATEST_METRICS = 512   # metric names remembered per run (a run logging ever new names)
+MAX_RUN_TAGS = 64
+MAX_RANKS = 4096
+MAX_STEP_JUMP = 1_000_000
+MAX_TS_AGE = 30 * 86400.0
+MAX_TS_AHEAD = 3600.0
+RELAUNCH_STEPS_BACK = 10
 GROUP_TREND_EVERY = 10
+#: Events may carry per-run targets as tags, e.g. {"target.kl": "0.03"} (the SDK's targets=).
+TARGET_TAG_PREFIX = "target."
+#: The metrics RunState.summary() shows the latest value of (when logged).
+SUMMARY_METRICS = ("kl/mean", "reward/mean", "reward/std", "entropy/mean", "loss/policy",
+                   "loss/value", "ppo/clip_frac", "response/length_mean",
+                   "response/truncated_frac", "grad_norm/actor", "grad_norm/critic",
+                   "lr/actor", "gpu/mem_allocated_gb", "kl/beta")
 
 
-def _finite(xs: list[float]) -> list[float]:
-    return [x for x in xs if math.isfinite(x)]
+def _finite(xs) -> list[float]:
+    return [x for x in xs if x - x == 0.0]
+
+
+class _Moments:
+    """Statistics of one step's per-sample array, computed once per step when read."""
+
+    __slots__ = ("a", "n", "mean", "m2", "m3", "m4", "_sorted")
+
+    def __init__(self, xs: list[float]):
+        a = np.asarray(xs, dtype=float)
+        if not np.isfinite(a).all():
+            a = a[np.isfinite(a)]
+        self.a, self.n = a, a.size
+        self._sorted = None
+        if self.n:
+            self.mean = float(a.mean())
+            d = a - self.mean
+            d2 = d * d
+            self.m2 = float(d2.mean())
+            self.m3 = float((d2 * d).mean())
+            self.m4 = float((d2 * d2).mean())
+
+    def value(self, stat: str, cap: float | None) -> float:
+        n = self.n
+        if n == 0:
+            return NAN
+        if stat in ("mean", "ratio_to_start"):
+            return self.mean
+        if stat == "std":
+            return math.sqrt(self.m2 * n / (n - 1)) if n > 1 else NAN
+        if stat in ("skewness", "bimodality"):
+            if n < 3 or self.m2 <= 0:
+                return NAN
+            g1 = self.m3 / self.m2 ** 1.5 * math.sqrt(n * (n - 1.0)) / (n - 2.0)
+            if stat == "skewness":
+                return g1
+            if n < 4:
+                return NAN
+            g2 = ((n * n - 1.0) * self.m4 / (self.m2 * self.m2) - 3.0 * (n - 1.0) ** 2) / ((n - 2.0) * (n - 3.0))
+            return (g1 * g1 + 1.0) / (g2 + 3.0 * (n - 1.0) ** 2 / ((n - 2.0) * (n - 3.0)))
+        if stat == "max":
+            return float(self.a.max())
+        if stat in ("median", "p99"):
+            if self._sorted is None:
+                self._sorted = np.sort(self.a)
+            return float(np.quantile(self._sorted, 0.5 if stat == "median" else 0.99))
+        if stat == "tail_mass":
+            return NAN if cap is None else float(np.count_nonzero(self.a > cap)) / n
+        if stat == "frac_at_cap":
+            return NAN if cap is None else float(np.count_nonzero(self.a >= cap)) / n
+        raise ValueError(f"unknown dist stat {stat!r}")
+
+
+def _ranks(a: np.ndarray) -> np.ndarray:
+    """Ranks with ties given their average rank."""
+    n = a.size
+    order = np.argsort(a, kind="mergesort")
+    s = a[order]
+    obs = np.concatenate(([True], s[1:] != s[:-1]))
+    dense = np.cumsum(obs)
+    count = np.concatenate((np.nonzero(obs)[0], [n]))
+    out = np.empty(n)
+    out[order] = 0.5 * (count[dense] + count[dense - 1] + 1)
+    return out
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if a.size != b.size:
+        return NAN
+    keep = np.isfinite(a) & np.isfinite(b)
+    if not keep.all():
+        a, b = a[keep], b[keep]
+    if a.size < 3:
+        return NAN
+    ra, rb = _ranks(a), _ranks(b)
+    ra -= ra.mean()
+    rb -= rb.mean()
+    sxx, syy = float(np.dot(ra, ra)), float(np.dot(rb, rb))
+    if sxx == 0 or syy == 0:
+        return NAN
+    return max(-1.0, min(1.0, float(np.dot(ra, rb)) / math.sqrt(sxx * syy)))
+
+
+def _ls_slope(steps: list[int], xs: list[float]) -> float:
+    n = len(xs)
+    if n < 3:
+        return NAN
+    tm = sum(steps) / n
+    xm = sum(xs) / n
+    var = sum((s - tm) ** 2 for s in steps)
+    return NAN if var == 0 else sum((s - tm) * (x - xm) for s, x in zip(steps, xs)) / var
+
+
+class _Source:
+    """The rules.compile.Source of one rank of a run: the bank's signals, the run's other
+    statistics. Registers at compile time what the run must keep per step."""
+
+    def __init__(self, run: "RunState", rank: int):
+        self.run, self.rank, self.bank = run, rank, run.banks[rank]
+
+    def metric(self, *args):
+        return self.bank.metric(*args)
+
+    def nonfinite(self, names):
+        run = self.run
+        if names is None:
+            return lambda: sorted(n for n, x in run.metrics.items() if x - x != 0.0)
+        return lambda: sorted(n for n in names if n in run.metrics and run.metrics[n] - run.metrics[n] != 0.0)
+
+    def rank_stat(self, metric, stat):
+        run = self.run
+        run.rank_metrics.add(metric)
+
+        def read():
+            values = {r: e["m"][metric] for r, e in run.rank_step.items()
+                      if metric in e["m"] and e["m"][metric] - e["m"][metric] == 0.0}
+            if len(values) < 2:
+                return NAN, None
+            med = median_of(sorted(values.values()))
+            top = max(values, key=values.get)
+            if stat == "max":
+                return values[top], top
+            if stat == "median":
+                return med, None
+            return (_ratio_pos(values[top], med), top)
+        return read
+
+    def hash_mismatch(self, name):
+        run = self.run
+
+        def read():
+            hashes = {r: e["h"][name] for r, e in run.rank_step.items() if name in e["h"]}
+            if len(hashes) < 2 or 0 not in hashes:
+                return None
+            ref = hashes[0]
+            return sorted(r for r, h in hashes.items() if h != ref)
+        return read
+
+    def dist_stat(self, name, stat, window, cap):
+        run = self.run
+        if stat == "ratio_to_start":
+            run.dist_bases.setdefault(f"{name}|{window}", [])
+
+            def read():
+                m = run.moments(name)
+                base = run.dist_bases.get(f"{name}|{window}")
+                if m is None or not base or not isinstance(base[0], tuple) or not base[0][0]:
+                    return NAN
+                return m.value("mean", None) / base[0][0]
+            return read
+
+        def read():
+            m = run.moments(name)
+            return NAN if m is None else m.value(stat, cap)
+        return read
+
+    def corr(self, x, y, window):
+        run = self.run
+        key = f"{x}|{y}|{window}"
+        run.corr_ema.setdefault(key, [0.0, 0.0, None])
+        return lambda: (run.corr_ema[key][0] / run.corr_ema[key][1]
+                        if x in run.dists and y in run.dists and run.corr_ema[key][1] > 0 else NAN)
+
+    def group_stat(self, metric, stat, window):
+        run = self.run
+        key = f"{metric}|{window}"
+        run.groups.setdefault(key, {"points": {}, "gap": []})
+
+        def read():
+            if metric not in run.groups_step:
+                return NAN, None
+            slopes, gap_slope, gap = run.group_trends(key, window)
+            finite = {k: v for k, v in slopes.items() if v == v}
+            detail = ("slope per step by category: " + ", ".join(
+                f"{k} {v:+.2g}" for k, v in sorted(finite.items()))) if finite else None
+            if stat == "gap":
+                return gap, None
+            if stat == "gap_slope":
+                return gap_slope, detail
+            if not finite:
+                return NAN, None
+            if stat == "min_slope":
+                return min(finite.values()), detail
+            if stat == "max_slope":
+                return max(finite.values()), detail
+            return max(finite.values()) - min(finite.values()), detail
+        return read
+
+    def sample_stat(self, field, stat):
+        run = self.run
+        return lambda: sample_value(run.samples, field, stat, run.prompts)
+
+    def seconds_since_event(self):
+        run = self.run
+        return lambda: (run.now - run.last_event_ts) if run.last_event_ts == run.last_event_ts else NAN
+
+
+def _ratio_pos(x: float, base: float) -> float:
+    if base == 0:
+        return math.inf if x > 0 else NAN
+    return x / base
 
 
 class RunState:
-    def __init__(self, run_id: str, bank_keys: list[SignalKey], rank_metrics: list[str],
-                 rank_bank_keys: list[SignalKey] | None = None):
+    def __init__(self, run_id: str, resolve: Callable[[str, dict], RunRules] | None = None):
         self.run_id = run_id
-        self.bank_keys = bank_keys
-        self.rank_bank_keys = rank_bank_keys or []
-        self.rank_metrics = rank_metrics
-        self.banks: dict[int, SignalBank] = {}
-        self.alerts: dict[str, Any] = {}          # key -> rules.state.AlertState
+        #: (run_id, reported targets) -> the pack as it applies to this run
+        self.resolve = resolve
+        self.incarnation: str | None = None
+        self.generation = 0        # bumped by the SDK after each rollback
+        self.banks: dict[int, Bank] = {}
+        self.programs: dict[int, Program] = {}
+        self.rules: RunRules | None = None
+        self.alerts: dict[str, AlertState] = {}
         self.checkpoints: list[tuple[int, str]] = []
         self.last_step: dict[int, int] = {}
-        self.last_other: dict[str, dict[int, int]] = {}   # samples: rank -> last step
-        self.generation = 0        # bumped by the SDK after each rollback
+        self.last_other: dict[str, dict[int, int]] = {}   # samples etc.: rank -> last step
         self.last_seen: dict[int, float] = {}
-        self.last_event_ts: float = math.nan
+        self.last_event_ts: float = NAN
         self.world_size: int = 1
-        self.targets: dict[str, float] = {}
+        self.targets: dict[str, float] = {}     # reported by the run (target.* tags)
         self.tags: dict[str, str] = {}
         self.events = 0
         self.duplicates = 0
+        self.ts_replaced = 0
+        self.rank_metrics: set[str] = set()
         # per step: rank -> {"m": {metric: value}, "h": {name: hash}}
         self.pending: dict[int, dict[int, dict]] = {}
-        self.dist_baselines: dict[str, S.WarmupBaseline] = {}
-        self.corr_ema: dict[str, S.EMA] = {}
-        self.groups: dict[str, S.GroupTrends] = {}
+        self.dist_bases: dict[str, list] = {}     # name|window -> [means...] or [(mean,)]
+        self.corr_ema: dict[str, list] = {}       # x|y|window -> [num, den, last step]
+        self.groups: dict[str, dict] = {}         # metric|window -> {points: {cat: [[s, x]]}, gap}
         self.prompts: dict[str, list[float]] = {}   # prompt_id -> [count, sum z, sum |z|]
+        self.latest_metrics: dict[str, float] = {}
         # the evaluation at hand (not serialised)
-        self.now_ts: float = math.nan
+        self.now: float = NAN
         self.metrics: dict[str, float] = {}
         self.dists: dict[str, list[float]] = {}
         self.groups_step: dict[str, dict[str, float]] = {}
-        self.step_memo: dict = {}      # per-step values several rules share
-        self.hashes_step: int | None = None
+        self.rank_step: dict[int, dict] = {}
         self.samples: list = []
-        self.latest_metrics: dict[str, float] = {}
+        self._moments: dict[str, _Moments | None] = {}
         self._group_cache: dict[str, tuple] = {}
 
-    # -- bookkeeping -------------------------------------------------------------------------
-    def bank(self, rank: int) -> SignalBank:
-        b = self.banks.get(rank)
-        if b is None:
-            b = self.banks[rank] = SignalBank(self.bank_keys if rank == 0 else self.rank_bank_keys)
-        return b
+    # -- compiled rules ------------------------------------------------------------------------
+    def bind(self, rules: RunRules | None = None) -> None:
+        """Compile ``rules`` (by default: resolved for this run's targets) against this run's
+        statistics, keeping the values already held."""
+        if rules is None:
+            rules = self.resolve(self.run_id, dict(self.targets))
+        kept = {r: b.to_state() for r, b in self.banks.items()} if self.banks else {}
+        self.rules = rules
+        self.banks, self.programs = {}, {}
+        self.program(0)
+        for r, st in kept.items():
+            if r == 0 or self.program(r).rules:
+                self.banks[r].load(st)
 
-    def seen(self, rank: int, step: int, ts: float, kind: str = "step") -> bool:
-        """Record an event of ``rank`` at ``step``; False if that kind of event of that step
-        was already seen (a duplicate, or a step arriving after a later one)."""
+    def program(self, rank: int) -> Program:
+        p = self.programs.get(rank)
+        if p is None:
+            self.banks[rank] = Bank()
+            keep = (lambda r: True) if rank == 0 else (lambda r: r.scope == "each_rank")
+            p = self.programs[rank] = self.rules.compile(_Source(self, rank), keep)
+        return p
+
+    # -- one event -----------------------------------------------------------------------------
+    def apply(self, event, now: float) -> list[Alert]:
+        """Take one validated event through the run; the alerts whose state changed.
+        Raises EventError for an event over the limits (see the module doc)."""
+        ts = event.ts if event.ts is not None else now
+        if not now - MAX_TS_AGE <= ts <= now + MAX_TS_AHEAD:
+            ts = now
+            self.ts_replaced += 1
+        rank, step = event.rank, event.step
+        if rank >= MAX_RANKS:
+            raise EventError(f"rank {rank} is over the limit of {MAX_RANKS} ranks per run")
+        out: list[Alert] = []
+        reason = self._relaunched(event, ts)
+        if reason:
+            out += self._close_open(step, ts, reason)
+            self.reset(event.incarnation)
+        else:
+            gen = event.tags.get("generation") if event.tags else None
+            if gen is not None and gen.isdigit() and int(gen) > self.generation:
+                out += self._close_open(step, ts, "the run rolled back to a checkpoint")
+                self.generation = int(gen)
+                self.last_step.clear()
+                self.last_other.clear()
+                self.pending.clear()
+                self.alerts.clear()
+        newest = max(self.last_step.values(), default=None)
+        if newest is not None and step - newest > MAX_STEP_JUMP:
+            raise EventError(f"step {step} is more than {MAX_STEP_JUMP} steps ahead of the "
+                             f"run's newest step {newest}")
+        if self.incarnation is None and event.incarnation:
+            self.incarnation = event.incarnation
+        self.now = ts
         self.events += 1
         self.last_seen[rank] = ts
-        self.last_event_ts = ts if not math.isfinite(self.last_event_ts) else max(self.last_event_ts, ts)
+        self.last_event_ts = ts if self.last_event_ts != self.last_event_ts else max(self.last_event_ts, ts)
+        if event.tags:
+            self._take_tags(event.tags)
+        kind = event.kind
+        if kind == "checkpoint":
+            self.checkpoints.append((step, event.path))
+            self.checkpoints.sort()
+            del self.checkpoints[:-MAX_CHECKPOINTS]
+            return out
+        if kind == "heartbeat":
+            return out
         book = self.last_step if kind == "step" else self.last_other.setdefault(kind, {})
         last = book.get(rank)
         if last is not None and step <= last:
             self.duplicates += 1
-            return False
+            return out   # duplicate or out-of-order: already counted, never re-evaluated
         book[rank] = step
-        return True
+        if kind == "samples":
+            return out + self._samples(event, ts)
+        return out + self._step(event, ts)
 
-    def new_generation(self, generation: int) -> None:
-        """The run rolled back to a checkpoint: forget the steps seen and the open alerts
-        (their conditions are evaluated afresh on the re-trained steps)."""
-        self.generation = generation
+    def _relaunched(self, event, ts: float) -> str | None:
+        inc = event.incarnation
+        if inc is not None and self.incarnation is not None and inc != self.incarnation:
+            return "the run was relaunched"
+        if (inc is None and event.kind == "step" and event.rank == 0
+                and event.step < self.last_step.get(0, -1) - RELAUNCH_STEPS_BACK
+                and ts > self.last_event_ts):
+            return "the run was relaunched (its steps started over)"
+        return None
+
+    def reset(self, incarnation: str | None) -> None:
+        """Start the run afresh (a relaunch): steps, windows, baselines and alerts go."""
+        self.incarnation = incarnation
+        self.generation = 0
         self.last_step.clear()
         self.last_other.clear()
         self.pending.clear()
         self.alerts.clear()
+        self.dist_bases = {k: [] for k in self.dist_bases}
+        self.corr_ema = {k: [0.0, 0.0, None] for k in self.corr_ema}
+        self.groups = {k: {"points": {}, "gap": []} for k in self.groups}
+        self._group_cache.clear()
+        self.prompts.clear()
+        if self.rules is not None:
+            self.banks = {}
+            self.bind(self.rules)
 
-    def add_checkpoint(self, step: int, path: str) -> None:
-        self.checkpoints.append((step, path))
-        self.checkpoints.sort()
-        del self.checkpoints[:-MAX_CHECKPOINTS]
+    def _step(self, event: StepEvent, ts: float) -> list[Alert]:
+        rank, step, metrics = event.rank, event.step, event.metrics
+        program = self.programs.get(rank) or self.program(rank)
+        self.metrics = metrics
+        out: list[Alert] = []
+        if rank == 0 or program.rules:
+            self.banks[rank].update(step, metrics)
+        if rank == 0:
+            self.dists, self.groups_step = event.dists, event.groups
+            self._moments = {}
+            self._remember(metrics)
+            if event.dists or event.groups:
+                self._update_dists(event)
+        names = metrics.keys()
+        if rank == 0 and (event.dists or event.groups):
+            names = list(names) + list(event.dists) + list(event.groups)
+        rules = program.step_rules(names)
+        if rules:
+            out = evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
+                           rank=None if rank == 0 else rank,
+                           checkpoint_before=self.checkpoint_before)
+        if self.rank_metrics and (event.world_size or self.world_size) > 1:
+            for done in self._take_rank_values(event):
+                self.rank_step = self.pending.pop(done, {})
+                out += evaluate(self.run_id, self.programs[0].by_trigger.get("ranks", ()),
+                                self.rules.targets, self.alerts, step=done, ts=ts, rank=None,
+                                checkpoint_before=self.checkpoint_before)
+            self.rank_step = {}
+        self.metrics, self.dists, self.groups_step = {}, {}, {}
+        return out
+
+    def _samples(self, event, ts: float) -> list[Alert]:
+        self._tally(event)
+        self.samples = event.samples
+        out = evaluate(self.run_id, self.program(0).by_trigger.get("samples", ()),
+                       self.rules.targets, self.alerts, step=event.step, ts=ts, rank=None,
+                       checkpoint_before=self.checkpoint_before)
+        self.samples = []
+        return out
+
+    def tick(self, now: float) -> list[Alert]:
+        """Evaluate the liveness rules at wall time ``now``."""
+        self.now = now
+        step = max(self.last_step.values(), default=0)
+        return evaluate(self.run_id, self.program(0).by_trigger.get("tick", ()),
+                        self.rules.targets, self.alerts, step=step, ts=now, rank=None,
+                        checkpoint_before=self.checkpoint_before)
+
+    def _close_open(self, step: int, ts: float, reason: str) -> list[Alert]:
+        """Resolved notices for every firing alert of the run (escalated ones too)."""
+        out = []
+        for key, st in self.alerts.items():
+            if st.status != "firing":
+                continue
+            rule, severity, rank = key.split("/")
+            severities = [severity]
+            if st.escalated:
+                severities.append(SEVERITIES[min(SEVERITIES.index(severity) + 1, len(SEVERITIES) - 1)])
+            for sev in severities:
+                out.append(Alert(rule=rule, severity=sev, state="resolved", run_id=self.run_id,
+                                 rank=st.rank if st.rank is not None else (int(rank) if rank else None),
+                                 step=step, onset_step=st.onset_step, value=st.value,
+                                 threshold=st.threshold, metric=st.metric,
+                                 summary=f"{rule} closed: {reason}", ts=ts))
+        return out
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+    def _take_tags(self, tags: dict[str, str]) -> None:
+        changed = False
+        for k, v in tags.items():
+            if k.startswith(TARGET_TAG_PREFIX):
+                try:
+                    value = float(v)
+                except ValueError:
+                    continue
+                name = k[len(TARGET_TAG_PREFIX):]
+                if value == value and self.targets.get(name) != value and len(self.targets) < MAX_RUN_TAGS:
+                    self.targets[name] = value
+                    changed = True
+            elif k in self.tags or len(self.tags) < MAX_RUN_TAGS:
+                self.tags[k] = v
+        if changed and self.resolve is not None:
+            self.bind()   # thresholds follow the targets the run reported, from this event on
+
+    def _remember(self, metrics: dict[str, float]) -> None:
+        latest = self.latest_metrics
+        if len(latest) + len(metrics) <= MAX_LATEST_METRICS:
+            latest.update(metrics)
+        else:   # nearly full: known names stay current, new ones only while there is room
+            for k, v in metrics.items():
+                if k in latest or len(latest) < MAX_LATEST_METRICS:
+                    latest[k] = v
 
     def checkpoint_before(self, step: int) -> dict | None:
         """The newest checkpoint saved strictly before ``step`` (the last healthy one)."""
@@ -113,31 +512,179 @@ class RunState:
                 best = (s, p)
         return None if best is None else {"step": best[0], "checkpoint": best[1]}
 
-    def take_rank_values(self, event: StepEvent) -> list[int]:
+    def add_checkpoint(self, step: int, path: str) -> None:
+        self.checkpoints.append((step, path))
+        self.checkpoints.sort()
+        del self.checkpoints[:-MAX_CHECKPOINTS]
+
+    def _take_rank_values(self, event: StepEvent) -> list[int]:
         """Buffer what cross-rank checks need; return the steps now complete (all ranks in)."""
         if event.world_size:
-            self.world_size = max(self.world_size, event.world_size)
+            self.world_size = max(self.world_size, min(event.world_size, MAX_RANKS))
         if self.world_size <= 1:
             return []
-        entry = {"m": {m: event.metrics[m] for m in self.rank_metrics if m in event.metrics},
-                 "h": dict(event.hashes)}
-        self.pending.setdefault(event.step, {})[event.rank] = entry
-        done = [s for s, ranks in self.pending.items() if len(ranks) >= self.world_size]
+        m = event.metrics
+        entry = {"m": {k: m[k] for k in self.rank_metrics if k in m}, "h": dict(event.hashes)}
+        ranks = self.pending.setdefault(event.step, {})
+        ranks[event.rank] = entry
+        done = [event.step] if len(ranks) >= self.world_size else []
         # steps that will never complete (a rank missed them): give up on the oldest
-        while len(self.pending) > MAX_PENDING_STEPS:
+        if len(self.pending) > MAX_PENDING_STEPS:
             oldest = min(self.pending)
             if oldest not in done:
                 done.append(oldest)
-            break
         return sorted(done)
 
-    def pop_rank_step(self, step: int) -> dict[int, dict]:
-        return self.pending.pop(step, {})
+    # -- dists, groups, samples ----------------------------------------------------------------
+    def moments(self, name: str) -> _Moments | None:
+        m = self._moments.get(name, False)
+        if m is False:
+            xs = self.dists.get(name)
+            m = self._moments[name] = None if xs is None else _Moments(xs)
+        return m
+
+    def _update_dists(self, event: StepEvent) -> None:
+        step = event.step
+        for key, base in self.dist_bases.items():
+            name, window = key.rsplit("|", 1)
+            if name not in event.dists or (base and isinstance(base[0], tuple)):
+                continue
+            m = self.moments(name)
+            if m is None or m.n == 0:
+                continue
+            if not base:
+                base.append(step)   # first step of the baseline
+            if step < base[0] + int(window) or len(base) - 1 < 3:
+                base.append(m.mean)
+            else:
+                vals = base[1:]
+                base[:] = [(sum(vals) / len(vals),)]
+        for key, ema in self.corr_ema.items():
+            x, y, window = key.split("|")
+            if x in event.dists and y in event.dists:
+                r = spearman(event.dists[x], event.dists[y])
+                if r == r:
+                    gap = 1 if ema[2] is None else max(1, step - ema[2])
+                    decay = (1.0 - 2.0 / (int(window) + 1.0)) ** gap
+                    ema[0] = decay * ema[0] + (1 - decay) * r
+                    ema[1] = decay * ema[1] + (1 - decay)
+                    ema[2] = step
+        for key, g in self.groups.items():
+            metric, window = key.rsplit("|", 1)
+            cats = event.groups.get(metric)
+            if not cats:
+                continue
+            edge = step - int(window)
+            finite = [v for v in cats.values() if v - v == 0.0]
+            for series in [*g["points"].values(), g["gap"]]:
+                while series and series[0][0] <= edge and len(series) > 3:
+                    series.pop(0)
+            for c, v in cats.items():
+                if v - v == 0.0:
+                    pts = g["points"].get(c)
+                    if pts is None:
+                        if len(g["points"]) >= 64:
+                            continue
+                        pts = g["points"][c] = []
+                    pts.append([step, v])
+            if len(finite) >= 2:
+                g["gap"].append([step, max(finite) - min(finite)])
+
+    def group_trends(self, key: str, window: int) -> tuple[dict[str, float], float, float]:
+        """Per-category slopes, the gap's slope and the gap, recomputed every
+        GROUP_TREND_EVERY steps (category trends move slowly)."""
+        g = self.groups[key]
+        step = self.last_step.get(0, 0)
+        cached = self._group_cache.get(key)
+        if cached is None or step - cached[0] >= GROUP_TREND_EVERY or step < cached[0]:
+            span_ok = lambda pts: pts and pts[-1][0] - pts[0][0] + 1 >= window // 2  # noqa: E731
+            slopes = {c: (_ls_slope([p[0] for p in pts], [p[1] for p in pts]) if span_ok(pts) else NAN)
+                      for c, pts in g["points"].items()}
+            gap = g["gap"]
+            gap_slope = _ls_slope([p[0] for p in gap], [p[1] for p in gap]) if span_ok(gap) else NAN
+            cached = self._group_cache[key] = (step, slopes, gap_slope, gap[-1][1] if gap else NAN)
+        return cached[1], cached[2], cached[3]
+
+    def _tally(self, event) -> None:
+        """Tally per-prompt reward extremes (z against the batch) for prompt_extreme_reward."""
+        rewards = [s.reward for s in event.samples if s.reward is not None and math.isfinite(s.reward)]
+        if len(rewards) < 3:
+            return
+        mean = sum(rewards) / len(rewards)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)) or 1e-12
+        for s in event.samples:
+            if s.prompt_id is None or s.reward is None or not math.isfinite(s.reward):
+                continue
+            z = (s.reward - mean) / std
+            pid = s.prompt_id[:128]
+            tally = self.prompts.get(pid)
+            if tally is None:
+                if len(self.prompts) >= MAX_PROMPTS:
+                    self.prompts.pop(next(iter(self.prompts)))
+                tally = self.prompts[pid] = [0, 0.0, 0.0]
+            tally[0] += 1
+            tally[1] += z
+            tally[2] += abs(z)
+
+    # -- what the run looks like -----------------------------------------------------------------
+    def summary(self) -> dict:
+        """The run at a glance, JSON-able and small (< 4 KB): what the dashboard, /metrics and
+        the fleet store show. ``smoothed`` holds the EMA values the rules read."""
+        targets = dict(self.rules.targets) if self.rules is not None else dict(self.targets)
+        out: dict[str, Any] = {
+            "run_id": self.run_id, "incarnation": self.incarnation, "generation": self.generation,
+            "last_step": max(self.last_step.values(), default=None),
+            "last_event_ts": None if self.last_event_ts != self.last_event_ts else self.last_event_ts,
+            "events": self.events, "world_size": self.world_size,
+            "tags": {k[:64]: v[:128] for k, v in list(self.tags.items())[:16]},
+            "targets": {k: v for k, v in list(targets.items())[:16]},
+        }
+        kl = self._kl_lines()
+        if kl:
+            out["kl_lines"] = kl
+        open_alerts, worst = [], None
+        for key, st in self.alerts.items():
+            if st.status != "firing":
+                continue
+            rule, severity, _ = key.split("/")
+            if st.escalated:
+                severity = SEVERITIES[min(SEVERITIES.index(severity) + 1, len(SEVERITIES) - 1)]
+            if worst is None or severity_rank(severity) > severity_rank(worst):
+                worst = severity
+            open_alerts.append({"rule": rule, "severity": severity, "onset_step": st.onset_step,
+                                "step": st.fired_step, "value": _num(st.value),
+                                "threshold": _num(st.threshold), "metric": st.metric,
+                                "summary": (st.summary or "")[:200] or None})
+        open_alerts.sort(key=lambda a: -severity_rank(a["severity"]))
+        out["open_alerts"] = open_alerts[:10]
+        out["worst"] = worst
+        out["latest"] = {m: _num(self.latest_metrics[m]) for m in SUMMARY_METRICS
+                         if m in self.latest_metrics}
+        bank = self.banks.get(0)
+        out["smoothed"] = {m: v for m, v in list((bank.smoothed() if bank else {}).items())[:24]}
+        return out
+
+    def _kl_lines(self) -> dict[str, float]:
+        rr = self.rules
+        if rr is None:
+            return {}
+        rule = next((r for r in rr.rules if r.id == "kl_above_target"), None)
+        if rule is None:
+            return {}
+        names = {"yellow": "yellow", "red": "red", "black": "black"}
+        out = {}
+        for t in rule.tiers:
+            if t.severity in names and t.when.metric == "kl/mean" and t.when.above is not None:
+                v = resolve_threshold(t.when.above, rr.targets, rr.params.get(rule.id, rule.params))
+                if v is not None:
+                    out[t.severity] = v
+        return out
 
     # -- state ----------------------------------------------------------------------------------
     def to_state(self) -> dict:
         return {
             "run_id": self.run_id,
+            "incarnation": self.incarnation,
             "banks": {str(r): b.to_state() for r, b in self.banks.items()},
             "alerts": {k: v.to_state() for k, v in self.alerts.items()},
             "checkpoints": self.checkpoints,
@@ -151,22 +698,26 @@ class RunState:
             "tags": self.tags,
             "events": self.events,
             "duplicates": self.duplicates,
+            "ts_replaced": self.ts_replaced,
             "pending": {str(s): {str(r): e for r, e in ranks.items()} for s, ranks in self.pending.items()},
-            "dist_baselines": {k: v.to_state() for k, v in self.dist_baselines.items()},
-            "corr_ema": {k: v.to_state() for k, v in self.corr_ema.items()},
-            "groups": {k: v.to_state() for k, v in self.groups.items()},
+            "dist_bases": {k: ([{"m": v[0][0]}] if v and isinstance(v[0], tuple) else v)
+                           for k, v in self.dist_bases.items()},
+            "corr_ema": self.corr_ema,
+            "groups": self.groups,
             "prompts": self.prompts,
             "latest_metrics": {k: v for k, v in self.latest_metrics.items() if math.isfinite(v)},
         }
 
     @classmethod
-    def from_state(cls, state: dict, bank_keys: list[SignalKey], rank_metrics: list[str],
-                   rank_bank_keys: list[SignalKey] | None = None) -> "RunState":
-        from rules.state import AlertState
-
-        rs = cls(state["run_id"], bank_keys, rank_metrics, rank_bank_keys)
+    def from_state(cls, state: dict, resolve: Callable[[str, dict], RunRules]) -> "RunState":
+        rs = cls(state["run_id"], resolve)
+        rs.incarnation = state.get("incarnation")
+        rs.targets = state.get("targets", {})
+        rs.bind()
         for r, b in state.get("banks", {}).items():
-            rs.bank(int(r)).load(b)
+            r = int(r)
+            if r == 0 or rs.program(r).rules:
+                rs.banks[r].load(b)
         rs.alerts = {k: AlertState.from_state(v) for k, v in state.get("alerts", {}).items()}
         rs.checkpoints = [tuple(c) for c in state.get("checkpoints", [])]
         rs.last_step = {int(k): v for k, v in state.get("last_step", {}).items()}
@@ -174,147 +725,59 @@ class RunState:
                          for kind, d in state.get("last_other", {}).items()}
         rs.last_seen = {int(k): v for k, v in state.get("last_seen", {}).items()}
         ts = state.get("last_event_ts")
-        rs.last_event_ts = math.nan if ts is None else ts
+        rs.last_event_ts = NAN if ts is None else ts
         rs.world_size = state.get("world_size", 1)
         rs.generation = state.get("generation", 0)
-        rs.targets = state.get("targets", {})
         rs.tags = state.get("tags", {})
         rs.events = state.get("events", 0)
         rs.duplicates = state.get("duplicates", 0)
+        rs.ts_replaced = state.get("ts_replaced", 0)
         rs.pending = {int(s): {int(r): e for r, e in ranks.items()}
                       for s, ranks in state.get("pending", {}).items()}
-        rs.dist_baselines = {k: S.stat_from_state(v) for k, v in state.get("dist_baselines", {}).items()}
-        rs.corr_ema = {k: S.stat_from_state(v) for k, v in state.get("corr_ema", {}).items()}
-        rs.groups = {k: S.GroupTrends.from_state(v) for k, v in state.get("groups", {}).items()}
+        for k, v in state.get("dist_bases", {}).items():
+            if k in rs.dist_bases:
+                rs.dist_bases[k] = [(v[0]["m"],)] if v and isinstance(v[0], dict) else list(v)
+        for k, v in state.get("corr_ema", {}).items():
+            if k in rs.corr_ema:
+                rs.corr_ema[k] = list(v)
+        for k, v in state.get("groups", {}).items():
+            if k in rs.groups:
+                rs.groups[k] = v
         rs.prompts = state.get("prompts", {})
         rs.latest_metrics = state.get("latest_metrics", {})
         return rs
 
-    # -- per-event derived values ---------------------------------------------------------------
-    def step_dist_value(self, name: str, stat: str, cap: float | None) -> float:
-        """A statistic of this step's per-sample array, computed once per step."""
-        key = (name, stat, cap)
-        value = self.step_memo.get(key)
-        if value is None:
-            xs = self.dists.get(name)
-            value = self.step_memo[key] = math.nan if xs is None else dist_value(xs, stat, cap)
-        return value
 
-    def update_step_derivatives(self, event: StepEvent, dist_keys: list[tuple],
-                                corr_keys: list[tuple], group_keys: list[tuple]) -> None:
-        """Update the per-run statistics that come from a step's dists and groups."""
-        for name, stat, window, cap in dist_keys:
-            if name not in event.dists:
-                continue
-            value = self.step_dist_value(name, stat, cap)
-            key = f"{name}|{stat}|{window}|{cap}"
-            base = self.dist_baselines.get(key)
-            if base is None:
-                base = self.dist_baselines[key] = S.WarmupBaseline(window)
-            base.update(value)
-        for x, y, window in corr_keys:
-            if x in event.dists and y in event.dists:
-                r = S.spearman(event.dists[x], event.dists[y])
-                key = f"{x}|{y}|{window}"
-                ema = self.corr_ema.get(key)
-                if ema is None:
-                    ema = self.corr_ema[key] = S.EMA(span=window)
-                ema.update(r)
-        for metric, window in group_keys:
-            if metric in event.groups:
-                g = self.groups.get(f"{metric}|{window}")
-                if g is None:
-                    g = self.groups[f"{metric}|{window}"] = S.GroupTrends(window)
-                g.update(event.groups[metric])
-
-    def group_trends(self, key: str, g) -> tuple[dict[str, float], float]:
-        """Per-category slopes and the gap's slope, recomputed every GROUP_TREND_EVERY steps
-        (Theil-Sen over a window is quadratic; category trends move slowly)."""
-        step = self.last_step.get(0, 0)
-        cached = self._group_cache.get(key)
-        if cached is None or step - cached[0] >= GROUP_TREND_EVERY or step < cached[0]:
-            cached = self._group_cache[key] = (step, g.slopes(), g.gap_trend())
-        return cached[1], cached[2]
-
-    def update_samples(self, event: SamplesEvent) -> None:
-        """Tally per-prompt reward extremes (z against the batch) for prompt_extreme_reward."""
-        self.samples = event.samples
-        rewards = [s.reward for s in event.samples if s.reward is not None and math.isfinite(s.reward)]
-        if len(rewards) < 3:
-            return
-        mean = sum(rewards) / len(rewards)
-        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)) or 1e-12
-        for s in event.samples:
-            if s.prompt_id is None or s.reward is None or not math.isfinite(s.reward):
-                continue
-            z = (s.reward - mean) / std
-            tally = self.prompts.get(s.prompt_id)
-            if tally is None:
-                if len(self.prompts) >= MAX_PROMPTS:
-                    self.prompts.pop(next(iter(self.prompts)))
-                tally = self.prompts[s.prompt_id] = [0, 0.0, 0.0]
-            tally[0] += 1
-            tally[1] += z
-            tally[2] += abs(z)
-
-
-def dist_value(xs: list[float], stat: str, cap: float | None) -> float:
-    """One number about one step's per-sample array."""
-    f = _finite(xs)
-    if not f:
-        return math.nan
-    if stat == "bimodality":
-        return S.bimodality_coefficient(f)
-    if stat == "skewness":
-        return S.skewness(f)
-    if stat == "mean":
-        return sum(f) / len(f)
-    if stat == "std":
-        if len(f) < 2:
-            return math.nan
-        m = sum(f) / len(f)
-        return math.sqrt(sum((x - m) ** 2 for x in f) / (len(f) - 1))
-    if stat == "median":
-        return S.quantiles(f, [0.5])[0]
-    if stat == "p99":
-        return S.quantiles(f, [0.99])[0]
-    if stat == "max":
-        return max(f)
-    if stat == "tail_mass":
-        return math.nan if cap is None else S.tail_mass(f, cap)
-    if stat == "frac_at_cap":
-        return math.nan if cap is None else S.frac_at_cap(f, cap)
-    if stat == "ratio_to_start":
-        return sum(f) / len(f)
-    raise ValueError(f"unknown dist stat {stat!r}")
+def _num(x) -> float | None:
+    return None if x is None or x != x or x in (math.inf, -math.inf) else float(x)
 
 
 def sample_value(samples: list, field: str, stat: str, prompts: dict) -> tuple[float, str | None]:
     """One number about the latest samples (and the per-prompt tallies)."""
     if stat == "prompt_extreme":
-        best, best_id = math.nan, None
+        best, best_id = NAN, None
         for pid, (n, zsum, _) in prompts.items():
             if n >= 3:
                 mz = zsum / n
                 if math.isnan(best) or abs(mz) > abs(best):
                     best, best_id = mz, pid
         if best_id is None:
-            return math.nan, None
+            return NAN, None
         return abs(best), f"prompt {best_id!r} mean reward z {best:+.2f} over {int(prompts[best_id][0])} samples"
     if not samples:
-        return math.nan, None
+        return NAN, None
     if stat == "top_share":
         values = [getattr(s, field, None) for s in samples]
         values = [v for v in values if v]
         if len(values) < 3:
-            return math.nan, None
+            return NAN, None
         token, count = Counter(values).most_common(1)[0]
         return count / len(samples), f"token {token!r} is the KL peak in {count} of {len(samples)} samples"
     if stat == "repetition":
         texts = [getattr(s, field, None) or "" for s in samples]
         texts = [t for t in texts if t]
         if not texts:
-            return math.nan, None
+            return NAN, None
         scores = [repetition_score(t) for t in texts]
         worst = max(range(len(scores)), key=scores.__getitem__)
         return sum(scores) / len(scores), f"worst sample: {texts[worst][:80]!r}"

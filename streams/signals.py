@@ -1,353 +1,569 @@
-"""Derived signals of a metric series, built from the statistics layer. Pure.
+"""The signals rules read, in training steps, for one rank of one run. Pure.
 
-A :class:`Signal` turns one metric's values, step by step, into the number a rule compares
-(``signal: ema``, ``signal: robust_z`` ...). A :class:`SignalBank` holds the signals one rank of
-one run needs, keyed by ``(metric, signal, window, cycle_metric)``; it is created from the
-leaf conditions of the rule pack, updated once per step event, read by the rule engine, and
-serialised with the run's state.
+A :class:`Track` is one metric of one rank (optionally EMA-smoothed): its points ``(step,
+value)`` of the last steps, kept as long as the widest window on it needs (in steps, and at
+least as many points as the most demanding signal on it needs). A push per logged value is the
+only work done on every step.
+
+A :class:`Window` is a rolling window of W steps over a track, shared by every signal that reads
+the same (metric, smooth, window). It catches up with its track only when a rule reads it
+(lazily; a window nobody reads this step costs nothing), keeps a sorted copy of its values when
+a median, a quantile or a trend needs one, and the Mann-Kendall S statistic in O(log n) per
+point. Everything a window holds is a function of its track's points, so a restored run state
+rebuilds it exactly.
+
+A :class:`Bank` holds the tracks and windows of one rank and is the
+:class:`rules.compile.Source` the compiled rules read (see :func:`Bank.metric`); the other
+sources (dists, ranks, groups, samples, liveness) are answered from the run state.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
 
-from streams import stats as S
+__all__ = ["Bank", "Track", "Window", "median_of"]
 
-__all__ = ["Signal", "SignalBank", "SignalKey", "make_signal"]
+NAN = math.nan
+#: points of the "current level" (ratio_to_start): those of the last LEVEL_STEPS steps, and at
+#: least LEVEL_POINTS of them, so one spike moves neither the level nor the baseline
+LEVEL_STEPS = 5
+LEVEL_POINTS = 3
+#: points of a run's start that make a baseline, at least
+BASELINE_POINTS = 3
 
-SignalKey = tuple  # (metric, signal, window, cycle_metric, smooth)
 
-#: values in a "level" (the median that stands for the current value in level comparisons)
-LEVEL_K = 5
-
-
-def _median(xs) -> float:
-    v = sorted(xs)
-    n = len(v)
+def median_of(sorted_values: list[float]) -> float:
+    n = len(sorted_values)
     if n == 0:
-        return math.nan
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
-
-
-def _nan_none(x):
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
-
-
-def _none_nan(x):
-    return math.nan if x is None else x
-
-
-class Signal:
-    """One derived signal. ``update`` takes the new value (finite) and the step's metrics."""
-
-    kind = "value"
-
-    def __init__(self, window: int, stat: S.Statistic | None = None):
-        self.window = window
-        self.stat = stat
-        self.out = math.nan
-
-    def update(self, x: float, metrics: dict[str, float]) -> None:
-        self.out = x
-        if self.stat is not None:
-            self.stat.update(x)
-
-    def get(self) -> float:
-        return self.out
-
-    def to_state(self) -> dict:
-        return {"kind": self.kind, "window": self.window, "out": _nan_none(self.out),
-                "stat": None if self.stat is None else self.stat.to_state(), **self._extra()}
-
-    def _extra(self) -> dict:
-        return {}
-
-    def _load(self, state: dict) -> None:
-        self.out = _none_nan(state.get("out"))
-        if state.get("stat") is not None:
-            self.stat = S.stat_from_state(state["stat"])
-
-
-class _StatSignal(Signal):
-    """The signal is ``read(stat)`` after the stat took the value."""
-
-    def __init__(self, kind: str, window: int, stat: S.Statistic, read: Callable):
-        super().__init__(window, stat)
-        self.kind, self.read = kind, read
-
-    def update(self, x, metrics):
-        self.stat.update(x)
-        self.out = self.read(self.stat)
-
-
-class _BeforeSignal(Signal):
-    """The signal compares the new value with the stat of the values *before* it."""
-
-    def __init__(self, kind: str, window: int, stat: S.Statistic, combine: Callable):
-        super().__init__(window, stat)
-        self.kind, self.combine = kind, combine
-
-    def update(self, x, metrics):
-        base = self.stat.get()
-        self.out = self.combine(x, base)
-        self.stat.update(x)
-
-
-class _Delta(Signal):
-    kind = "delta"
-
-    def __init__(self, window: int):
-        super().__init__(window)
-        self.prev = math.nan
-
-    def update(self, x, metrics):
-        self.out = x - self.prev if math.isfinite(self.prev) else math.nan
-        self.prev = x
-
-    def _extra(self):
-        return {"prev": _nan_none(self.prev)}
-
-    def _load(self, state):
-        super()._load(state)
-        self.prev = _none_nan(state.get("prev"))
-
-
-class _CycleRise(Signal):
-    """Rise of the value since the first value of its update cycle (``cycle_metric`` restarts)."""
-
-    kind = "cycle_rise"
-
-    def __init__(self, window: int, cycle_metric: str):
-        super().__init__(window)
-        self.cycle_metric = cycle_metric
-        self.start = math.nan
-        self.last_cycle = math.nan
-
-    def update(self, x, metrics):
-        c = metrics.get(self.cycle_metric, math.nan)
-        if not math.isfinite(self.start) or (math.isfinite(c) and math.isfinite(self.last_cycle)
-                                             and c <= self.last_cycle):
-            self.start = x
-        self.last_cycle = c
-        self.out = x - self.start
-
-    def _extra(self):
-        return {"start": _nan_none(self.start), "last_cycle": _nan_none(self.last_cycle),
-                "cycle_metric": self.cycle_metric}
-
-    def _load(self, state):
-        super()._load(state)
-        self.start = _none_nan(state.get("start"))
-        self.last_cycle = _none_nan(state.get("last_cycle"))
+        return NAN
+    h = n // 2
+    return sorted_values[h] if n % 2 else 0.5 * (sorted_values[h - 1] + sorted_values[h])
 
 
 def _ratio(x: float, base: float) -> float:
-    if not math.isfinite(base):
-        return math.nan
+    if base != base:
+        return NAN
     if base == 0:
         return math.inf if x > 0 else (1.0 if x == 0 else -math.inf)
     return x / base
 
 
-class _RatioToStart(Signal):
-    """The current level over the level of the run's start.
-
-    Both levels are medians (of the first ``window`` values, frozen, and of the last
-    :data:`LEVEL_K` values), so single-step spikes move neither.
-    """
-
-    kind = "ratio_to_start"
-
-    def __init__(self, window: int):
-        super().__init__(window, S.WarmupBaseline(window))
-        self.recent: deque = deque(maxlen=LEVEL_K)
-
-    def update(self, x, metrics):
-        frozen = self.stat.frozen
-        self.stat.update(x)
-        self.recent.append(x)
-        self.out = _ratio(_median(self.recent), self.stat.median) if frozen else math.nan
-
-    def _extra(self):
-        return {"recent": list(self.recent)}
-
-    def _load(self, state):
-        super()._load(state)
-        self.recent = deque(state.get("recent", []), maxlen=LEVEL_K)
+def _enc(x: float) -> Any:
+    return x if x == x and x not in (math.inf, -math.inf) else None if x != x else str(x)
 
 
-class _Window(Signal):
-    """Signals computed from the raw window of values (levels and trends)."""
-
-    def __init__(self, kind: str, window: int):
-        super().__init__(window)
-        self.kind = kind
-        self.values: deque = deque(maxlen=window)
-
-    def update(self, x, metrics):
-        self.values.append(x)
-        self.out = math.nan  # computed lazily in get()
-        self._cache = None
-
-    def get(self):
-        if getattr(self, "_cache", None) is not None:
-            return self._cache
-        v = list(self.values)
-        out = math.nan
-        if self.kind == "level_change" and len(v) >= max(2 * LEVEL_K, self.window // 2):
-            k = max(LEVEL_K, len(v) // 10)
-            out = _ratio(_median(v[-k:]), _median(v[:k])) - 1.0
-        elif self.kind == "rel_trend" and len(v) >= max(10, self.window // 2):
-            # least-squares slope (the input is usually smoothed already; Theil-Sen here
-            # would cost a quadratic number of pairwise slopes per step)
-            n = len(v)
-            t_mean = (n - 1) / 2.0
-            x_mean = sum(v) / n
-            cov = sum((i - t_mean) * (x - x_mean) for i, x in enumerate(v))
-            var_t = n * (n * n - 1) / 12.0
-            out = (cov / var_t) * n / max(abs(_median(v)), 1e-12)
-        self._cache = out
-        return out
-
-    def _extra(self):
-        return {"values": list(self.values)}
-
-    def _load(self, state):
-        super()._load(state)
-        self.values = deque(state.get("values", []), maxlen=self.window)
+def _dec(x: Any) -> float:
+    return NAN if x is None else float(x)
 
 
-class _Smoothed(Signal):
-    """Any signal, fed the EMA of the metric instead of the raw values."""
+class Track:
+    """One metric (raw or EMA-smoothed) of one rank."""
 
-    def __init__(self, inner: Signal, span: int):
-        super().__init__(inner.window, S.EMA(span=span))
-        self.inner, self.span, self.kind = inner, span, inner.kind
+    __slots__ = ("metric", "smooth", "keep_steps", "keep_points", "steps", "values", "total",
+                 "first_step", "n", "last_step", "cur", "alpha", "num", "den", "prev_step",
+                 "baselines", "ema_spans", "emas")
 
-    def update(self, x, metrics):
-        self.stat.update(x)
-        self.inner.update(self.stat.get(), metrics)
+    def __init__(self, metric: str, smooth: int | None):
+        self.metric, self.smooth = metric, smooth
+        self.keep_steps, self.keep_points = 1, 1
+        self.steps: deque[int] = deque()
+        self.values: deque[float] = deque()
+        self.total = 0                 # points ever pushed (windows sync against it)
+        self.first_step: int | None = None
+        self.n = 0                     # finite values seen
+        self.last_step: int | None = None   # step of the last logged value (finite or not)
+        self.cur = NAN                 # that raw value
+        self.alpha = 2.0 / (smooth + 1.0) if smooth else 0.0
+        self.num = self.den = 0.0
+        self.prev_step: int | None = None
+        self.baselines: dict[int, list] = {}    # window -> [points..] or [median] once frozen
+        self.ema_spans: list[int] = []          # `signal: ema` spans read on this track
+        self.emas: dict[int, list[float]] = {}  # span -> [num, den]
 
-    def get(self):
-        return self.inner.get()
+    def need(self, steps: int, points: int) -> None:
+        self.keep_steps = max(self.keep_steps, steps)
+        self.keep_points = max(self.keep_points, points)
 
-    def to_state(self):
-        return {"smooth": self.span, "ema": self.stat.to_state(), "inner": self.inner.to_state()}
+    def push(self, step: int, x: float) -> None:
+        self.last_step, self.cur = step, x
+        if x - x != 0.0:       # NaN or infinite: shown to the rules, kept out of the statistics
+            return
+        gap = 1 if self.prev_step is None else max(1, step - self.prev_step)
+        self.prev_step = step
+        if self.first_step is None:
+            self.first_step = step
+        self.n += 1
+        for span in self.ema_spans:
+            e = self.emas.get(span)
+            if e is None:
+                e = self.emas[span] = [0.0, 0.0]
+            decay = (1.0 - 2.0 / (span + 1.0)) ** gap
+            e[0] = decay * e[0] + (1.0 - decay) * x
+            e[1] = decay * e[1] + (1.0 - decay)
+        if self.smooth:
+            decay = (1.0 - self.alpha) ** gap
+            self.num = decay * self.num + (1.0 - decay) * x
+            self.den = decay * self.den + (1.0 - decay)
+            x = self.num / self.den
+        for window, pts in self.baselines.items():
+            if len(pts) != 1 or not isinstance(pts[0], tuple):
+                if step < self.first_step + window or len(pts) < BASELINE_POINTS:
+                    pts.append(x)
+                else:   # frozen: the median of the run's first points
+                    pts[:] = [(median_of(sorted(pts)),)]
+        steps, values = self.steps, self.values
+        steps.append(step)
+        values.append(x)
+        self.total += 1
+        edge = step - self.keep_steps
+        while len(steps) > self.keep_points and steps[0] <= edge:
+            steps.popleft()
+            values.popleft()
 
+    def ema(self, span: int) -> float:
+        e = self.emas.get(span)
+        return e[0] / e[1] if e and e[1] > 0 else NAN
 
-def _trend(st, attr: str) -> float:
-    """A trend statistic; a constant window (all ties) has no trend: 0, not undefined."""
-    value = float(getattr(st, attr))
-    if math.isnan(value) and st.n >= 3:
-        return 0.0
-    return value
+    def smoothed(self) -> float:
+        return self.num / self.den if self.den > 0 else NAN
 
-
-def make_signal(signal: str, window: int, cycle_metric: str | None = None,
-                smooth: int | None = None) -> Signal:
-    """A fresh signal of the given kind (names as in :mod:`rules.schema`)."""
-    if smooth:
-        return _Smoothed(make_signal(signal, window, cycle_metric), smooth)
-    w = window
-    if signal == "value":
-        return Signal(w)
-    if signal == "ema":
-        return _StatSignal("ema", w, S.EMA(span=w), lambda st: st.get())
-    simple = {"mean": S.RollingMean, "std": S.RollingStd, "median": S.RollingMedian,
-              "min": S.RollingMin, "max": S.RollingMax}
-    if signal in simple:
-        return _StatSignal(signal, w, simple[signal](w), lambda st: st.get())
-    if signal == "zscore":
-        return _StatSignal(signal, w, S.ZScore(w, min_periods=min(w, max(5, w // 4))), lambda st: st.get())
-    if signal == "robust_z":
-        return _StatSignal(signal, w, S.RobustZ(w, min_periods=min(w, max(5, w // 4))), lambda st: st.get())
-    if signal == "ratio_to_median":
-        return _BeforeSignal(signal, w, S.RollingMedian(w), _ratio)
-    if signal == "ratio_to_start":
-        return _RatioToStart(w)
-    if signal == "rel_drop":
-        return _StatSignal(signal, w, S.RelativeDrop(w), lambda st: st.get())
-    if signal == "rel_rise":
-        return _StatSignal(signal, w, S.RelativeRise(w), lambda st: st.get())
-    if signal in ("trend_z", "trend_tau", "slope"):
-        attr = {"trend_z": "z", "trend_tau": "tau", "slope": "slope"}[signal]
-        return _StatSignal(signal, w, S.MannKendall(w), lambda st, a=attr: _trend(st, a))
-    if signal in ("rel_trend", "level_change"):
-        return _Window(signal, w)
-    if signal == "flat_range":
-        return _StatSignal(signal, w, S.Flatline(w, rel_tol=0.01), lambda st: st.get())
-    if signal == "autocorr":
-        return _StatSignal(signal, w, S.Autocorrelation(w, max_lag=max(2, w // 2)),
-                           lambda st: st.get())
-    if signal == "sign_flip_rate":
-        return _StatSignal(signal, w, S.SignFlipRate(w), lambda st: st.get())
-    if signal == "diff_ratio":
-        return _StatSignal(signal, w, S.SignFlipRate(w), lambda st: float(st.diff_std_ratio))
-    if signal == "delta":
-        return _Delta(w)
-    if signal == "cycle_rise":
-        return _CycleRise(w, cycle_metric or "ppo/epoch")
-    raise ValueError(f"unknown signal {signal!r}")
-
-
-def _restore(state: dict, cycle_metric: str | None) -> Signal:
-    if "smooth" in state:
-        sig = _Smoothed(_restore(state["inner"], cycle_metric), state["smooth"])
-        sig.stat = S.stat_from_state(state["ema"])
-        return sig
-    sig = make_signal(state["kind"], state["window"], cycle_metric)
-    sig._load(state)
-    return sig
-
-
-class SignalBank:
-    """The signals of one rank of one run."""
-
-    def __init__(self, keys: list[SignalKey]):
-        self.keys = sorted(set(keys), key=str)
-        self.by_metric: dict[str, list[tuple[SignalKey, Signal]]] = {}
-        self.signals: dict[SignalKey, Signal] = {}
-        self.seen: dict[str, int] = {}
-        for key in self.keys:
-            metric, signal, window, cycle, smooth = key
-            sig = make_signal(signal, window, cycle, smooth)
-            self.signals[key] = sig
-            self.by_metric.setdefault(metric, []).append((key, sig))
-
-    def update(self, metrics: dict[str, float]) -> None:
-        """Feed one step's metrics (non-finite values are skipped by every signal)."""
-        for metric, x in metrics.items():
-            entries = self.by_metric.get(metric)
-            if entries is None or not math.isfinite(x):
-                continue
-            self.seen[metric] = self.seen.get(metric, 0) + 1
-            for _, sig in entries:
-                sig.update(x, metrics)
-
-    def get(self, key: SignalKey, current: dict[str, float]) -> tuple[float, int, bool]:
-        metric = key[0]
-        logged = metric in current
-        sig = self.signals.get(key)
-        if sig is None:
-            return math.nan, 0, logged
-        x = current.get(metric, math.nan)
-        if logged and not math.isfinite(x):
-            return x, self.seen.get(metric, 0), logged
-        return sig.get(), self.seen.get(metric, 0), logged
+    def baseline(self, window: int) -> float:
+        """Median of the run's first ``window`` steps (at least 3 points); NaN until then."""
+        pts = self.baselines.get(window)
+        if pts and len(pts) == 1 and isinstance(pts[0], tuple):
+            return pts[0][0]
+        return NAN
 
     def to_state(self) -> dict:
-        return {"seen": self.seen,
-                "signals": [[list(k), s.to_state()] for k, s in self.signals.items()]}
+        return {"steps": list(self.steps), "values": [_enc(v) for v in self.values],
+                "total": self.total, "first": self.first_step, "n": self.n,
+                "last": self.last_step, "cur": _enc(self.cur), "num": self.num, "den": self.den,
+                "prev": self.prev_step,
+                "base": {str(w): ([{"m": p[0][0]}] if len(p) == 1 and isinstance(p[0], tuple) else p)
+                         for w, p in self.baselines.items()},
+                "emas": {str(k): v for k, v in self.emas.items()}}
+
+    def load(self, st: dict) -> None:
+        self.steps = deque(st["steps"])
+        self.values = deque(_dec(v) for v in st["values"])
+        self.total, self.first_step, self.n = st["total"], st["first"], st["n"]
+        self.last_step, self.cur = st["last"], _dec(st["cur"])
+        self.num, self.den, self.prev_step = st["num"], st["den"], st["prev"]
+        for w, p in st.get("base", {}).items():
+            if int(w) in self.baselines:
+                self.baselines[int(w)] = ([(p[0]["m"],)] if len(p) == 1 and isinstance(p[0], dict)
+                                          else list(p))
+        for k, v in st.get("emas", {}).items():
+            self.emas[int(k)] = list(v)
+
+
+class Window:
+    """The points of the last ``steps`` steps of a track (at least ``points`` of them)."""
+
+    __slots__ = ("track", "steps_w", "points", "st", "xs", "synced", "sorted", "mk", "s",
+                 "tv", "tp", "cache_at", "cache")
+
+    def __init__(self, track: Track, steps: int, points: int):
+        self.track, self.steps_w, self.points = track, steps, points
+        self.st: deque[int] = deque()
+        self.xs: deque[float] = deque()
+        self.synced = 0
+        self.sorted: list[float] | None = None
+        self.mk = False
+        self.s = self.tv = self.tp = 0      # Mann-Kendall S and tie sums
+        self.cache_at = -1
+        self.cache: dict = {}
+
+    def need_sorted(self) -> None:
+        if self.sorted is None:
+            self.sorted = []
+            self.synced = 0   # rebuild on the next read
+
+    def need_mk(self) -> None:
+        self.need_sorted()
+        self.mk = True
+
+    def sync(self) -> "Window":
+        """Catch up with the track (only the points pushed since the last read)."""
+        trk = self.track
+        pending = trk.total - self.synced
+        if pending == 0:
+            return self
+        if pending > len(trk.steps) or self.synced == 0:
+            self.st.clear()
+            self.xs.clear()
+            if self.sorted is not None:
+                self.sorted = []
+            self.s = self.tv = self.tp = 0
+            pending = len(trk.steps)
+        steps, values = trk.steps, trk.values
+        for i in range(len(steps) - pending, len(steps)):
+            self._add(steps[i], values[i])
+        self.synced = trk.total
+        return self
+
+    def _add(self, step: int, x: float) -> None:
+        st, xs, srt = self.st, self.xs, self.sorted
+        edge = step - self.steps_w
+        while len(st) >= self.points and st and st[0] <= edge:
+            st.popleft()
+            old = xs.popleft()
+            if srt is not None:
+                lo = bisect_left(srt, old)
+                del srt[lo]
+                if self.mk:
+                    hi = bisect_right(srt, old, lo)
+                    self.s -= (len(srt) - hi) - lo
+                    c = hi - lo
+                    self.tv -= 6 * c * (c + 2)
+                    self.tp -= c
+        if srt is not None:
+            if self.mk:
+                lo = bisect_left(srt, x)
+                hi = bisect_right(srt, x, lo)
+                c = hi - lo
+                self.s += lo - (len(srt) - hi)
+                self.tv += 6 * c * (c + 2)
+                self.tp += c
+                srt.insert(hi, x)
+            else:
+                insort(srt, x)
+        st.append(step)
+        xs.append(x)
+
+    # -- reads (after sync) -------------------------------------------------------------------
+    def median(self) -> float:
+        return median_of(self.sorted)
+
+    def median_before(self) -> float:
+        """Median of the window without its newest point."""
+        srt, n = self.sorted, len(self.sorted) - 1
+        if n < 1:
+            return NAN
+        p = bisect_left(srt, self.xs[-1])
+
+        def at(k):
+            return srt[k] if k < p else srt[k + 1]
+        h = n // 2
+        return at(h) if n % 2 else 0.5 * (at(h - 1) + at(h))
+
+    def mean_std(self, skip_last: bool = False) -> tuple[float, float]:
+        xs = list(self.xs)
+        if skip_last:
+            xs.pop()
+        n = len(xs)
+        if n < 2:
+            return (xs[0] if xs else NAN), NAN
+        m = math.fsum(xs) / n
+        return m, math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (n - 1))
+
+    def trend_z(self) -> float:
+        n = len(self.xs)
+        if n < 3:
+            return NAN
+        v = n * (n - 1) * (2 * n + 5) - self.tv
+        if v <= 0:
+            return 0.0   # a constant window has no trend
+        s = self.s
+        if s:
+            s = s - 1 if s > 0 else s + 1
+        return s / math.sqrt(v / 18.0)
+
+    def trend_tau(self) -> float:
+        n = len(self.xs)
+        n0 = n * (n - 1) // 2
+        d = n0 - self.tp
+        if n < 3 or d <= 0:
+            return 0.0 if n >= 3 else NAN
+        return self.s / math.sqrt(n0 * d)
+
+    def slope(self) -> float:
+        """Least-squares slope per step."""
+        st, xs = self.st, self.xs
+        n = len(xs)
+        if n < 2:
+            return NAN
+        t0 = st[0]
+        tm = math.fsum(s - t0 for s in st) / n
+        xm = math.fsum(xs) / n
+        var = math.fsum((s - t0 - tm) ** 2 for s in st)
+        if var == 0:
+            return NAN
+        return math.fsum((s - t0 - tm) * (x - xm) for s, x in zip(st, xs)) / var
+
+
+def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
+                   cycle: "CycleRise | None", level: Window | None) -> Callable[[], float]:
+    """A function of the (synced) window giving the signal's value now."""
+    if sig == "value":
+        return lambda: trk.values[-1] if trk.smooth else trk.cur
+    if sig == "ema":
+        return lambda: trk.ema(window)
+    if sig == "cycle_rise":
+        return lambda: cycle.out
+    if sig == "ratio_to_start":
+        def f():
+            level.sync()
+            return _ratio(level.median(), trk.baseline(window))
+        return f
+    if sig == "delta":
+        return lambda: trk.values[-1] - trk.values[-2] if len(trk.values) >= 2 else NAN
+    sync = win.sync
+    if sig == "median":
+        return lambda: sync().median()
+    if sig == "min":
+        return lambda: sync().sorted[0]
+    if sig == "max":
+        return lambda: sync().sorted[-1]
+    if sig == "mean":
+        return lambda: sync().mean_std()[0]
+    if sig == "std":
+        return lambda: sync().mean_std()[1]
+    if sig == "trend_z":
+        return lambda: sync().trend_z()
+    if sig == "trend_tau":
+        return lambda: sync().trend_tau()
+    if sig == "slope":
+        return lambda: sync().slope()
+    if sig == "ratio_to_median":
+        def f():
+            before = sync().median_before()
+            return _ratio(win.xs[-1], before)
+        return f
+    if sig == "zscore":
+        def f():
+            m, s = sync().mean_std(skip_last=True)
+            x = win.xs[-1]
+            if s != s:
+                return NAN
+            return (x - m) / s if s > 0 else (0.0 if x == m else math.copysign(math.inf, x - m))
+        return f
+    if sig == "robust_z":
+        def f():
+            sync()
+            med = win.median_before()
+            rest = list(win.xs)[:-1]
+            mad = median_of(sorted(abs(v - med) for v in rest)) * 1.4826
+            x = win.xs[-1]
+            return (x - med) / mad if mad > 0 else (0.0 if x == med else math.copysign(math.inf, x - med))
+        return f
+    if sig == "rel_drop":
+        def f():
+            peak = sync().sorted[-1]
+            return (peak - win.xs[-1]) / abs(peak) if peak else NAN
+        return f
+    if sig == "rel_rise":
+        def f():
+            low = sync().sorted[0]
+            return (win.xs[-1] - low) / abs(low) if low else NAN
+        return f
+    if sig == "flat_range":
+        def f():
+            srt = sync().sorted
+            m = math.fsum(srt) / len(srt)
+            return (srt[-1] - srt[0]) / abs(m) if m else NAN
+        return f
+    if sig == "rel_trend":
+        def f():
+            sync()
+            span = win.st[-1] - win.st[0] + 1
+            if span < window // 2:
+                return NAN
+            return win.slope() * window / max(abs(win.median()), 1e-12)
+        return f
+    if sig == "level_change":
+        def f():
+            sync()
+            xs, st = win.xs, win.st
+            if st[-1] - st[0] + 1 < window // 2:
+                return NAN
+            v = list(xs)
+            k = max(5, len(v) // 10)
+            return _ratio(median_of(sorted(v[-k:])), median_of(sorted(v[:k]))) - 1.0
+        return f
+    if sig in ("sign_flip_rate", "diff_ratio"):
+        def f():
+            v = list(sync().xs)
+            n = len(v)
+            d = [b - a for a, b in zip(v, v[1:])]
+            if len(d) < 2:
+                return NAN
+            if sig == "sign_flip_rate":
+                pairs = [a * b for a, b in zip(d, d[1:]) if a and b]
+                return sum(1 for p in pairs if p < 0) / len(pairs) if pairs else NAN
+            # population std of the changes over that of the values (about 1.4 for noise, up
+            # to 2 for a pure oscillation, near 0 for a smooth trend)
+            m = math.fsum(v) / n
+            sx = math.sqrt(math.fsum((x - m) ** 2 for x in v) / n)
+            dm = math.fsum(d) / len(d)
+            sd = math.sqrt(math.fsum((x - dm) ** 2 for x in d) / len(d))
+            scale = max(abs(x) for x in v)
+            return sd / (sx + 1e-12 * scale) if scale > 0 else 0.0
+        return f
+    if sig == "autocorr":
+        def f():
+            if win.cache_at == trk.total:
+                return win.cache.get("ac", NAN)
+            win.cache_at = trk.total
+            win.cache["ac"] = out = _autocorr(list(sync().xs))
+            return out
+        return f
+    raise ValueError(f"unknown signal {sig!r}")
+
+
+def _autocorr(v: list[float]) -> float:
+    """Strength of the dominant autocorrelation lag: the highest autocorrelation at lags 2 to
+    n/2 that is a local peak (a period), 0 when there is none."""
+    import numpy as np
+
+    n = len(v)
+    if n < 8:
+        return NAN
+    a = np.asarray(v, dtype=float)
+    a = a - a.mean()
+    var = float(np.dot(a, a))
+    if var == 0:
+        return 0.0
+    f = np.fft.rfft(a, 2 * n)
+    ac = np.fft.irfft(f * np.conj(f))[: n // 2 + 1] / var
+    best = 0.0
+    for lag in range(2, len(ac) - 1):
+        if ac[lag] > ac[lag - 1] and ac[lag] >= ac[lag + 1] and ac[lag] > best:
+            best = float(ac[lag])
+    return best
+
+
+class CycleRise:
+    """Rise of a metric since the first value of its update cycle (``cycle_metric`` restarts)."""
+
+    __slots__ = ("cycle_metric", "start", "last_cycle", "out")
+
+    def __init__(self, cycle_metric: str):
+        self.cycle_metric = cycle_metric
+        self.start = self.last_cycle = self.out = NAN
+
+    def update(self, x: float, metrics: dict) -> None:
+        c = metrics.get(self.cycle_metric, NAN)
+        if self.start != self.start or (c == c and self.last_cycle == self.last_cycle
+                                        and c <= self.last_cycle):
+            self.start = x
+        self.last_cycle = c
+        self.out = x - self.start
+
+
+class Bank:
+    """The tracks and windows of one rank of one run."""
+
+    def __init__(self):
+        self.step = -1                          # the step being evaluated
+        self.tracks: dict[tuple, Track] = {}     # (metric, smooth) -> Track
+        self.by_metric: dict[str, list[Track]] = {}
+        self.windows: dict[tuple, Window] = {}   # (metric, smooth, window) -> Window
+        self.cycles: dict[tuple, CycleRise] = {}  # (metric, cycle_metric) -> CycleRise
+        self.readers: dict[tuple, Callable[[], float]] = {}
+
+    def track(self, metric: str, smooth: int | None) -> Track:
+        t = self.tracks.get((metric, smooth))
+        if t is None:
+            t = self.tracks[(metric, smooth)] = Track(metric, smooth)
+            self.by_metric.setdefault(metric, []).append(t)
+        return t
+
+    def metric(self, metric, signal, window, smooth, cycle_metric, min_steps, min_points):
+        """A reader of ``signal`` of ``metric`` (see rules.compile.Source); shared by every
+        condition that reads the same thing."""
+        key = (metric, signal, window, smooth, cycle_metric, min_steps, min_points)
+        reader = self.readers.get(key)
+        if reader is not None:
+            return reader
+        trk = self.track(metric, smooth)
+        win = level = cycle = None
+        if signal == "ema":
+            if window not in trk.ema_spans:
+                trk.ema_spans.append(window)
+        elif signal == "ratio_to_start":
+            trk.baselines.setdefault(window, [])
+            level = self.window(trk, LEVEL_STEPS, LEVEL_POINTS)
+            level.need_sorted()
+        elif signal == "cycle_rise":
+            cycle = self.cycles.setdefault((metric, cycle_metric), CycleRise(cycle_metric))
+        elif signal in ("value", "delta"):
+            trk.need(1, 2)
+        else:
+            win = self.window(trk, window, min_points)
+            if signal in ("trend_z", "trend_tau"):
+                win.need_mk()
+            elif signal in ("median", "min", "max", "ratio_to_median", "robust_z", "rel_drop",
+                            "rel_rise", "flat_range", "rel_trend"):
+                win.need_sorted()
+        value = _signal_reader(signal, win, trk, window, cycle, level)
+        need_points = max(min_points, min(min_steps, 5))
+        warm = max(0, min_steps - 1)
+        bank = self
+
+        def read() -> float:
+            if trk.last_step != bank.step:
+                return NAN               # not logged at this step
+            x = trk.cur
+            if x - x != 0.0:
+                return x                 # NaN: undecided; +/-Inf: the comparison decides
+            if trk.n < need_points or bank.step - trk.first_step < warm:
+                return NAN
+            return value()
+        self.readers[key] = read
+        return read
+
+    def window(self, trk: Track, steps: int, points: int) -> Window:
+        key = (trk.metric, trk.smooth, steps)
+        w = self.windows.get(key)
+        if w is None:
+            w = self.windows[key] = Window(trk, steps, points)
+        w.points = max(w.points, points)
+        trk.need(steps, w.points)
+        return w
+
+    def update(self, step: int, metrics: dict[str, float]) -> None:
+        """Push one step's metrics into the tracks that rules read."""
+        self.step = step
+        by_metric = self.by_metric
+        for metric, x in metrics.items():
+            tracks = by_metric.get(metric)
+            if tracks is not None:
+                for t in tracks:
+                    t.push(step, x)
+        for (metric, _), cyc in self.cycles.items():
+            x = metrics.get(metric)
+            if x is not None and x - x == 0.0:
+                cyc.update(x, metrics)
+
+    def smoothed(self) -> dict[str, float]:
+        """The EMA of each metric that rules read smoothed (the shortest span), as they read it."""
+        out: dict[str, tuple[int, float]] = {}
+        for (metric, smooth), t in self.tracks.items():
+            spans = [(s, t.ema(s)) for s in t.ema_spans]
+            if smooth:
+                spans.append((smooth, t.smoothed()))
+            for span, v in spans:
+                if v == v and (metric not in out or span < out[metric][0]):
+                    out[metric] = (span, v)
+        return {m: v for m, (_, v) in sorted(out.items())}
+
+    def to_state(self) -> dict:
+        return {"tracks": [[m, s, t.to_state()] for (m, s), t in self.tracks.items() if t.n or
+                           t.last_step is not None],
+                "cycles": [[m, c, [_enc(x.start), _enc(x.last_cycle), _enc(x.out)]]
+                           for (m, c), x in self.cycles.items()]}
 
     def load(self, state: dict) -> None:
-        """Restore values into the signals this bank was built with (others are dropped)."""
-        self.seen = dict(state.get("seen", {}))
-        for key, sig_state in state.get("signals", []):
-            key = tuple(key)
-            if key in self.signals:
-                restored = _restore(sig_state, key[3])
-                self.signals[key] = restored
-                self.by_metric[key[0]] = [(k, restored if k == key else s)
-                                          for k, s in self.by_metric[key[0]]]
+        """Restore values into the tracks this bank was compiled with (others are dropped)."""
+        for m, s, st in state.get("tracks", []):
+            t = self.tracks.get((m, s))
+            if t is not None:
+                t.load(st)
+        for m, c, (a, b, o) in state.get("cycles", []):
+            x = self.cycles.get((m, c))
+            if x is not None:
+                x.start, x.last_cycle, x.out = _dec(a), _dec(b), _dec(o)

@@ -111,9 +111,11 @@ def test_unknown_verdict_changes_nothing(prefix):
     assert s == before
 
 
-def test_unknown_steps_neither_count_towards_for_nor_resolve():
+def test_unknown_steps_neither_reset_for_nor_resolve():
+    # `for` counts training steps from the onset: steps without data in between neither break
+    # the spell nor add points; the condition was true at 0 and at 3, so it held over 4 steps
     verdicts = [(True, 0, 0.0), (None, 1, 1.0), (None, 2, 2.0), (True, 3, 3.0), (True, 4, 4.0)]
-    _, out = run(verdicts, for_steps=3)
+    _, out = run(verdicts, for_steps=5)
     assert out == [(4, "firing")]
     verdicts = [(True, 0, 0.0), (None, 1, 1.0), (None, 2, 2.0), (None, 3, 3.0)]
     s, out = run(verdicts)

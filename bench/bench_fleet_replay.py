@@ -1,0 +1,251 @@
+"""A fleet through the whole core: parse + processor + the full built-in pack, per core.
+
+Simulates a fleet of interleaved PPO/GRPO runs (8 ranks each, about 32 metrics, per-sample
+dists and groups on rank 0, samples and checkpoints), writes it as one JSON Lines file, and
+times three readers of that same file in one run:
+
+* a bare ``json.loads`` loop (the parse floor: no reader of JSON can go faster in Python);
+* a simple reference detector: plain Python, dicts and deques, 17 rules (below, about 200 lines);
+* rlwatch: ``parse_event`` + ``Pipeline.feed`` with the built-in pack.
+
+Prints events/s of each and rlwatch's ratios to the other two. ``--profile`` adds a cProfile
+top 15 of the rlwatch pass.
+
+    python bench/bench_fleet_replay.py [--runs 12] [--steps 400] [--profile]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import math
+import pstats
+import statistics
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+
+from contract.events import dump_event, parse_event
+from producers.simulator import SimConfig, simulate
+from rules.loader import load_pack
+from streams.processor import Pipeline
+
+FAULTS = ("healthy", "kl_above_target", "entropy_collapse", "reward_collapse", "nan_inf",
+          "length_hacking", "grad_norm_anomaly", "rank_outlier", "value_shift", "healthy",
+          "clip_frac_high", "truncation_rising")
+
+
+def fleet_lines(runs: int, steps: int) -> list[bytes]:
+    """Events of ``runs`` simulated runs, interleaved by time, as JSON lines."""
+    events = []
+    for i in range(runs):
+        cfg = SimConfig(run_id=f"fleet-{i:02d}", algo="grpo" if i % 4 == 3 else "ppo",
+                        fault=FAULTS[i % len(FAULTS)], onset=steps // 2, seed=100 + i,
+                        world_size=8, samples_every=10, checkpoint_every=50)
+        for ev in simulate(cfg, steps):
+            ev["ts"] = ev["ts"] + 0.013 * i      # runs started at slightly different times
+            events.append(ev)
+    events.sort(key=lambda e: e["ts"])
+    return [dump_event(e) for e in events]
+
+
+# -- the reference detector --------------------------------------------------------------------
+
+def _median(xs) -> float:
+    v = sorted(xs)
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
+class _Run:
+    def __init__(self):
+        self.hist: dict[str, deque] = {}
+        self.start: dict[str, list] = {}
+        self.count: dict[str, int] = {}
+        self.firing: set[str] = set()
+        self.ranks: dict[int, dict] = {}
+        self.last_step = -1
+
+
+class ReferenceDetector:
+    """17 plain rules on plain dicts: what a careful engineer writes in an afternoon."""
+
+    WINDOW = 50
+
+    def __init__(self, kl_target: float = 0.05):
+        self.kl_target = kl_target
+        self.runs: dict[str, _Run] = {}
+        self.alerts = 0
+
+    def _push(self, r: _Run, name: str, x: float) -> deque:
+        h = r.hist.get(name)
+        if h is None:
+            h = r.hist[name] = deque(maxlen=self.WINDOW)
+            r.start[name] = []
+        if len(r.start[name]) < 20:
+            r.start[name].append(x)
+        h.append(x)
+        return h
+
+    def _fire(self, r: _Run, rule: str, cond: bool, need: int = 1) -> None:
+        c = r.count.get(rule, 0) + 1 if cond else 0
+        r.count[rule] = c
+        if c >= need and rule not in r.firing:
+            r.firing.add(rule)
+            self.alerts += 1
+        elif not cond and rule in r.firing:
+            r.firing.discard(rule)
+
+    def _ratio_to_start(self, r: _Run, name: str, h: deque) -> float:
+        st = r.start.get(name)
+        if not st or len(st) < 20 or len(h) < 5:
+            return math.nan
+        base = _median(st)
+        return _median(list(h)[-5:]) / base if base else math.nan
+
+    def feed(self, ev: dict) -> None:
+        if ev.get("kind") != "step":
+            return
+        r = self.runs.get(ev["run_id"])
+        if r is None:
+            r = self.runs[ev["run_id"]] = _Run()
+        m = ev.get("metrics") or {}
+        rank = ev.get("rank", 0)
+        # 1. NaN/Inf on any rank
+        self._fire(r, f"nan/{rank}", any(isinstance(v, str) or not math.isfinite(v) for v in m.values()))
+        if (ev.get("world_size") or 1) > 1:
+            rs = r.ranks.setdefault(ev["step"], {})
+            rs[rank] = (m.get("grad_norm/actor"), (ev.get("hashes") or {}).get("actor"))
+            if len(rs) >= ev["world_size"]:
+                del r.ranks[ev["step"]]
+                g = [v[0] for v in rs.values() if isinstance(v[0], float)]
+                med = _median(g) if g else math.nan
+                # 2. rank outlier, 3. hash mismatch
+                self._fire(r, "rank_outlier", bool(g) and med > 0 and max(g) / med > 3)
+                h = {v[1] for v in rs.values() if v[1]}
+                self._fire(r, "hash_mismatch", len(h) > 1)
+            for s in [s for s in r.ranks if s < ev["step"] - 8]:
+                del r.ranks[s]
+        if rank != 0 or ev["step"] <= r.last_step:
+            return
+        r.last_step = ev["step"]
+        f = {k: v for k, v in m.items() if isinstance(v, float) and math.isfinite(v)}
+        t = self.kl_target
+        if "kl/mean" in f:
+            h = self._push(r, "kl/mean", f["kl/mean"])
+            last3 = _median(list(h)[-3:])
+            self._fire(r, "kl_yellow", f["kl/mean"] > 1.5 * t, 5)          # 4
+            self._fire(r, "kl_red", last3 > 2.5 * t)                         # 5
+            self._fire(r, "kl_black", last3 > 0.2)                           # 6
+            self._fire(r, "kl_zero", len(h) > 30 and max(list(h)[-5:]) < 1e-6
+                       and _median(h) > 1e-3)                                # 7
+        if "entropy/mean" in f:
+            h = self._push(r, "entropy/mean", f["entropy/mean"])
+            self._fire(r, "entropy_collapse", self._ratio_to_start(r, "entropy/mean", h) < 0.2, 3)  # 8
+        if "reward/mean" in f:
+            h = self._push(r, "reward/mean", f["reward/mean"])
+            if len(h) >= 30:
+                prev = list(h)[:-1]
+                mu = sum(prev) / len(prev)
+                sd = math.sqrt(sum((x - mu) ** 2 for x in prev) / (len(prev) - 1)) or 1e-12
+                self._fire(r, "reward_spike", (f["reward/mean"] - mu) / sd > 5)    # 9
+                n = len(h)
+                tm = (n - 1) / 2
+                xm = sum(h) / n
+                slope = sum((i - tm) * (x - xm) for i, x in enumerate(h)) / (n * (n * n - 1) / 12)
+                self._fire(r, "reward_degradation", slope * n / max(abs(xm), 1e-12) < -0.2, 10)  # 10
+        if "reward/std" in f:
+            h = self._push(r, "reward/std", f["reward/std"])
+            self._fire(r, "reward_collapse", self._ratio_to_start(r, "reward/std", h) < 0.1, 5)  # 11
+        for name, rule in (("grad_norm/actor", "grad_norm"), ("loss/value", "value_loss"),
+                           ("gpu/mem_allocated_gb", "gpu_memory")):
+            if name in f:
+                h = self._push(r, name, f[name])
+                if len(h) >= 20:
+                    med = _median(list(h)[:-1])
+                    limit = {"grad_norm": 10, "value_loss": 10, "gpu_memory": 1.25}[rule]
+                    self._fire(r, rule, med > 0 and f[name] / med > limit, 2)   # 12, 13, 14
+        if "ppo/clip_frac" in f:
+            self._fire(r, "clip_frac_high", f["ppo/clip_frac"] > 0.6)             # 15
+        if "response/truncated_frac" in f:
+            self._fire(r, "truncation", f["response/truncated_frac"] > 0.5, 3)    # 16
+        if "response/length_mean" in f:
+            h = self._push(r, "response/length_mean", f["response/length_mean"])
+            self._fire(r, "length_hacking",
+                       self._ratio_to_start(r, "response/length_mean", h) > 1.3, 10)  # 17
+
+
+# -- timing --------------------------------------------------------------------------------------
+
+def timed(fn, repeats: int) -> float:
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "fleet.jsonl"
+        path.write_bytes(b"\n".join(fleet_lines(args.runs, args.steps)) + b"\n")
+        lines = path.read_bytes().splitlines()
+    n = len(lines)
+    pack = load_pack("rlhf")
+    alerts = [0]
+
+    def bare():
+        for raw in lines:
+            json.loads(raw)
+
+    def reference():
+        det = ReferenceDetector()
+        for raw in lines:
+            det.feed(json.loads(raw))
+        alerts[0] = det.alerts
+
+    def rlwatch():
+        pipe = Pipeline(pack)
+        fired = 0
+        for raw in lines:
+            ev = parse_event(raw, 0.0)
+            fired += len(pipe.feed(ev, ev.ts))
+        alerts.append(fired)
+
+    rates = {}
+    for name, fn in (("json.loads loop", bare), ("reference detector", reference),
+                     ("rlwatch core", rlwatch)):
+        rates[name] = n / timed(fn, args.repeats)
+    sizes = [len(x) for x in lines]
+    print(f"fleet: {args.runs} runs x {args.steps} steps x 8 ranks: {n} events, "
+          f"{statistics.mean(sizes):.0f} bytes per event on average")
+    print(f"{'reader':22s} {'events/s':>12s}")
+    for name, rate in rates.items():
+        print(f"{name:22s} {rate:12,.0f}")
+    core = rates["rlwatch core"]
+    print(f"rlwatch / json.loads floor:     {core / rates['json.loads loop']:.2f}")
+    print(f"rlwatch / reference detector:   {core / rates['reference detector']:.2f}")
+    print(f"alerts: reference {alerts[0]} state changes, rlwatch {alerts[-1]} alerts")
+
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        rlwatch()
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
+        print(out.getvalue())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""Compile a pack, as it applies to one run, into plain closures. Pure.
+
+:func:`compile_rules` takes the rules with their thresholds resolved (targets, parameters,
+overrides: :class:`rules.engine.RunRules`) and a :class:`Source` -- the statistics of one rank
+of one run, implemented by ``streams`` -- and returns a :class:`Program`: every tier's
+condition as a closure ``test() -> True | False | None`` that reads statistics the source
+created once and shares between rules (same metric, signal, window), and an index from input
+names to the rules that read them, so that an event touches only the rules whose inputs
+arrived. Nothing is formatted or allocated per step: the numbers an alert shows come from
+``explain()``, called only when an alert changes state.
+
+``None`` means undecided (the metric was not logged at this step, its window has too few
+points, a target is not set): it neither advances nor resets an alert.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from rules.schema import MIN_POINTS, Condition, Rule, Threshold, Tier, leaves
+
+__all__ = ["CompiledRule", "CompiledTier", "Explained", "Program", "Source", "compile_rules",
+           "resolve_threshold", "rule_inputs", "rule_trigger"]
+
+Test = Callable[[], "bool | None"]
+#: (holds, value, threshold, metric, detail, rank)
+Explained = tuple
+Explain = Callable[[], Explained]
+
+
+class Source(Protocol):
+    """The statistics of one rank of one run, as compiled conditions read them. Each method
+    is called once per leaf at compile time and returns a reader called per evaluation."""
+
+    def metric(self, metric: str, signal: str, window: int, smooth: int | None,
+               cycle_metric: str | None, min_steps: int, min_points: int) -> Callable[[], float]:
+        """Reads the signal now: NaN when undecided; the raw value when it is not finite."""
+
+    def nonfinite(self, names: list[str] | None) -> Callable[[], list[str]]: ...
+    def rank_stat(self, metric: str, stat: str) -> Callable[[], tuple[float, int | None]]: ...
+    def hash_mismatch(self, name: str) -> Callable[[], list[int] | None]: ...
+    def dist_stat(self, name: str, stat: str, window: int, cap: float | None) -> Callable[[], float]: ...
+    def corr(self, x: str, y: str, window: int) -> Callable[[], float]: ...
+    def group_stat(self, metric: str, stat: str, window: int) -> Callable[[], tuple[float, str | None]]: ...
+    def sample_stat(self, field: str, stat: str) -> Callable[[], tuple[float, str | None]]: ...
+    def seconds_since_event(self) -> Callable[[], float]: ...
+
+
+def resolve_threshold(spec, targets: dict[str, float], params: dict[str, float]) -> float | None:
+    """A threshold as a number; None when it names a target nobody set."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        return params.get(spec)
+    if isinstance(spec, Threshold):
+        base = targets.get(spec.target) if spec.target else params.get(spec.param)
+        factor = params.get(spec.factor) if isinstance(spec.factor, str) else spec.factor
+        return None if base is None or factor is None else base * factor
+    return float(spec)
+
+
+@dataclass
+class CompiledTier:
+    tier: Tier
+    key: str                 # "rule/severity" (the alert state key, without the rank)
+    test: Test
+    explain: Explain
+
+
+@dataclass
+class CompiledRule:
+    rule: Rule
+    index: int               # position in the pack: alerts come out in pack order
+    params: dict[str, float]
+    tiers: list[CompiledTier]
+    notes: list[tuple[Explain, str, str | None]]
+    inputs: frozenset[str] | None    # names of metrics, dists, groups it reads; None = every one
+    trigger: str                     # step | ranks | samples | tick
+
+
+@dataclass
+class Program:
+    """A run's rules compiled against one rank's statistics."""
+
+    rules: list[CompiledRule]
+    targets: dict[str, float]
+    by_input: dict[str, list[CompiledRule]] = field(default_factory=dict)
+    every_step: list[CompiledRule] = field(default_factory=list)
+    by_trigger: dict[str, list[CompiledRule]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for cr in self.rules:
+            if cr.trigger != "step":
+                self.by_trigger.setdefault(cr.trigger, []).append(cr)
+            elif cr.inputs is None:
+                self.every_step.append(cr)
+            else:
+                for name in cr.inputs:
+                    self.by_input.setdefault(name, []).append(cr)
+
+    def step_rules(self, names) -> list[CompiledRule]:
+        """The step rules that read any of ``names``, in pack order."""
+        hit = {cr.index: cr for cr in self.every_step}
+        index = self.by_input
+        for name in names:
+            rules = index.get(name)
+            if rules is not None:
+                for cr in rules:
+                    hit[cr.index] = cr
+        return [hit[i] for i in sorted(hit)]
+
+
+def rule_inputs(rule: Rule) -> frozenset[str] | None:
+    """Names a step rule reads (metrics, dists, groups); None when it reads every metric."""
+    names: set[str] = set()
+    for tier in rule.tiers:
+        for leaf in leaves(tier.when):
+            if leaf.nonfinite is not None:
+                if leaf.nonfinite == "any":
+                    return None
+                names.update(leaf.nonfinite)
+            for name in (leaf.metric, leaf.dist, leaf.groups):
+                if name is not None:
+                    names.add(name)
+            names.update(leaf.corr or ())
+    return frozenset(names)
+
+
+def rule_trigger(rule: Rule) -> str:
+    srcs = set()
+    for tier in rule.tiers:
+        for leaf in leaves(tier.when):
+            if leaf.ranks is not None or leaf.hashes is not None:
+                srcs.add("ranks")
+            elif leaf.samples is not None:
+                srcs.add("samples")
+            elif leaf.stalled_seconds is not None:
+                srcs.add("tick")
+            else:
+                srcs.add("step")
+    for t in ("tick", "ranks", "samples"):
+        if t in srcs:
+            return t
+    return "step"
+
+
+# -- leaves ---------------------------------------------------------------------------------------
+
+_UNKNOWN: Explained = (None, None, None, None, None, None)
+
+
+def _comparison(cond: Condition, targets, params):
+    """(kind, threshold) of a condition's above/below/abs_above."""
+    for kind in ("above", "below", "abs_above"):
+        spec = getattr(cond, kind)
+        if spec is not None:
+            return kind, resolve_threshold(spec, targets, params)
+    return None, None
+
+
+def _compare_value(read: Callable[[], float], kind: str, thr: float | None, metric: str) -> tuple[Test, Explain]:
+    if thr is None:
+        return (lambda: None), (lambda: (None, None, None, metric, None, None))
+    if kind == "above":
+        def test():
+            v = read()
+            if v > thr:
+                return True
+            if v <= thr:
+                return False
+            return None
+    elif kind == "below":
+        def test():
+            v = read()
+            if v < thr:
+                return True
+            if v >= thr:
+                return False
+            return None
+    else:
+        def test():
+            v = abs(read())
+            if v > thr:
+                return True
+            if v <= thr:
+                return False
+            return None
+
+    def explain():
+        v = read()
+        return test(), (None if v != v else v), thr, metric, None, None
+    return test, explain
+
+
+def _compare_pair(read: Callable[[], tuple], kind: str, thr: float | None, metric: str,
+                  detail: Callable[[object], str | None]) -> tuple[Test, Explain]:
+    """Like _compare_value for readers that return (value, extra)."""
+    test, _ = _compare_value(lambda: read()[0], kind, thr, metric)
+
+    def explain():
+        v, extra = read()
+        return test(), (None if v != v else v), thr, metric, detail(extra), (
+            extra if isinstance(extra, int) else None)
+    return test, explain
+
+
+def _leaf(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
+    kind, thr = _comparison(c, targets, params)
+    if c.metric is not None:
+        need = MIN_POINTS[c.signal]
+        read = src.metric(c.metric, c.signal, c.window, c.smooth, c.cycle_metric, c.min_steps, need)
+        return _compare_value(read, kind, thr, c.metric)
+    if c.nonfinite is not None:
+        bad = src.nonfinite(None if c.nonfinite == "any" else list(c.nonfinite))
+
+        def test():
+            return bool(bad())
+
+        def explain():
+            b = bad()
+            return (bool(b), math.nan if b else 0.0, None, b[0] if b else None,
+                    ", ".join(b) if b else None, None)
+        return test, explain
+    if c.ranks is not None:
+        return _compare_pair(src.rank_stat(c.ranks, c.stat), kind, thr, c.ranks,
+                             lambda r: None if r is None else f"rank {r}")
+    if c.hashes is not None:
+        read = src.hash_mismatch(c.hashes)
+        name = f"hashes.{c.hashes}"
+
+        def test():
+            b = read()
+            return None if b is None else bool(b)
+
+        def explain():
+            b = read()
+            if b is None:
+                return None, None, None, name, None, None
+            return (bool(b), float(len(b)), 0.0, name,
+                    ("ranks " + ", ".join(map(str, b)) + " differ from rank 0") if b else None,
+                    b[0] if b else None)
+        return test, explain
+    if c.dist is not None:
+        cap = resolve_threshold(c.cap, targets, params)
+        return _compare_value(src.dist_stat(c.dist, c.stat, c.window, cap), kind, thr,
+                              f"dists.{c.dist}")
+    if c.corr is not None:
+        x, y = c.corr
+        return _compare_value(src.corr(x, y, c.window), kind, thr, f"corr({x},{y})")
+    if c.groups is not None:
+        return _compare_pair(src.group_stat(c.groups, c.stat, c.window), kind, thr,
+                             f"groups.{c.groups}", lambda d: d)
+    if c.samples is not None:
+        return _compare_pair(src.sample_stat(c.samples, c.stat), kind, thr,
+                             f"samples.{c.samples}", lambda d: d)
+    if c.stalled_seconds is not None:
+        limit = resolve_threshold(c.stalled_seconds, targets, params)
+        return _compare_value(src.seconds_since_event(), "above", limit, "heartbeat")
+    return (lambda: None), (lambda: _UNKNOWN)
+
+
+# -- composites -----------------------------------------------------------------------------------
+
+def _node(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
+    if c.all is not None:
+        parts = [_node(x, src, targets, params) for x in c.all]
+        tests = [p[0] for p in parts]
+
+        def test():
+            unknown = False
+            for t in tests:
+                h = t()
+                if h is False:
+                    return False
+                if h is None:
+                    unknown = True
+            return None if unknown else True
+
+        def explain():
+            got = [e() for _, e in parts]
+            return (test(), *_first_numbers(got))
+        return test, explain
+    if c.any is not None:
+        parts = [_node(x, src, targets, params) for x in c.any]
+        tests = [p[0] for p in parts]
+
+        def test():
+            unknown = False
+            for t in tests:
+                h = t()
+                if h:
+                    return True
+                if h is None:
+                    unknown = True
+            return None if unknown else False
+
+        def explain():
+            got = [e() for _, e in parts]
+            hit = [g for g in got if g[0]]
+            return (test(), *_first_numbers(hit or got))
+        return test, explain
+    if c.not_ is not None:
+        inner_test, inner_explain = _node(c.not_, src, targets, params)
+
+        def test():
+            h = inner_test()
+            return None if h is None else not h
+
+        def explain():
+            e = inner_explain()
+            return (test(), *e[1:])
+        return test, explain
+    return _leaf(c, src, targets, params)
+
+
+def _first_numbers(parts: list[Explained]) -> tuple:
+    for p in parts:
+        if p[1] is not None:
+            return p[1:]
+    return (None, None, None, None, None)
+
+
+def compile_rules(rules: list[Rule], params: dict[str, dict[str, float]],
+                  targets: dict[str, float], src: Source, positions: dict[str, int] | None = None,
+                  keep: Callable[[Rule], bool] = lambda r: True) -> Program:
+    """The rules (thresholds resolved with ``targets`` and ``params``) as closures over ``src``;
+    ``keep`` picks the rules to compile (e.g. only the ones every rank evaluates)."""
+    out = []
+    for i, rule in enumerate(rules):
+        if not keep(rule):
+            continue
+        p = params.get(rule.id, rule.params)
+        tiers = []
+        for t in rule.tiers:
+            test, explain = _node(t.when, src, targets, p)
+            tiers.append(CompiledTier(t, f"{rule.id}/{t.severity}", test, explain))
+        notes = [(_node(n.when, src, targets, p)[1], n.text, n.otherwise) for n in rule.notes]
+        out.append(CompiledRule(rule, positions.get(rule.id, i) if positions else i, p, tiers,
+                                notes, rule_inputs(rule), rule_trigger(rule)))
+    return Program(out, targets)
