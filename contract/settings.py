@@ -56,6 +56,7 @@ class Settings:
     advisory: str | None = None
     tick_seconds: float = 10.0
     run_ttl_hours: float = 72.0          # a run silent this long is forgotten (state and statistics)
+    finished_after: float = 3600.0       # seconds: a run silent this long is shown as finished
     kafka_security_protocol: str | None = None
     kafka_sasl_mechanism: str | None = None
     kafka_sasl_username: str | None = None

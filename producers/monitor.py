@@ -229,6 +229,8 @@ class Monitor:
         ok = True
         try:
             if self.sender is not None:
+                # the last event says the script closed its monitor: the fleet shows it finished
+                self.sender.put(self._key, {**self._envelope("heartbeat", self.last_step), "final": True})
                 ok = self.sender.close(timeout)
                 if not ok:
                     log.warning("rlwatch: %d events not delivered at close", self.sender.pending())

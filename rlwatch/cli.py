@@ -12,14 +12,47 @@ import time
 
 __all__ = ["main"]
 
+#: Python packages that come with an extra of rlwatch, and that extra.
+EXTRAS = {"faust": "worker", "aiokafka": "worker", "mode": "worker", "slack_sdk": "worker",
+          "redis": "worker", "kafka": "worker", "aiohttp": "web", "prometheus_client": "web",
+          "scipy": "stats"}
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _fail(what: str, message: str) -> SystemExit:
+    """One clear line on stderr and exit status 1."""
+    return SystemExit(f"rlwatch {what}: {message}")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rlwatch")
+    except PackageNotFoundError:
+        return "unknown (not installed: run scripts/install.sh)"
+
+
+def _settings(args, what: str, **overrides):
+    """Settings from flags and RLWATCH_* variables, with the Redis URL checked."""
+    from contract.settings import Settings
+
+    settings = Settings.from_env(redis=getattr(args, "redis", None), **overrides)
+    url = settings.redis or ""
+    if not url.startswith(REDIS_SCHEMES):
+        source = "--redis" if getattr(args, "redis", None) else "RLWATCH_REDIS"
+        raise _fail(what, f"{source} must be a URL such as redis://{url or 'localhost:6379'}/0 "
+                          f"(got {url!r}; rediss:// for TLS, redis://:PASSWORD@HOST:PORT/DB with a password)")
+    return settings
+
 
 def _pack(rules: str | None, preset_name: str | None = None):
     from contract.presets import get_preset
     from rules.loader import RuleFileError, load_pack, merge_packs, with_preset
 
     try:
-        names = (rules or "rlhf").split(",")
-        packs = [load_pack(n.strip()) for n in names]
+        names = [n.strip() for n in (rules or "rlhf").split(",") if n.strip()] or ["rlhf"]
+        packs = [load_pack(n) for n in names]
         pack = packs[0] if len(packs) == 1 else merge_packs(*packs)
     except RuleFileError as exc:
         raise SystemExit(f"rlwatch: {exc}") from None
@@ -36,11 +69,12 @@ def cmd_demo(args) -> int:
     hooks, server = {}, None
     if args.web:  # the dashboard on the embedded run: a Fleet fed by the demo, buttons on its control
         from alerts.control import MemoryControl
+        from streams.fleet_store import MemoryFleetStore
         from web.server import start_web
 
-        control = MemoryControl()
-        server = start_web(args.web, control=control, mode="demo")
-        hooks = {"observer": server.fleet, "control": control, "auto_resume": False}
+        control, store = MemoryControl(), MemoryFleetStore()
+        server = start_web(args.web, control=control, store=store, mode="demo")
+        hooks = {"observer": server.fleet, "control": control, "auto_resume": False, "store": store}
     result = run_demo(steps=args.steps, onset=args.onset, as_json=args.json, **hooks)
     if server is not None:
         print(f"rlwatch demo: runs finished; the dashboard stays at {server.url} until Ctrl-C",
@@ -51,41 +85,104 @@ def cmd_demo(args) -> int:
     return 0 if ok else 1
 
 
+def _check_redis(url: str, what: str) -> None:
+    """Fail at start, in one line, when Redis does not answer."""
+    import redis
+
+    from contract.settings import mask_url
+
+    client = redis.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3)
+    try:
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure here is "cannot reach"
+        raise _fail(what, f"cannot reach Redis at {mask_url(url)}: {exc} "
+                          "(start it: scripts/services.sh start)") from None
+    finally:
+        client.close()
+
+
+def _check_kafka(bootstrap: str, what: str, timeout: float = 3.0) -> None:
+    """Fail fast, in one line, when no bootstrap server accepts a connection."""
+    import socket
+
+    problems = []
+    for server in [b.strip() for b in bootstrap.split(",") if b.strip()]:
+        hostport = server.split("://", 1)[-1]
+        host, _, port = hostport.rpartition(":")
+        if not host or not port.isdigit():
+            raise _fail(what, f"RLWATCH_KAFKA / --kafka must be HOST:PORT[,HOST:PORT...], got {server!r}")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                return
+        except OSError as exc:
+            problems.append(f"{hostport}: {exc.strerror or exc}")
+    raise _fail(what, f"cannot reach Kafka at {bootstrap} ({'; '.join(problems)}); "
+                      "start it (scripts/services.sh start) or set --kafka / RLWATCH_KAFKA")
+
+
 def cmd_worker(args) -> int:
-    from contract.settings import Settings
+    settings = _settings(args, "worker", kafka=args.kafka, rules=args.rules, routes=args.routes)
+    pack, _ = _pack(settings.rules)         # a bad or missing rule file stops the worker at once
     from streams.app import build_app, ensure_topics
 
-    settings = Settings.from_env(kafka=args.kafka, redis=args.redis, rules=args.rules, routes=args.routes)
     logging.basicConfig(level=getattr(logging, args.loglevel.upper(), logging.INFO))
     if settings.routes:  # a bad routes file stops the worker at once, with the line at fault
         from alerts.factory import build_notifiers, build_routing
-        from alerts.routing import RoutesFileError
+        from alerts.routes_file import RoutesFileError
 
         try:
             build_routing(settings, build_notifiers(settings))
         except RoutesFileError as exc:
-            raise SystemExit(f"rlwatch worker: {exc}") from None
+            raise _fail("worker", str(exc)) from None
+    _check_redis(settings.redis, "worker")
+    _check_kafka(settings.kafka, "worker")
     logging.getLogger("rlwatch").info("rlwatch worker: %s", settings.describe())
+    kafka_log = logging.getLogger("kafka")
+    level = kafka_log.level
+    kafka_log.setLevel(logging.CRITICAL)      # the client's retries say nothing new; we say it once
     try:
-        ensure_topics(settings)
+        ensure_topics(settings, timeout=10.0)
     except Exception as exc:  # noqa: BLE001 - say what is wrong with the broker, then stop
-        raise SystemExit(f"rlwatch worker: cannot reach Kafka at {settings.kafka}: {exc}") from None
+        raise _fail("worker", f"cannot reach Kafka at {settings.kafka}: {exc}") from None
+    finally:
+        kafka_log.setLevel(level)
     server = None
     if args.web:  # the dashboard in a background thread, fed by the agents, commands over Redis
-        from alerts.control import RedisControl
-        from web.server import start_web
-
-        server = start_web(args.web, control_factory=lambda: RedisControl(settings.redis),
-                           pack=settings.rules, mode="worker", secret=settings.control_secret)
-    app = build_app(settings, **({"observer": server.fleet} if server else {}))
+        server = _start_fleet_web(args.web, settings, mode="worker", metrics_scope="local")
+    app = build_app(settings, pack=pack, **({"observer": server.fleet} if server else {}))
     sys.argv = ["rlwatch-worker", "worker", "-l", args.loglevel.lower(), "--without-web"]
     app.main()
     return 0
 
 
+def _start_fleet_web(address: str, settings, mode: str, metrics_scope: str = "all"):
+    """The dashboard on Redis: rows from the fleet store, commands over the control channel."""
+    from alerts.control import RedisControl
+    from streams.fleet_store import FleetStore
+    from web.server import start_web
+
+    return start_web(address, control_factory=lambda: RedisControl(settings.redis),
+                     store_factory=lambda: FleetStore.from_url(settings.redis, settings.app_id,
+                                                               settings.run_ttl_hours * 3600),
+                     pack=settings.rules, mode=mode, secret=settings.control_secret,
+                     metrics_scope=metrics_scope, finished_after=settings.finished_after)
+
+
+def cmd_web(args) -> int:
+    settings = _settings(args, "web", rules=args.rules)
+    _pack(settings.rules)
+    _check_redis(settings.redis, "web")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    server = _start_fleet_web(args.address, settings, mode="web")
+    print(f"rlwatch web: the fleet of app {settings.app_id!r} from {settings.describe()['redis']}; "
+          "Ctrl-C stops", file=sys.stderr, flush=True)
+    server.wait()
+    return 0
+
+
 def cmd_replay(args) -> int:
     from alerts.render import text
-    from rlwatch.replay import replay
+    from rlwatch.replay import coverage_lines, replay
 
     pack, preset = _pack(args.rules, args.preset)
 
@@ -100,21 +197,27 @@ def cmd_replay(args) -> int:
         print(f"rlwatch: skipped {r}", file=sys.stderr)
     if len(result.rejected) > 20:
         print(f"rlwatch: ... and {len(result.rejected) - 20} more skipped lines", file=sys.stderr)
+    for line in coverage_lines(result):      # which rules had their inputs; loud when none
+        print(line, file=sys.stderr)
     firing = [a for a in result.alerts if a.state == "firing"]
     print(f"rlwatch: replayed {result.events} events from {len(args.files)} file(s): "
           f"{len(firing)} alerts fired, {len(result.rejected)} lines skipped", file=sys.stderr)
+    if result.events == 0:
+        why = "every line was skipped (see above)" if result.rejected else "the file(s) hold no events"
+        print(f"rlwatch replay: nothing was replayed: {why}", file=sys.stderr)
+        return 1
     return 0
 
 
 def cmd_rules(args) -> int:
     from rules.loader import RuleFileError, load_pack
 
+    if args.rules_cmd == "tune":
+        from rlwatch.tune import cli_tune
+
+        return cli_tune(args)
     if args.rules_cmd == "list":
-        try:
-            pack = load_pack(args.rules or "rlhf")
-        except RuleFileError as exc:
-            print(exc, file=sys.stderr)
-            return 1
+        pack, _ = _pack(args.rules)
         for r in pack.rules:
             tiers = "/".join(t.severity for t in r.tiers)
             print(f"{r.id:28s} {tiers:22s} {r.title}")
@@ -167,25 +270,94 @@ def _run_on_redis(coro):
         raise
 
 
-def _control(args):
+def _control(args, what: str = "status"):
     from alerts.control import RedisControl
-    from contract.settings import Settings
 
-    settings = Settings.from_env(redis=args.redis)
+    settings = _settings(args, what)
     return RedisControl(settings.redis), settings
+
+
+def _fleet_store(control, settings):
+    from streams.fleet_store import FleetStore
+
+    return FleetStore(control.redis, settings.app_id, settings.run_ttl_hours * 3600)
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 2:
+        return "just now"
+    if seconds < 90:
+        return f"{seconds:.0f}s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def _fleet_line(rec: dict | None, now: float, finished_after: float) -> str:
+    """What the fleet view says about a run, in a few words."""
+    from streams.fleet_store import run_status, steps_per_second
+
+    if not rec:
+        return "no events seen by a worker of this app"
+    s = rec.get("summary") or {}
+    status = run_status(rec, now, finished_after=finished_after)
+    parts = [f"step {s.get('last_step')}"]
+    if status == "live":
+        parts.append(f"live, {steps_per_second(rec, now):.2f} steps/s")
+    elif status == "finished" and rec.get("closed"):
+        parts.append("finished (closed its monitor)")
+    else:
+        parts.append(status)
+    if s.get("incarnation"):
+        parts.append(f"incarnation {s['incarnation']}")
+    alerts = s.get("open_alerts") or []
+    if alerts:
+        order = ("info", "yellow", "orange", "red", "black")
+        worst = max(alerts, key=lambda a: order.index(a.get("severity", "info")))
+        more = f" (+{len(alerts) - 1} more)" if len(alerts) > 1 else ""
+        parts.append(f"{worst['severity']} {worst['rule']}{more}")
+    ts = s.get("last_event_ts")
+    parts.append(f"last event {_ago(now - ts if ts is not None else None)}")
+    return ", ".join(parts)
+
+
+async def _known_runs(control, settings) -> tuple[dict[str, dict], list[str]]:
+    """The fleet store's records and the control channel's runs."""
+    store = _fleet_store(control, settings)
+    return {r["run_id"]: r for r in await store.all()}, await control.runs()
+
+
+RESUME_NOTE = ("note: the brake does not re-arm by itself. Alerts firing now will not pause {run} "
+               "again; only an alert that fires anew (after it resolves, or a higher tier) does. "
+               "Until then you own this run: `rlwatch pause {run}` stops it again.")
 
 
 def cmd_command(args) -> int:
     from contract.commands import Command
 
     async def go():
-        control, settings = _control(args)
+        control, settings = _control(args, args.command)
         try:
+            if not args.force:
+                records, runs = await _known_runs(control, settings)
+                if args.run not in records and args.run not in runs:
+                    raise _fail(args.command, f"no run {args.run!r} is known to app {settings.app_id!r} "
+                                              f"(`rlwatch status` lists the runs; --force sends the "
+                                              f"{args.command} anyway, e.g. before the run starts)")
             cmd = Command(run_id=args.run, action=args.command, ts=time.time(),
                           reason=args.reason or f"{args.command} from the command line",
                           issuer=f"cli:{getpass.getuser()}").signed(settings.control_secret)
             state = await control.apply(cmd)
             print(f"{args.run}: {state.state} ({args.command} sent, command {cmd.id})")
+            if args.command == "resume":
+                rec = await _fleet_store(control, settings).get(args.run)
+                alerts = ((rec or {}).get("summary") or {}).get("open_alerts") or []
+                if alerts:
+                    names = ", ".join(f"{a['severity']} {a['rule']}" for a in alerts[:5])
+                    print(f"{args.run} has open alerts: {names}")
+                print(RESUME_NOTE.format(run=args.run))
         finally:
             await control.close()
 
@@ -194,44 +366,80 @@ def cmd_command(args) -> int:
 
 
 def cmd_status(args) -> int:
+    result = {"code": 0}
+
     async def go():
-        control, _ = _control(args)
+        control, settings = _control(args)
+        now = time.time()
         try:
-            runs = [args.run] if args.run else await control.runs()
-            if not runs:
-                print("no runs known to the control channel yet")
+            records, channel_runs = await _known_runs(control, settings)
+            runs = sorted(set(records) | set(channel_runs))
+            if args.run:
+                if args.run not in runs:
+                    msg = f"no run {args.run!r} is known to app {settings.app_id!r}"
+                    if args.json:
+                        print(json.dumps({"run_id": args.run, "error": msg}))
+                    else:
+                        print(f"rlwatch status: {msg} (`rlwatch status` lists the runs)", file=sys.stderr)
+                    result["code"] = 1
+                    return
+                runs = [args.run]
+            out = []
             for run in runs:
                 st = await control.status(run)
-                cmd = st.command
-                how = f" by {cmd.issuer}: {cmd.reason}" if cmd else ""
-                if args.json:
-                    print(json.dumps({"run_id": run, "state": st.state,
-                                      "history": await control.history(run, 50) if args.run else []}))
-                    continue
-                print(f"{run}: {st.state}{how}")
+                rec = records.get(run)
+                from streams.fleet_store import run_status
+
+                item = {"run_id": run, "state": st.state,
+                        "command": st.command.model_dump(exclude_none=True) if st.command else None,
+                        "status": run_status(rec, now, finished_after=settings.finished_after)
+                        if rec else None,
+                        "summary": (rec or {}).get("summary"), "closed": (rec or {}).get("closed")}
                 if args.run:
-                    for e in await control.history(run, 50):
-                        when = time.strftime("%H:%M:%S", time.localtime(e.get("ts", 0)))
-                        if e.get("type") == "ack":
-                            print(f"  {when} ack   {e['action']:8s} {e['status']} (rank {e.get('rank')}) {e.get('detail', '')}")
-                        else:
-                            print(f"  {when} {e['action']:14s} {e.get('issuer', '')}: {e.get('reason', '')}")
+                    item["history"] = await control.history(run, 50)
+                out.append(item)
+            if args.json:
+                print(json.dumps(out[0] if args.run else out))
+                return
+            if not out:
+                print(f"no runs known to app {settings.app_id!r} yet (no worker has seen an event, "
+                      "no command was sent)")
+            for item in out:
+                cmd = item["command"]
+                how = f" by {cmd['issuer']}: {cmd['reason']}" if cmd else ""
+                print(f"{item['run_id']}: {item['state']}{how}  "
+                      f"[{_fleet_line(records.get(item['run_id']), now, settings.finished_after)}]")
+                if not args.run:
+                    continue
+                s = item["summary"] or {}
+                if s.get("targets") or s.get("kl_lines"):
+                    print("  targets: " + (", ".join(f"{k}={v}" for k, v in (s.get("targets") or {}).items()) or "-")
+                          + ("; KL thresholds: " + ", ".join(f"{k} {v}" for k, v in s["kl_lines"].items())
+                             if s.get("kl_lines") else ""))
+                for a in s.get("open_alerts") or []:
+                    print(f"  open: {a['severity'].upper()} {a['rule']} since step {a.get('onset_step')}"
+                          + (f": {a['summary']}" if a.get("summary") else ""))
+                for e in item["history"]:
+                    when = time.strftime("%H:%M:%S", time.localtime(e.get("ts", 0)))
+                    if e.get("type") == "ack":
+                        print(f"  {when} ack   {e['action']:8s} {e['status']} (rank {e.get('rank')}) {e.get('detail', '')}")
+                    else:
+                        print(f"  {when} {e['action']:14s} {e.get('issuer', '')}: {e.get('reason', '')}")
         finally:
             await control.close()
 
     _run_on_redis(go())
-    return 0
+    return result["code"]
 
 
 def _redis_run(args, fn):
     """Run ``fn(redis)`` on the configured Redis; a Redis failure is one clear line."""
-    from contract.settings import Settings
+    url = _settings(args, args.cmd).redis
 
     async def go():
         import redis.asyncio as aioredis
 
-        r = aioredis.Redis.from_url(Settings.from_env(redis=args.redis).redis, socket_timeout=5,
-                                    socket_connect_timeout=3)
+        r = aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=3)
         try:
             return await fn(r)
         finally:
@@ -246,6 +454,9 @@ def cmd_silence(args) -> int:
 
     now = time.time()
     if args.silence_cmd == "add":
+        if args.duration.strip().replace(".", "", 1).isdigit():
+            raise _fail("silence", f"--duration {args.duration} has no unit: say 30m, 2h or 1d "
+                                   f"({args.duration}s would be {args.duration} seconds)")
         try:
             matchers = parse_matcher_args(args.matchers)
             silence = Silence(matchers=matchers, starts_at=now, ends_at=now + parse_duration(args.duration),
@@ -326,6 +537,7 @@ def cmd_incidents(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlwatch", description="Real-time monitoring for RLHF training.")
+    p.add_argument("--version", action="version", version=f"rlwatch {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("demo", help="the whole loop in one process (no Kafka/Redis needed)")
@@ -348,10 +560,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve the dashboard (fleet, cockpit, controls, /metrics) on HOST:PORT")
     w.set_defaults(fn=cmd_worker)
 
+    wb = sub.add_parser("web", help="the fleet dashboard on its own: every run of the application, "
+                                    "from Redis (no Kafka needed)")
+    wb.add_argument("address", nargs="?", default="127.0.0.1:8765", metavar="HOST:PORT",
+                    help="where to serve it (default 127.0.0.1:8765)")
+    wb.add_argument("--redis", help="Redis URL (RLWATCH_REDIS, default redis://localhost:6379/0)")
+    wb.add_argument("--rules", help="rule pack(s) for the default KL lines (default rlhf)")
+    wb.set_defaults(fn=cmd_web)
+
     r = sub.add_parser("replay", help="backtest recorded runs through the rules")
     r.add_argument("files", nargs="+")
     r.add_argument("--rules", help="built-in pack name or rule file(s), comma-separated")
-    r.add_argument("--preset", help="trl-ppo, trl-grpo, verl, openrlhf, nemo-rl")
+    r.add_argument("--preset", help="trl-ppo, trl-grpo, trl-dpo, tinker, verl, openrlhf, nemo-rl "
+                                    "(default: found from each file's metric names)")
     r.add_argument("--json", action="store_true", help="alerts as JSON lines (contract section 3)")
     r.set_defaults(fn=cmd_replay)
 
@@ -363,19 +584,26 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("files", nargs="+")
     li = rsub.add_parser("list")
     li.add_argument("--rules")
+    from rlwatch import backtest, tune
+
+    tune.add_parser(rsub)                   # rules tune DIR
     ru.set_defaults(fn=cmd_rules)
+    backtest.add_parser(sub)                # backtest DIR
 
     for name in ("pause", "resume", "stop"):
         q = sub.add_parser(name, help=f"{name} a run (over Redis)")
         q.add_argument("run")
         q.add_argument("--reason")
         q.add_argument("--redis")
+        q.add_argument("--force", action="store_true",
+                       help="send it even if no worker has seen the run yet")
         q.set_defaults(fn=cmd_command, command=name)
 
-    s = sub.add_parser("status", help="control state of a run and its command history")
+    s = sub.add_parser("status", help="every run (or one, with its command history): control state, "
+                                      "step, live/finished, worst open alert")
     s.add_argument("run", nargs="?")
     s.add_argument("--redis")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="one JSON document (a list, or one run)")
     s.set_defaults(fn=cmd_status)
 
     si = sub.add_parser("silence", help="mute notifications of matching alerts for a while (commands still go)")
@@ -416,6 +644,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in EXTRAS:
+            raise
+        extra = EXTRAS[top]
+        print(f"rlwatch {args.cmd}: the Python package {top!r} is not installed; it comes with "
+              f"rlwatch's {extra!r} extra: run scripts/install.sh in the repository, or "
+              f"pip install 'rlwatch[{extra}]'", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

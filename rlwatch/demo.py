@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 from alerts.actions import Enforcement
 from alerts.control import MemoryControl
-from alerts.dedup import MemoryDedup
 from alerts.dispatch import Dispatcher
 from alerts.notifiers import ConsoleNotifier
 from alerts.render import paint
@@ -30,6 +29,7 @@ from contract.alert import Alert
 from contract.commands import Command
 from contract.events import parse_event
 from rules.loader import load_pack
+from streams.fleet_store import FleetWriter, MemoryFleetStore, summary_of
 from streams.processor import Pipeline
 
 __all__ = ["DemoResult", "Observer", "run_demo"]
@@ -108,9 +108,10 @@ class DemoResult:
 
 
 class Observer:
-    """What a live view (the web dashboard) is told about the demo's runs. All no-ops here."""
+    """What a live view (the web dashboard) is told about the demo's runs. All no-ops here.
+    ``observe_event`` gets the core's summary of the run right after the event."""
 
-    def observe_event(self, event) -> None: ...
+    def observe_event(self, event, summary: dict | None = None) -> None: ...
     def observe_alert(self, alert: Alert) -> None: ...
     def observe_command(self, command: Command, state: str) -> None: ...
 
@@ -118,11 +119,18 @@ class Observer:
 def run_demo(steps: int = 400, onset: int = 120, delay: float = 0.02, pause_hold: float = 2.0,
              out=None, as_json: bool = False, colour: bool | None = None,
              observer: Observer | None = None, control: MemoryControl | None = None,
-             auto_resume: bool = True) -> DemoResult:
+             auto_resume: bool = True, store=None) -> DemoResult:
+    """``observer`` (the dashboard's chart history) and ``store`` (the fleet store its rows come
+    from) are fed the way ``rlwatch worker`` feeds them."""
     out = out or sys.stdout
     use_colour = (out.isatty() if hasattr(out, "isatty") else False) if colour is None else colour
     pack = load_pack("rlhf")
     pipeline = Pipeline(pack)
+    fleet_writer = None
+    if observer is not None or store is not None:
+        fleet_writer = FleetWriter(store if store is not None else MemoryFleetStore(),
+                                   lambda st: summary_of(st, pipeline.processor), local=observer,
+                                   writer="demo")
     observer = observer or Observer()
     control = control or MemoryControl()
     events: queue.Queue = queue.Queue()
@@ -135,7 +143,7 @@ def run_demo(steps: int = 400, onset: int = 120, delay: float = 0.02, pause_hold
     # Automatic adjusts are advisory here, so the fault runs its course to the brake; the
     # operator adjusts by hand after the pause (the worker applies it through on_adjust).
     dispatcher = Dispatcher([ConsoleNotifier(out, json_lines=as_json, colour=use_colour,
-                                             diagnosis_lines=4)], control, MemoryDedup(), clock=clock,
+                                             diagnosis_lines=4)], control, clock=clock,
                             enforcement=Enforcement.parse("adjust"))
     workers: dict[str, Worker] = {}
     specs = [("ppo-healthy", "healthy", 11), ("ppo-kl-blowup", "kl_above_target", 7)]
@@ -162,9 +170,10 @@ def run_demo(steps: int = 400, onset: int = 120, delay: float = 0.02, pause_hold
     paused: dict[str, int] = {}
     resumed: set[str] = set()
     last_progress = 0.0
+    last_flush = 0.0
 
     async def loop() -> None:
-        nonlocal last_progress
+        nonlocal last_progress, last_flush
         while True:
             try:
                 raw = events.get(timeout=0.05)
@@ -172,16 +181,21 @@ def run_demo(steps: int = 400, onset: int = 120, delay: float = 0.02, pause_hold
                 raw = None
             if raw is not None:
                 event = parse_event(raw, clock())
-                observer.observe_event(event)
                 w = workers.get(event.run_id)
                 if w is not None and event.kind == "step":
                     w.seen_by_monitor = max(w.seen_by_monitor, event.step)
-                for alert in pipeline.feed(event, clock()):
+                alerts = pipeline.feed(event, clock())
+                if fleet_writer is not None:
+                    fleet_writer.note(pipeline.state(event.run_id), event, urgent=bool(alerts))
+                for alert in alerts:
                     all_alerts.append(alert)
                     observer.observe_alert(alert)
                     delivery = await dispatcher.handle(alert)
                     commands.extend(delivery.commands)
             now = clock()
+            if fleet_writer is not None and (fleet_writer.due() or now - last_flush > 0.25):
+                last_flush = now
+                await fleet_writer.flush()
             for w in workers.values():
                 st = w.inbox.state
                 if st == "paused" and w.run_id not in paused:
@@ -204,6 +218,8 @@ def run_demo(steps: int = 400, onset: int = 120, delay: float = 0.02, pause_hold
                 parts = [f"{w.run_id} step {w.step} [{w.inbox.state}]" for w in workers.values()]
                 say("  " + " | ".join(parts))
             if raw is None and not any(t.is_alive() for t in threads):
+                if fleet_writer is not None:
+                    await fleet_writer.flush()
                 break
 
     asyncio.run(loop())

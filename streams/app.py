@@ -28,6 +28,7 @@ from contract.alert import Alert
 from contract.events import EventError, parse_event
 from contract.settings import Settings
 from rules.loader import load_pack
+from streams.fleet_store import FleetStore, FleetWriter, summary_of
 from streams.processor import Processor
 from streams.run import RunState
 from streams.snapshot import SnapshotRecorder, attach_snapshot
@@ -138,7 +139,7 @@ class RunStates:
         self.dirty.clear()
 
 
-def build_app(settings: Settings, observer=None) -> faust.App:
+def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     credentials = broker_credentials(settings)   # SASL and/or SSL, or None
     app = faust.App(
         settings.app_id,
@@ -154,7 +155,7 @@ def build_app(settings: Settings, observer=None) -> faust.App:
         # only the runs this worker owns
         table_standby_replicas=0,
     )
-    processor = Processor(load_pack(settings.rules))
+    processor = Processor(pack if pack is not None else load_pack(settings.rules))
     events = app.topic(settings.events_topic, key_type=bytes, value_type=bytes)
     alerts_topic = app.topic(settings.alerts_topic, key_type=bytes, value_type=bytes)
     dlq = app.topic(settings.dlq_topic, key_type=bytes, value_type=bytes)
@@ -163,6 +164,9 @@ def build_app(settings: Settings, observer=None) -> faust.App:
     states = RunStates(table, processor)
     recorder = SnapshotRecorder()   # recent steps and samples per run, for incident snapshots
     counters = {"events": 0, "dlq": 0, "alerts": 0}
+    # the fleet view every dashboard and `rlwatch status` read (streams/fleet_store.py)
+    fleet = FleetWriter(FleetStore.from_url(settings.redis, settings.app_id, settings.run_ttl_hours * 3600),
+                        lambda st: summary_of(st, processor), local=observer, log=log)
     dispatcher_box: list = []
 
     def dispatcher():
@@ -194,8 +198,6 @@ def build_app(settings: Settings, observer=None) -> faust.App:
                 continue
             counters["events"] += 1
             recorder.observe(event)
-            if observer is not None:
-                observer.observe_event(event)
             st = states.get(event.run_id)
             try:
                 alerts = processor.process(st, event, now)
@@ -209,6 +211,7 @@ def build_app(settings: Settings, observer=None) -> faust.App:
                      if isinstance(raw, bytes) else str(raw)[:100_000]}).encode())
                 continue
             states.touch(event.run_id)
+            fleet.note(st, event)
             if alerts:
                 states.flush()
                 await publish(alerts)
@@ -232,6 +235,10 @@ def build_app(settings: Settings, observer=None) -> faust.App:
     async def flush_states():
         states.flush()
 
+    @app.timer(interval=FLUSH_SECONDS)
+    async def flush_fleet():
+        await fleet.flush()
+
     @app.timer(interval=settings.tick_seconds)
     async def liveness():
         """Liveness rules for every run this worker owns; runs silent past the TTL expire."""
@@ -241,10 +248,12 @@ def build_app(settings: Settings, observer=None) -> faust.App:
             st = states.get(run_id)
             if now - st.last_event_ts > settings.run_ttl_hours * 3600:
                 states.drop(run_id)
+                fleet.forget(run_id)
                 continue
             alerts = processor.tick(st, now)
             if alerts:
                 states.touch(run_id)
+                fleet.note(st)
                 await publish(alerts)
 
     @app.timer(interval=60.0)
@@ -259,7 +268,9 @@ def build_app(settings: Settings, observer=None) -> faust.App:
     @app.on_before_shutdown.connect
     async def on_shutdown(app_, **kwargs):
         states.flush()
+        await fleet.flush()
 
     app.rlwatch_counters = counters
     app.rlwatch_states = states
+    app.rlwatch_fleet = fleet
     return app

@@ -2,9 +2,12 @@
 
 Families (all per ``run_id``):
 
-* ``rlwatch_metric_ema{run_id, metric}``: EMA of every step metric the run logs (canonical
-  names as labels, e.g. ``metric="kl/mean"``), span = the dashboard's ``ema_span``;
-* ``rlwatch_group_metric_ema{run_id, metric, category}``: per-prompt-category metrics;
+* ``rlwatch_metric_ema{run_id, metric}``: the smoothed value the rules read (the core's own
+  EMA, from the run's summary), for each metric a rule smooths (canonical names as labels,
+  e.g. ``metric="kl/mean"``);
+* ``rlwatch_metric{run_id, metric}``: the last value of each metric the run logs (for runs
+  processed elsewhere: the key metrics of the run's summary);
+* ``rlwatch_group_metric{run_id, metric, category}``: per-prompt-category metrics, last value;
 * ``rlwatch_dist_quantile{run_id, dist, q}``: quantiles (0.05 .. 0.95) of the latest
   step's per-sample distributions (``reward``, ``response_length``);
 * ``rlwatch_alert_active{run_id, rule, severity}``: 1 while an alert of that rule and tier is
@@ -14,10 +17,14 @@ Families (all per ``run_id``):
   stopped), 0 for the other two;
 * ``rlwatch_run_last_step``, ``rlwatch_run_steps_per_second``,
   ``rlwatch_run_last_seen_timestamp_seconds``, ``rlwatch_run_events_total``;
-* ``rlwatch_kl_threshold{run_id, level}``: the KL target and the tier thresholds the KL chart
-  draws (``level`` = target, yellow, red, black);
+* ``rlwatch_kl_threshold{run_id, level}``: the KL target and the tier thresholds the engine
+  uses for this run (its own targets included; ``level`` = target, yellow, red, black);
+* ``rlwatch_run_finished{run_id}``: 1 when the run finished (closed its monitor, or silent
+  past the finished timeout);
 * ``rlwatch_fleet_runs``.
 
+``rlwatch worker --web`` exports the runs that worker processes (scrape every worker, each run
+is counted once); ``rlwatch web`` and ``rlwatch demo --web`` export the whole fleet.
 Served from a private registry, so nothing else in the process leaks into the output.
 """
 
@@ -41,18 +48,22 @@ def _ok(x) -> bool:
 
 
 class FleetCollector:
-    def __init__(self, fleet: Fleet):
+    def __init__(self, fleet: Fleet, scope: str = "all"):
         self.fleet = fleet
+        self.scope = scope
 
     def describe(self):
         return []
 
     def collect(self):
-        runs = self.fleet.export()
-        ema = GaugeMetricFamily("rlwatch_metric_ema", "EMA of a step metric of the run",
+        runs = self.fleet.export(scope=self.scope)
+        ema = GaugeMetricFamily("rlwatch_metric_ema",
+                                "Smoothed value of a step metric, as the rules read it",
                                 labels=["run_id", "metric"])
-        grp = GaugeMetricFamily("rlwatch_group_metric_ema",
-                                "EMA of a per-prompt-category metric of the run",
+        last = GaugeMetricFamily("rlwatch_metric", "Last value of a step metric of the run",
+                                 labels=["run_id", "metric"])
+        grp = GaugeMetricFamily("rlwatch_group_metric",
+                                "Last value of a per-prompt-category metric of the run",
                                 labels=["run_id", "metric", "category"])
         active = GaugeMetricFamily("rlwatch_alert_active",
                                    "1 while the alert (rule, tier) is firing for the run, else 0",
@@ -70,8 +81,11 @@ class FleetCollector:
                                  labels=["run_id"])
         events = CounterMetricFamily("rlwatch_run_events", "Events received for the run",
                                      labels=["run_id"])
-        kl = GaugeMetricFamily("rlwatch_kl_threshold", "KL target and tier thresholds of the run",
+        kl = GaugeMetricFamily("rlwatch_kl_threshold",
+                               "KL target and tier thresholds the engine uses for the run",
                                labels=["run_id", "level"])
+        finished = GaugeMetricFamily("rlwatch_run_finished", "1 when the run finished",
+                                     labels=["run_id"])
         dist = GaugeMetricFamily("rlwatch_dist_quantile",
                                  "Quantile of a per-sample distribution (reward, response_length) "
                                  "at the run's latest step", labels=["run_id", "dist", "q"])
@@ -81,13 +95,17 @@ class FleetCollector:
                 for q, v in qs.items():
                     if _ok(v):
                         dist.add_metric([rid, name, f"{q:g}"], v)
-            for name, v in sorted(r["ema"].items()):
+            for name, v in sorted(r["smoothed"].items()):
                 if _ok(v):
                     ema.add_metric([rid, name], v)
-            for name, v in sorted(r["groups"].items()):
-                if _ok(v):
+            for name, v in sorted(r["latest"].items()):
+                if not _ok(v):
+                    continue
+                if "@" in name:
                     metric, cat = name.split("@", 1)
                     grp.add_metric([rid, metric, cat], v)
+                else:
+                    last.add_metric([rid, name], v)
             for rule, sev in sorted(r["alert_keys"]):
                 active.add_metric([rid, rule, sev], 1.0 if (rule, sev) in r["active"] else 0.0)
             for sev in SEVERITIES:
@@ -97,22 +115,25 @@ class FleetCollector:
             if r["last_step"] is not None:
                 step.add_metric([rid], float(r["last_step"]))
             rate.add_metric([rid], float(r["steps_per_s"]))
-            seen.add_metric([rid], float(r["last_seen"]))
+            if _ok(r["last_seen"]):
+                seen.add_metric([rid], float(r["last_seen"]))
             events.add_metric([rid], float(r["events"]))
+            finished.add_metric([rid], 1.0 if r["status"] == "finished" else 0.0)
             for level, v in sorted(r["kl_lines"].items()):
                 if _ok(v):
                     kl.add_metric([rid, level], v)
-        runs_g = GaugeMetricFamily("rlwatch_fleet_runs", "Runs the dashboard knows")
+        runs_g = GaugeMetricFamily("rlwatch_fleet_runs", "Runs this export covers")
         runs_g.add_metric([], float(len(runs)))
         errors = CounterMetricFamily("rlwatch_web_observer_errors",
                                      "Events or alerts the dashboard could not ingest")
         errors.add_metric([], float(self.fleet.errors))
-        yield from (ema, grp, dist, active, fired, state, step, rate, seen, events, kl, runs_g, errors)
+        yield from (ema, last, grp, dist, active, fired, state, step, rate, seen, events, kl, finished,
+                    runs_g, errors)
 
 
-def registry_for(fleet: Fleet) -> CollectorRegistry:
+def registry_for(fleet: Fleet, scope: str = "all") -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(FleetCollector(fleet))
+    reg.register(FleetCollector(fleet, scope))
     return reg
 
 

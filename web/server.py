@@ -2,10 +2,10 @@
 
 Routes
 ------
-``GET /``                         fleet page (every run; sort, filter; live)
+``GET /``                         fleet page (every run; sort, filter, group by tag; live)
 ``GET /run?run=ID``               a run's cockpit (three rows of charts, samples, controls, audit)
 ``GET /api/config``               controls enabled?, chart layout, KL lines, EMA span
-``GET /api/fleet``                fleet rows (``sort``, ``q``, ``state`` query parameters)
+``GET /api/fleet``                fleet rows and counts (``sort``, ``q``, ``state`` query parameters)
 ``GET /api/run?run=ID``           everything a cockpit draws (``points`` bounds each series)
 ``GET /api/run/series?run=ID``    the downsampled series only
 ``GET /api/run/dists?run=ID``     latest histograms and histograms over steps (heatmaps)
@@ -24,8 +24,13 @@ JSON field. Without it configured, the controls answer 403 and the page says why
 through the same control channel as every other command
 (``control.apply(Command(..., issuer="web:operator").signed(secret))``).
 
+The rows of the fleet page come from the fleet store (:mod:`streams.fleet_store`), which every
+worker writes: with Redis, any dashboard shows every run of the application, whichever worker
+processes it; charts are drawn in full by the dashboard of the worker that processes the run,
+and as a sparkline elsewhere.
+
 :class:`WebServer` runs the app in a background thread with its own event loop, which is how
-``rlwatch demo --web`` and ``rlwatch worker --web`` serve it next to their own loops.
+``rlwatch demo --web``, ``rlwatch worker --web`` and ``rlwatch web`` serve it.
 """
 
 from __future__ import annotations
@@ -128,8 +133,11 @@ async def api_config(request: web.Request) -> web.Response:
         "controls": {"enabled": bool(cfg["token"]),
                      "reason": None if cfg["token"] else
                      "Controls are disabled: the server was started without RLWATCH_OPERATOR_TOKEN."},
-        "charts": CHARTS, "kl_lines": fleet.kl_lines, "ema_span": fleet.ema_span,
+        "charts": CHARTS, "kl_lines": fleet.kl_lines,
+        "smoothing": "the smoothed values the rules read",
+        "finished_after": fleet.finished_after, "silent_after": fleet.silent_after,
         "mode": cfg["mode"], "control_error": request.app[K_STATE].get("control_error"),
+        "store_error": request.app[K_STATE].get("store_error"),
     })
 
 
@@ -137,7 +145,19 @@ async def api_fleet(request: web.Request) -> web.Response:
     fleet = request.app[K_FLEET]
     rows = fleet.rows(sort=request.query.get("sort"), q=request.query.get("q"),
                       state=request.query.get("state"))
-    return _json(request, {"now": fleet.clock(), "rows": rows})
+    return _json(request, {"now": fleet.clock(), "rows": rows, "counts": counts(rows)},
+                 compress=True)
+
+
+def counts(rows: list[dict]) -> dict:
+    """Runs by control state, by status (live, silent, finished) and by worst open tier."""
+    out = {"runs": len(rows), "state": {}, "status": {}, "worst": {}}
+    for r in rows:
+        out["state"][r["state"]] = out["state"].get(r["state"], 0) + 1
+        out["status"][r["status"]] = out["status"].get(r["status"], 0) + 1
+        w = r["worst"]["severity"] if r["worst"] else "none"
+        out["worst"][w] = out["worst"].get(w, 0) + 1
+    return out
 
 
 def _known(request: web.Request, run: str) -> None:
@@ -256,7 +276,7 @@ async def api_command(request: web.Request) -> web.Response:
 
 
 async def api_metrics(request: web.Request) -> web.Response:
-    body = render(request.app[K_STATE]["registry"])
+    body = await asyncio.get_running_loop().run_in_executor(None, render, request.app[K_STATE]["registry"])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
@@ -301,6 +321,7 @@ async def _fleet_stream(request: web.Request, resp: web.StreamResponse) -> None:
     interval = request.app[K_CFG]["sse_interval"]
     sent: dict[str, str] = {}
     last_write = 0.0
+    last_err = None
     first = True
     while not state["stopping"]:
         now = fleet.clock()
@@ -315,8 +336,11 @@ async def _fleet_stream(request: web.Request, resp: web.StreamResponse) -> None:
         removed = [r for r in sent if r not in seen]
         for r in removed:
             del sent[r]
-        if first or changed or removed or time.monotonic() - last_write > 5.0:
-            await resp.write(_sse("fleet", {"now": now, "full": first, "rows": changed, "removed": removed}))
+        err = state.get("store_error")
+        if first or changed or removed or err != last_err or time.monotonic() - last_write > 5.0:
+            last_err = err
+            await resp.write(_sse("fleet", {"now": now, "full": first, "rows": changed, "removed": removed,
+                                            "store_error": err}))
             last_write = time.monotonic()
             first = False
         await _sleep(state, interval)
@@ -372,7 +396,22 @@ async def _sleep(state: dict, seconds: float) -> None:
         await asyncio.sleep(min(0.1, seconds))
 
 
-# -- control state polling -----------------------------------------------------------------------
+# -- polling: the fleet store and the control states ------------------------------------------------
+async def _control_states(control, runs: list[str]) -> dict:
+    """The control state of each run (one round trip with Redis)."""
+    from contract.commands import RunControl, state_key
+
+    redis = getattr(control, "redis", None)
+    if redis is None:
+        return {r: await control.status(r) for r in runs}
+    out = {}
+    for i in range(0, len(runs), 500):
+        chunk = runs[i:i + 500]
+        for run, raw in zip(chunk, await redis.mget([state_key(r) for r in chunk])):
+            out[run] = RunControl.model_validate_json(raw) if raw else RunControl(run_id=run)
+    return out
+
+
 async def _poll_states(app: web.Application) -> None:
     """Mirror the control channel's authoritative state of every run into the fleet."""
     fleet, state, cfg = app[K_FLEET], app[K_STATE], app[K_CFG]
@@ -381,8 +420,7 @@ async def _poll_states(app: web.Application) -> None:
         control = state.get("control")
         if control is not None:
             try:
-                for run in fleet.run_ids():
-                    st = await control.status(run)
+                for run, st in (await _control_states(control, fleet.run_ids())).items():
                     cmd = st.command
                     fleet.set_control_state(run, st.state, cmd.reason if cmd else "",
                                             cmd.issuer if cmd else "", st.updated)
@@ -398,24 +436,61 @@ async def _poll_states(app: web.Application) -> None:
         await _sleep(state, cfg["state_poll"])
 
 
+async def _poll_store(app: web.Application) -> None:
+    """Read the records the workers write (only what changed; everything every 30 s)."""
+    fleet, state, cfg = app[K_FLEET], app[K_STATE], app[K_CFG]
+    since, full_at, warned = float("-inf"), 0.0, False
+    while not state["stopping"]:
+        store = state.get("store")
+        if store is not None:
+            try:
+                if time.monotonic() - full_at > 30.0:
+                    records, full_at = await store.all(), time.monotonic()
+                else:
+                    records = await store.changed_since(since)
+                if records:
+                    # the writers' clocks: look again a little before the newest record seen
+                    since = max(since, max(r.get("updated", 0) for r in records) - 2.0)
+                fleet.set_records(records)
+                if warned:
+                    log.warning("rlwatch web: fleet store reachable again")
+                warned = False
+                state["store_error"] = None
+            except Exception as exc:  # noqa: BLE001
+                state["store_error"] = f"fleet store unreachable: {exc}"
+                if not warned:
+                    log.error("rlwatch web: %s", state["store_error"])
+                    warned = True
+        await _sleep(state, cfg["store_poll"])
+
+
 def build_web_app(fleet: Fleet, control=None, *, control_factory: Callable[[], Any] | None = None,
+                  store=None, store_factory: Callable[[], Any] | None = None,
                   token: str | None = None, secret: str | None = None, mode: str = "demo",
-                  sse_interval: float = 0.5, state_poll: float = 1.0) -> web.Application:
+                  sse_interval: float = 0.5, state_poll: float = 1.0, store_poll: float = 1.0,
+                  metrics_scope: str = "all") -> web.Application:
     """The aiohttp application. ``control`` (or ``control_factory``, called on startup inside
-    the server's loop, e.g. for a Redis client) is the channel commands go through."""
+    the server's loop, e.g. for a Redis client) is the channel commands go through; ``store``
+    (or ``store_factory``) the fleet store the rows come from."""
     app = web.Application(client_max_size=64 * 1024)
     app[K_FLEET] = fleet
     app[K_CFG] = {"token": token, "secret": secret, "mode": mode, "sse_interval": sse_interval,
-                  "state_poll": state_poll}
-    app[K_STATE] = {"control": control, "stopping": False, "streams": 0, "control_error": None,
-                    "registry": registry_for(fleet), "tasks": []}
+                  "state_poll": state_poll, "store_poll": store_poll}
+    app[K_STATE] = {"control": control, "store": store, "stopping": False, "streams": 0,
+                    "control_error": None, "store_error": None,
+                    "registry": registry_for(fleet, metrics_scope), "tasks": []}
 
     async def on_startup(app_: web.Application) -> None:
         st = app_[K_STATE]
         if st["control"] is None and control_factory is not None:
             st["control"] = control_factory()
             st["own_control"] = True
-        st["tasks"].append(asyncio.get_running_loop().create_task(_poll_states(app_)))
+        if st["store"] is None and store_factory is not None:
+            st["store"] = store_factory()
+            st["own_store"] = True
+        loop = asyncio.get_running_loop()
+        st["tasks"].append(loop.create_task(_poll_states(app_)))
+        st["tasks"].append(loop.create_task(_poll_store(app_)))
 
     async def on_shutdown(app_: web.Application) -> None:
         app_[K_STATE]["stopping"] = True
@@ -432,11 +507,12 @@ def build_web_app(fleet: Fleet, control=None, *, control_factory: Callable[[], A
                 pass
             except Exception as exc:  # noqa: BLE001
                 log.warning("rlwatch web: background task ended with %s", exc)
-        if st.get("own_control") and st["control"] is not None:
-            try:
-                await st["control"].close()
-            except Exception as exc:  # noqa: BLE001
-                log.warning("rlwatch web: closing the control channel: %s", exc)
+        for name in ("control", "store"):
+            if st.get(f"own_{name}") and st[name] is not None:
+                try:
+                    await st[name].close()
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("rlwatch web: closing the %s: %s", name, exc)
 
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
@@ -554,8 +630,10 @@ class WebServer:
 
 
 def start_web(address: str, *, control=None, control_factory: Callable[[], Any] | None = None,
+              store=None, store_factory: Callable[[], Any] | None = None,
               pack: Any = "rlhf", fleet: Fleet | None = None, mode: str = "demo",
-              token: str | None = None, secret: str | None = None, out=None) -> WebServer:
+              token: str | None = None, secret: str | None = None, out=None,
+              metrics_scope: str = "all", finished_after: float | None = None) -> WebServer:
     """Start the dashboard on ``address`` (``HOST:PORT``) in a background thread.
 
     ``token`` defaults to ``RLWATCH_OPERATOR_TOKEN`` and ``secret`` (command signing) to
@@ -569,17 +647,20 @@ def start_web(address: str, *, control=None, control_factory: Callable[[], Any] 
         lines: dict[str, float] = {}
         try:
             if isinstance(pack, str):
-                from rules.loader import load_pack
+                from rules.loader import load_pack, merge_packs
 
-                pack = load_pack(pack.split(",")[0].strip())
+                names = [n.strip() for n in pack.split(",") if n.strip()]
+                packs = [load_pack(n) for n in names]
+                pack = packs[0] if len(packs) == 1 else merge_packs(*packs)
             lines = kl_lines_from_pack(pack) if pack is not None else {}
         except Exception as exc:  # noqa: BLE001 - lines are a nicety; the rules loader reports errors
             log.warning("rlwatch web: no KL lines from the rule pack: %s", exc)
-        fleet = Fleet(kl_lines=lines)
+        fleet = Fleet(kl_lines=lines, **({"finished_after": finished_after} if finished_after else {}))
     token = token if token is not None else _env_secret("RLWATCH_OPERATOR_TOKEN")
     secret = secret if secret is not None else _env_secret("RLWATCH_CONTROL_SECRET")
     server = WebServer(fleet, host, port, control=control, control_factory=control_factory,
-                       token=token, secret=secret, mode=mode)
+                       store=store, store_factory=store_factory, token=token, secret=secret,
+                       mode=mode, metrics_scope=metrics_scope)
     try:
         server.start()
     except OSError as exc:

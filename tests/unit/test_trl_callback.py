@@ -308,5 +308,7 @@ def test_callback_can_own_its_monitor(tmp_path):
     handler.on_log(args, state, control, {"kl": 0.01, "reward": 1.0})
     handler.on_train_end(args, state, control)
     assert cb.monitor._closed
-    (ev,) = [json.loads(v) for _, v in transport.items]
+    *sent, last = [json.loads(v) for _, v in transport.items]
+    assert last["kind"] == "heartbeat" and last["final"] is True   # closed cleanly: the run finished
+    (ev,) = sent
     assert ev["run_id"] == "my-run-7" and ev["metrics"] == {"kl/mean": 0.01, "reward/mean": 1.0}

@@ -14,7 +14,8 @@ from aiohttp.test_utils import TestServer
 from alerts.control import MemoryControl
 from contract.alert import Alert
 from contract.commands import Command
-from tests.web.conftest import sim_events
+from contract.events import parse_event
+from tests.web.conftest import Feed, sim_events
 from web.fleet import Fleet
 from web.server import WebServer, build_web_app, parse_address
 
@@ -23,13 +24,28 @@ SECRET = "hmac-key"
 
 
 def _fleet(runs=("ppo-a", "ppo-b"), steps=40) -> Fleet:
+    """Two simulated runs through the core; ppo-b then holds an open red KL alert."""
     f = Fleet(kl_lines={"target": 0.05, "red": 0.125})
+    feed = Feed(f)
     for i, r in enumerate(runs):
-        for ev in sim_events(r, steps, seed=i, t0=time.time() - steps):
-            f.observe_event(ev)
-    f.observe_alert(Alert(rule="kl_above_target", severity="red", state="firing", run_id="ppo-b",
-                          step=30, onset_step=28, summary="KL high", threshold=0.125, value=0.2))
+        feed.events(sim_events(r, steps, seed=i, t0=time.time() - steps))
+    if "ppo-b" in runs:
+        with_alert(f, feed, "ppo-b")
     return f
+
+
+def with_alert(f: Fleet, feed: Feed, run: str) -> None:
+    """The core's summary of ``run`` with an open red kl_above_target (as if it had fired)."""
+    alert = Alert(rule="kl_above_target", severity="red", state="firing", run_id=run, step=30,
+                  onset_step=28, summary="KL high", threshold=0.125, value=0.2)
+    f.observe_alert(alert)
+    summary = feed.summary(run)
+    summary["open_alerts"] = [{"rule": "kl_above_target", "severity": "red", "onset_step": 28, "step": 30,
+                               "value": 0.2, "threshold": 0.125, "metric": "kl/mean", "summary": "KL high"}]
+    summary["worst"] = "red"
+    hb = parse_event({"schema": 1, "kind": "heartbeat", "run_id": run, "step": summary["last_step"],
+                      "ts": summary["last_event_ts"]}, summary["last_event_ts"])
+    f.observe_event(hb, summary)
 
 
 def run(coro_fn, fleet=None, control=None, **kw):
@@ -98,10 +114,11 @@ def test_fleet_and_run_api():
 
 
 def test_json_never_carries_nan():
-    f = _fleet(steps=5)
-    from contract.events import parse_event
-    f.observe_event(parse_event({"schema": 1, "kind": "step", "run_id": "ppo-a", "step": 99,
-                                 "metrics": {"loss/value": "NaN", "kl/mean": "Infinity"}}, time.time()))
+    f = Fleet()
+    feed = Feed(f)
+    feed.events(sim_events("ppo-a", 5, t0=time.time() - 5))
+    feed.events([parse_event({"schema": 1, "kind": "step", "run_id": "ppo-a", "step": 99, "ts": time.time(),
+                              "metrics": {"loss/value": "NaN", "kl/mean": "Infinity"}}, time.time())])
 
     async def go(s, base, fleet, control):
         async with s.get(base + "/api/run?run=ppo-a") as r:
@@ -198,8 +215,7 @@ def test_server_sent_events_for_the_fleet_and_a_run():
             got = await _events(r, {"fleet"})
             first = got["fleet"][0]
             assert first["full"] and {x["run_id"] for x in first["rows"]} == {"ppo-a", "ppo-b"}
-            for ev in sim_events("ppo-a", 3, start=40):
-                fleet.observe_event(ev)
+            feed.events(sim_events("ppo-a", 3, start=40))
             got = await _events(r, {"fleet"})
             # only changed rows travel (ppo-b's may too: its steps/s decays with the clock)
             changed = {x["run_id"]: x["last_step"] for x in got["fleet"][0]["rows"]}
@@ -209,8 +225,7 @@ def test_server_sent_events_for_the_fleet_and_a_run():
         async with s.get(base + f"/api/stream?run=ppo-a&since={seq}&asince={aseq}") as r:
             got = await _events(r, {"row", "changed"})
             assert got["row"][0]["run_id"] == "ppo-a"
-            for ev in sim_events("ppo-a", 2, start=43):
-                fleet.observe_event(ev)
+            feed.events(sim_events("ppo-a", 2, start=43))
             fleet.observe_alert(Alert(rule="entropy_collapse", severity="orange", state="firing",
                                       run_id="ppo-a", step=44, onset_step=40))
             got = await _events(r, {"steps", "alerts"})
@@ -221,9 +236,9 @@ def test_server_sent_events_for_the_fleet_and_a_run():
         async with s.get(base + "/api/stream?run=ppo-a&since=1") as r:    # too far behind
             assert "resync" in await _events(r, {"resync"})
     f = Fleet()
+    feed = Feed(f)
     for r in ("ppo-a", "ppo-b"):
-        for ev in sim_events(r, 40):
-            f.observe_event(ev)
+        feed.events(sim_events(r, 40))
     f.tail_rows = 8
     for run_ in f.runs.values():
         from collections import deque
@@ -253,3 +268,43 @@ def test_parse_address():
     for bad in ("localhost", "host:port", "h:99999"):
         with pytest.raises(ValueError):
             parse_address(bad)
+
+
+def test_rows_of_every_worker_come_from_the_fleet_store():
+    """A run another worker processes: in the rows and the counts, its cockpit drawn from its
+    record's sparkline, and commands to it accepted (the run is known)."""
+    from streams.fleet_store import MemoryFleetStore, make_record
+
+    store = MemoryFleetStore()
+    now = time.time()
+    rec = None
+    for step in range(0, 100, 5):
+        rec = make_record({"run_id": "elsewhere", "incarnation": "i1", "generation": 0, "last_step": step,
+                           "last_event_ts": now - 100 + step, "events": step, "world_size": 8,
+                           "tags": {"team": "b"}, "targets": {"kl": 0.03},
+                           "kl_lines": {"yellow": 0.045, "red": 0.075}, "open_alerts": [], "worst": None,
+                           "latest": {"kl/mean": 0.02}, "smoothed": {"kl/mean": 0.018}},
+                          rec, now - 100 + step, writer="host-b:7")
+
+    async def go(s, base, fleet, control):
+        await store.put([rec])
+        for _ in range(100):
+            async with s.get(base + "/api/fleet") as r:
+                data = await r.json()
+            if any(x["run_id"] == "elsewhere" for x in data["rows"]):
+                break
+            await asyncio.sleep(0.02)
+        row = next(x for x in data["rows"] if x["run_id"] == "elsewhere")
+        assert row["local"] is False and row["writer"] == "host-b:7" and row["world_size"] == 8
+        assert row["kl_lines"] == {"yellow": 0.045, "red": 0.075, "target": 0.03}
+        assert row["signals"]["kl/mean"] == 0.018 and row["incarnation"] == "i1"
+        assert data["counts"]["runs"] == 3 and data["counts"]["worst"]["red"] == 1
+        async with s.get(base + "/api/run?run=elsewhere") as r:
+            snap = await r.json()
+        assert snap["local"] is False and snap["series"]["step"][-1] == 95
+        async with s.post(base + "/api/run/command?run=elsewhere", json={"action": "pause", "reason": "r"},
+                          headers={"X-RLWatch-Token": TOKEN}) as r:
+            assert r.status == 200 and (await r.json())["state"] == "paused"
+        async with s.get(base + "/api/run/dists?run=elsewhere") as r:
+            assert r.status == 200 and (await r.json())["dists"] == {}
+    run(go, store=store, store_poll=0.02, token=TOKEN)

@@ -413,8 +413,23 @@
     $("state").dataset.state = row.state;
     $("last-step").textContent = row.last_step == null ? "–" : row.last_step;
     $("rate").textContent = (row.steps_per_s || 0).toFixed(1);
-    $("age").textContent = RW.age(Date.now() / 1000 + S.clockOffset - row.last_seen);
+    $("age").textContent = row.last_seen == null ? "–" : RW.age(Date.now() / 1000 + S.clockOffset - row.last_seen);
     $("tags").innerHTML = Object.entries(row.tags).map(([k, v]) => `<span class="tag">${RW.esc(k)}=${RW.esc(v)}</span>`).join("");
+    const info = [];
+    if (row.status !== "live") {
+      info.push(`<span class="status status-${RW.esc(row.status)}">${RW.esc(row.status)}</span>` +
+        (row.closed ? ` ${RW.esc(row.closed.reason)} at step ${RW.esc(row.closed.step)}` : ""));
+    }
+    if (row.incarnation) info.push(`incarnation <b class="mono">${RW.esc(row.incarnation)}</b>`);
+    if (row.generation) info.push(`rollback generation <b>${RW.esc(row.generation)}</b>`);
+    const tg = Object.entries(row.targets || {});
+    if (tg.length) info.push("targets " + tg.map(([k, v]) => `<b>${RW.esc(k)}=${RW.num(v)}</b>`).join(" "));
+    if (!row.local) {
+      info.push(`<span id="remote-note">this dashboard does not process this run: the charts show its ` +
+        `smoothed KL and reward over the whole run (from the fleet view); the full charts are on the ` +
+        `dashboard of the worker that processes it${row.writer ? ` (${RW.esc(row.writer)})` : ""}</span>`);
+    }
+    $("runinfo").innerHTML = info.join(" · ");
     updateButtons();
   }
 
