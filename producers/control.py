@@ -15,9 +15,23 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from typing import Callable
 
-from contract.commands import Command, RunControl, audit_key, channel, pending_key, state_key
+from contract.commands import (
+    FRESH_SECONDS,
+    SKEW_SECONDS,
+    Command,
+    RunControl,
+    ack_signature,
+    acks_key,
+    audit_key,
+    channel,
+    implied_state,
+    pending_key,
+    refusal,
+    state_key,
+)
 
 __all__ = ["CommandInbox", "ControlListener", "TrainingStopped"]
 
@@ -45,70 +59,116 @@ class CommandInbox:
 
     Transport-free: :class:`ControlListener` feeds it from Redis, the embedded demo feeds it in
     process. ``deliver_*`` run on the delivering thread; the rest on the training thread.
+
+    Only commands that :func:`contract.commands.refusal` lets through are obeyed (signed when a
+    secret is set, for this run, issued since this process started, fresh, not older than the
+    last state change applied); the run's state is derived from them alone. Each command id is
+    applied once; a brake that arrives again (the monitor re-sends until it hears back) is
+    acknowledged again.
     """
 
     def __init__(self, run_id: str, rank: int = 0, *, secret: str | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, started_at: float | None = None):
         self.run_id, self.rank, self.secret, self.clock = run_id, rank, secret, clock
+        self.started_at = clock() if started_at is None else started_at
         self.state = "running"
         self.state_command: Command | None = None
         self.changed = False              # the training thread's fast-path flag
         self.connected = True
         self.rejected = 0
+        self.refusals: dict[str, int] = {}
         self._one_shot: queue.Queue[Command] = queue.Queue()
         self._acks: queue.Queue[dict] = queue.Queue(maxsize=10_000)
-        self._seen: set[str] = set()
+        self._seen: OrderedDict[str, float] = OrderedDict()   # command id -> when it was seen
+        self._last_ack: dict[str, dict] = {}                  # command id -> its latest ack
+        self._lock = threading.Lock()
         self._resumed = threading.Event()
         self._resumed.set()
         self.on_ack: Callable[[dict], None] | None = None
 
+    # -- delivering thread ----------------------------------------------------------------------
     def deliver_message(self, data: bytes | str) -> None:
+        """A message from the run's channel. A ``state`` message is obeyed only for the signed
+        command inside it (its ``state`` field is ignored); a bare state is refused."""
         try:
             payload = json.loads(data)
-            if "state" in payload:
-                self.deliver_state(RunControl.model_validate(payload))
+            if isinstance(payload, dict) and "state" in payload and "action" not in payload:
+                ctl = RunControl.model_validate(payload)
+                if ctl.command is None:
+                    self._refuse(None, "a state message without a command")
+                    return
+                self.deliver_command(ctl.command)
             else:
                 self.deliver_command(Command.model_validate(payload))
         except Exception as exc:  # noqa: BLE001 - a bad message must not kill the listener
             log.warning("rlwatch: ignored a malformed control message: %s", exc)
 
     def deliver_state(self, ctl: RunControl) -> None:
-        cmd = ctl.command
-        if cmd is not None and not cmd.verify(self.secret):
-            self.rejected += 1
-            log.warning("rlwatch: rejected an unsigned or forged control state for %s", self.run_id)
+        """The stored state of the run (read when connecting): only its signed command counts,
+        and only if it was issued since this process started."""
+        if ctl.command is None:
+            if ctl.state != "running":
+                self._refuse(None, f"a stored {ctl.state!r} state without a command")
             return
-        if ctl.state != self.state:
-            self.state, self.state_command = ctl.state, cmd
-            if ctl.state == "paused":
+        self.deliver_command(ctl.command, live=False)
+
+    def deliver_command(self, cmd: Command, *, live: bool = True) -> None:
+        with self._lock:
+            self._deliver(cmd, live)
+
+    def _deliver(self, cmd: Command, live: bool) -> None:
+        now = self.clock()
+        if cmd.id in self._seen:
+            if cmd.verify(self.secret) and cmd.run_id == self.run_id:
+                self._ack_again(cmd)
+            return
+        last = self.state_command.ts if self.state_command is not None else None
+        why = refusal(cmd, run_id=self.run_id, secret=self.secret, now=now,
+                      started_at=self.started_at, last_state_ts=last, live=live)
+        if why is not None:
+            self._refuse(cmd, why)
+            return
+        self._remember(cmd.id, now)
+        state = implied_state(cmd.action)
+        if state is None:
+            self._one_shot.put(cmd)
+            self.changed = True
+        elif self.state == state:
+            # nothing to change (a second pause of a paused run): say so, or the monitor
+            # would take the silence for a worker that ignores its brake
+            self.ack(cmd, "applied", f"already {state}")
+        elif self.state == "stopped":
+            # this process was told to stop; only a relaunch (a new process) trains again
+            self.ack(cmd, "ignored", "this process was stopped")
+        else:
+            self.state, self.state_command = state, cmd
+            if state == "paused":
                 self._resumed.clear()
             else:
                 self._resumed.set()
             self.changed = True
-        if cmd is not None and cmd.action not in ("pause", "resume", "stop"):
-            self.deliver_command(cmd)
 
-    def deliver_command(self, cmd: Command) -> None:
-        if not cmd.verify(self.secret):
-            self.rejected += 1
-            log.warning("rlwatch: rejected an unsigned or forged %s command for %s", cmd.action, self.run_id)
-            return
-        if cmd.id in self._seen:
-            return
-        if len(self._seen) > 10_000:
-            self._seen.clear()
-        self._seen.add(cmd.id)
-        if cmd.action in ("pause", "resume", "stop"):
-            state = {"pause": "paused", "resume": "running", "stop": "stopped"}[cmd.action]
-            if self.state == state:
-                # nothing to change (a second pause of a paused run): say so, or the monitor
-                # would take the silence for a worker that ignores its brake
-                self.ack(cmd, "applied", f"already {state}")
-            elif self.state != "stopped":
-                self.deliver_state(RunControl(run_id=self.run_id, state=state, command=cmd))
-        else:
-            self._one_shot.put(cmd)
-            self.changed = True
+    def _remember(self, command_id: str, now: float) -> None:
+        self._seen[command_id] = now
+        # ids need remembering only while the command could still be accepted (it is fresh)
+        while self._seen and (len(self._seen) > 100_000 or
+                              next(iter(self._seen.values())) < now - FRESH_SECONDS - SKEW_SECONDS):
+            old, _ = self._seen.popitem(last=False)
+            self._last_ack.pop(old, None)
+
+    def _ack_again(self, cmd: Command) -> None:
+        """A command applied before arrived again: repeat its acknowledgement (the first one may
+        not have reached the monitor)."""
+        last = self._last_ack.get(cmd.id)
+        if last is not None:
+            self._emit(dict(last, ts=self.clock(), repeat=True))
+
+    def _refuse(self, cmd: Command | None, why: str) -> None:
+        self.rejected += 1
+        self.refusals[why] = self.refusals.get(why, 0) + 1
+        what = f"{cmd.action} command {cmd.id[:12]}" if cmd is not None else "control message"
+        if self.refusals[why] <= 3:   # a flood of forgeries must not flood the training log
+            log.warning("rlwatch: refused a %s for run %s: %s", what, self.run_id, why)
 
     # -- training thread ------------------------------------------------------------------------
     def ack(self, cmd: Command | None, status: str, detail: str = "") -> None:
@@ -116,6 +176,13 @@ class CommandInbox:
             return
         ack = {"type": "ack", "command_id": cmd.id, "run_id": self.run_id, "action": cmd.action,
                "status": status, "detail": detail, "rank": self.rank, "ts": self.clock()}
+        self._last_ack[cmd.id] = ack
+        self._emit(ack)
+
+    def _emit(self, ack: dict) -> None:
+        sig = ack_signature(ack, self.secret)
+        if sig is not None:
+            ack = {**ack, "signature": sig}
         if self.on_ack is not None:
             self.on_ack(ack)
             return
@@ -147,8 +214,6 @@ class ControlListener(CommandInbox):
         super().__init__(run_id, rank, secret=secret, clock=clock)
         self.redis_url = redis_url
         self.connected = False
-        self.started_at = clock()
-        self._stale_noted = False
         self._closing = threading.Event()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rlwatch-control", daemon=True)
@@ -171,19 +236,10 @@ class ControlListener(CommandInbox):
                 pubsub.subscribe(channel(self.run_id))
                 raw = client.get(state_key(self.run_id))
                 if raw:
-                    ctl = RunControl.model_validate_json(raw)
-                    if ctl.state == "stopped" and (ctl.updated or 0) < self.started_at:
-                        if not self._stale_noted:
-                            log.warning("rlwatch: run %s was stopped before this process started; "
-                                        "ignoring that stop (a relaunch)", self.run_id)
-                            self._stale_noted = True
-                    else:
-                        self.deliver_state(ctl)
+                    self.deliver_state(RunControl.model_validate_json(raw))
                 # one-shot commands sent while this worker was away (and since it started)
                 for raw_cmd in reversed(client.lrange(pending_key(self.run_id), 0, 99)):
-                    cmd = Command.model_validate_json(raw_cmd)
-                    if cmd.ts >= self.started_at:
-                        self.deliver_command(cmd)   # ids already seen are skipped
+                    self.deliver_command(Command.model_validate_json(raw_cmd), live=False)
                 if not self.connected and warned_at:
                     log.warning("rlwatch: control channel back (%s); authoritative state is %s",
                                 _mask(self.redis_url), self.state)
@@ -222,7 +278,7 @@ class ControlListener(CommandInbox):
             try:
                 client.xadd(audit_key(self.run_id), {"entry": json.dumps(ack)}, maxlen=10_000,
                             approximate=True)
-                client.hset(f"rlwatch:acks:{self.run_id}", ack["command_id"], json.dumps(ack))
+                client.hset(acks_key(self.run_id), ack["command_id"], json.dumps(ack))
             except Exception:
                 self._acks.put(ack)   # keep it for the next connection; an ack must not be lost
                 raise

@@ -152,7 +152,7 @@ def test_a_pause_landing_right_after_a_resume_still_holds_the_loop():
 
 
 def test_a_second_pause_of_a_paused_run_is_acknowledged():
-    inbox = CommandInbox("p2")
+    inbox = CommandInbox("p")
     acks = []
     inbox.on_ack = acks.append
     inbox.deliver_command(_cmd("pause"))
