@@ -1,7 +1,7 @@
 """Honest backtest: every labelled run judged by *its own* rule(s), at the severity its label
 needs, within its window, with the false alarms and brakes that came before the onset.
 
-Used by ``rlwatch backtest DIR``, ``bench/backtest.py`` and the tests. It reaches the rules only
+Used by ``rlwatch backtest DIR`` (rlwatch/backtest_cli.py), ``bench/backtest.py`` and the tests. It reaches the rules only
 through stable, high-level APIs (``rlwatch.replay.replay``, ``streams.processor.Pipeline.feed``,
 ``rules.loader.load_pack`` / ``merge_packs`` / ``with_preset``), so it keeps working while the
 rule engine changes underneath.
@@ -49,8 +49,8 @@ from contract.alert import Alert, severity_rank
 
 __all__ = [
     "BRAKES", "CATALOG_TIER", "DEFAULT_WINDOW", "EQUIVALENT", "Label", "NOTIFY_ONLY", "OWN_RULES",
-    "RealReport", "Score", "SimCase", "SimReport", "Span", "Verdict", "delay_table", "expectation",
-    "judge", "load_labels", "replay_labelled", "run_sim", "score", "score_real", "score_sim",
+    "RealReport", "Score", "SimCase", "SimReport", "Span", "Verdict", "as_pack", "delay_table", "expectation", "judge", "load_labels", "replay_labelled", "run_sim", "score",
+    "score_real", "score_sim", "table",
 ]
 
 BRAKES = frozenset({"pause", "stop", "rollback"})
@@ -524,7 +524,7 @@ class RealReport:
                 "runs": [v.to_dict() for v in self.verdicts]}
 
 
-def _pack_of(pack):
+def as_pack(pack):
     from rules.loader import load_pack
 
     return load_pack(pack) if isinstance(pack, (str, Path)) else pack
@@ -534,7 +534,7 @@ def score_real(directory: str | Path, pack="rlhf", *, labels: list[Label] | None
                sources: dict[str, str] | None = None, tuned=None,
                progress: Callable[[Verdict], None] | None = None) -> RealReport:
     """Every labelled file of ``directory`` replayed and judged by its own rule(s)."""
-    pack = _pack_of(pack)
+    pack = as_pack(pack)
     labels = labels if labels is not None else load_labels(directory, sources)
     verdicts = []
     for lab in labels:
@@ -611,7 +611,7 @@ def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
     from contract.events import parse_event
     from streams.processor import Pipeline
 
-    pack = _pack_of(pack)
+    pack = as_pack(pack)
     sim, cfg, fields = _sim_config(case)
     info: dict[str, Any] = {"algo": cfg.algo, "log_every": case.log_every, "seed": case.seed,
                             "magnitude": None, "magnitude_drawn": "magnitude" in fields}
@@ -661,7 +661,7 @@ class SimReport:
 
 def _judge_case(args) -> Verdict:
     case, pack = args
-    pack = _pack_of(pack)
+    pack = as_pack(pack)
     label, alerts, span, info = run_sim(case, pack)
     v = judge(label, alerts, span, pack_rules=[r.id for r in pack.rules])
     v.extra.update(info)
@@ -683,7 +683,7 @@ def score_sim(cases: Iterable[SimCase], pack="rlhf", *, jobs: int = 1,
                 if progress is not None:
                     progress(v)
     else:
-        p = _pack_of(pack)
+        p = as_pack(pack)
         for c in cases:
             v = _judge_case((c, p))
             verdicts.append(v)
@@ -747,3 +747,4 @@ def verdict_row(v: Verdict) -> str:
 def table(verdicts: Iterable[Verdict]) -> str:
     head = f"{'':4s} {'run':44s} {'label':32s} {'onset':>5s} {'verdict':44s} alarms / brakes"
     return "\n".join([head] + [verdict_row(v) for v in verdicts])
+

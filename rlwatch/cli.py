@@ -213,7 +213,7 @@ def cmd_rules(args) -> int:
     from rules.loader import RuleFileError, load_pack
 
     if args.rules_cmd == "tune":
-        from rlwatch.tune import cli_tune
+        from rlwatch.backtest_cli import cli_tune
 
         return cli_tune(args)
     if args.rules_cmd == "list":
@@ -584,11 +584,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("files", nargs="+")
     li = rsub.add_parser("list")
     li.add_argument("--rules")
-    from rlwatch import backtest, tune
+    from rlwatch.backtest_cli import add_backtest_parser, add_tune_parser
 
-    tune.add_parser(rsub)                   # rules tune DIR
+    add_tune_parser(rsub)                   # rules tune DIR
     ru.set_defaults(fn=cmd_rules)
-    backtest.add_parser(sub)                # backtest DIR
+    add_backtest_parser(sub)                # backtest DIR
 
     for name in ("pause", "resume", "stop"):
         q = sub.add_parser(name, help=f"{name} a run (over Redis)")

@@ -26,7 +26,7 @@ from rules.loader import with_preset
 from rules.schema import Pack
 from streams.processor import Pipeline
 
-__all__ = ["ReplayResult", "RunCoverage", "coverage_lines", "iter_records", "replay"]
+__all__ = ["ReplayResult", "RunCoverage", "coverage_lines", "iter_records", "read_steps", "replay"]
 
 BASE_TS = 1_700_000_000.0
 
@@ -98,6 +98,38 @@ def iter_records(path: Path) -> Iterator[tuple[int, dict | str]]:
         yield from iter_json_lines(path.read_text(encoding="utf-8", errors="replace"))
     else:
         yield from iter_recorded(path)
+
+
+def read_steps(path: str | Path, preset: Preset | None = None, *, detect: bool = True
+               ) -> tuple[Preset | None, list[tuple[int, dict[str, float]]]]:
+    """The step metrics of a recorded run as the rules see them: ``(preset used, [(step,
+    {canonical name: value})])`` for rank 0, ascending, one entry per step (the first wins).
+    Without ``preset`` and with ``detect``, the preset is found from the names."""
+    items = [rec for _, rec in iter_records(Path(path)) if isinstance(rec, dict)]
+    if preset is None and detect:
+        keys: set[str] = set()
+        for rec in items:
+            m = _metrics_of(rec)
+            if m:
+                keys.update(map(str, m))
+        preset = guess_preset(keys).preset
+    out: dict[int, dict[str, float]] = {}
+    for rec in items:
+        if rec.get("kind", "step") != "step" or int(rec.get("rank", 0) or 0) != 0:
+            continue
+        step, m = rec.get("step"), _metrics_of(rec)
+        if not isinstance(step, (int, float)) or isinstance(step, bool) or not m:
+            continue
+        if preset is not None:
+            m = preset.map_metrics(m)
+        vals = {}
+        for k, v in m.items():
+            try:
+                vals[k] = float(v)
+            except (TypeError, ValueError):
+                continue
+        out.setdefault(int(step), vals)
+    return preset, sorted(out.items())
 
 
 def _run_id_of(path: Path) -> str:
