@@ -2,17 +2,20 @@
 
 Each action of a rule is *enforced* (a command is sent to the run's workers) or *advisory*
 (the alert says what the monitor would do, nobody is stopped). ``notify`` is never a command.
+Which actions stay advisory may depend on the run and the rule (:class:`EnforcementPolicy`, from
+the ``enforcement:`` list of a routes file).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 from dataclasses import dataclass, field
 
 from contract.alert import Alert
 from contract.commands import Command
 
-__all__ = ["Enforcement", "commands_for"]
+__all__ = ["COMMAND_ACTIONS", "Enforcement", "EnforcementPolicy", "commands_for"]
 
 COMMAND_ACTIONS = ("pause", "stop", "rollback", "adjust", "snapshot")
 
@@ -35,6 +38,22 @@ class Enforcement:
         if unknown:
             raise ValueError(f"unknown advisory actions: {', '.join(sorted(unknown))}")
         return cls(frozenset(names))
+
+
+@dataclass(frozen=True)
+class EnforcementPolicy:
+    """Which of a rule's actions stay advisory for a run: the first entry matching the run and
+    the rule decides; no entry matching, ``default`` (``RLWATCH_ADVISORY``)."""
+
+    entries: tuple[tuple[tuple[str, ...], tuple[str, ...], frozenset[str]], ...] = ()
+    default: frozenset[str] = frozenset()
+
+    def advisory_for(self, run_id: str, rule: str) -> frozenset[str]:
+        for runs, rules, adv in self.entries:
+            if any(fnmatch.fnmatchcase(run_id, p) for p in runs) and \
+                    any(fnmatch.fnmatchcase(rule, p) for p in rules):
+                return adv
+        return self.default
 
 
 def commands_for(alert: Alert, now: float, enforcement: Enforcement = Enforcement(),

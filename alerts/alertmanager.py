@@ -57,12 +57,12 @@ def am_alert(alert: Alert, done: list[str], *, now: float, hold: float = 86400.0
 
 class AlertmanagerNotifier:
     def __init__(self, base_url: str, *, name: str = "alertmanager", generator_url: str | None = None,
-                 hold: float = 86400.0, retries: int = 1, timeout: float = 10.0, clock=None):
+                 hold: float = 86400.0, timeout: float = 10.0, clock=None):
         import time
 
         self.name, self.base_url = name, base_url.rstrip("/")
         self.generator_url, self.hold, self.clock = generator_url, hold, clock or time.time
-        self.http = JsonPoster(f"alertmanager {name}", retries, 0.5, timeout, secrets=(base_url,))
+        self.http = JsonPoster(f"alertmanager {name}", timeout, secrets=(base_url,))
         self.secrets = (base_url,)
 
     async def send(self, alert: Alert, done: list[str]) -> None:

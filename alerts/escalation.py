@@ -1,7 +1,9 @@
 """An unacknowledged brake escalates.
 
 Every pause or stop the monitor sends is remembered; a worker that applies it acknowledges it
-(``rlwatch:acks:<run>``, written by :class:`producers.control.ControlListener`). A brake with no
+(``rlwatch:acks:<run>``, written by :class:`producers.control.ControlListener`, signed with the
+control secret when there is one). Until then the brake is re-sent now and then (the worker
+acknowledges a command it applied already again). A brake with no
 acknowledgement after ``timeout`` seconds (default 60) raises a follow-up alert one tier up
 (``control_unacknowledged``, black after a red pause), routed like any other alert, so whoever
 is on call learns that the run may be training on, unbraked. When the acknowledgement finally
@@ -20,14 +22,15 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from contract.alert import SEVERITIES, Alert
-from contract.commands import Command, RunControl, state_key
+from contract.commands import Command, RunControl, ack_signature, acks_key, state_key
 
-__all__ = ["BRAKES", "MemoryAcks", "RedisAcks", "SentCommand", "escalation_alert", "overdue_commands"]
+__all__ = ["BRAKES", "MemoryAcks", "RedisAcks", "SentCommand", "escalation_alert", "overdue_commands",
+           "unreachable_alert"]
 
 BRAKES = ("pause", "stop")
 RULE = "control_unacknowledged"
-PENDING = "rlwatch:acks:pending"
-ESCALATED = "rlwatch:acks:escalated"
+UNREACHABLE = "control_unreachable"
+FORGET_AFTER = 86400.0
 
 
 @dataclass(frozen=True)
@@ -99,81 +102,147 @@ def escalation_alert(sent: SentCommand, timeout: float, now: float, state: str =
                          "source_rule": sent.rule or ""}, ts=now)
 
 
+def unreachable_alert(cmd: Command, error: str, waited: float, now: float, state: str = "firing") -> Alert:
+    """The alarm for a brake the control channel has not taken for ``waited`` seconds (Redis
+    down): one tier above the command's own. Sent straight to the receivers, not through Redis."""
+    tier = SEVERITIES[min(SEVERITIES.index(cmd.severity or "red") + 1, len(SEVERITIES) - 1)]
+    if state == "firing":
+        summary = (f"run {cmd.run_id}: the {cmd.action} command {cmd.id[:12]} (for {cmd.rule or 'an operator'}) "
+                   f"could not be sent for {waited:.0f}s: the control channel is unreachable "
+                   f"({error}); the run is training on, unbraked, and the monitor keeps trying")
+        diagnosis = ("The monitor could not write the command to Redis. Check Redis (RLWATCH_REDIS) "
+                     "now; the brake lands by itself when it is back. If the run must stop at once, "
+                     "stop it by hand on the training side.")
+    else:
+        summary = f"run {cmd.run_id}: the {cmd.action} command {cmd.id[:12]} reached the control channel after {waited:.0f}s"
+        diagnosis = ""
+    return Alert(rule=UNREACHABLE, severity=tier, state=state, run_id=cmd.run_id, step=cmd.step or 0,
+                 onset_step=cmd.step, value=round(waited, 1), threshold=None, metric="seconds_unsent",
+                 actions=["notify"], summary=summary, diagnosis=diagnosis,
+                 labels={"command": cmd.action, "command_id": cmd.id, "source_rule": cmd.rule or ""}, ts=now)
+
+
 class AckTracker(Protocol):
-    async def expect(self, cmd: Command) -> None: ...
+    async def expect(self, cmd: Command) -> None:
+        """Remember a brake until a worker acknowledges it (idempotent per command id)."""
+
     async def check(self, now: float, timeout: float) -> tuple[list[SentCommand], list[SentCommand]]:
         """(newly overdue, escalated ones now settled); each is returned to one caller only."""
+
+    async def outstanding(self) -> list[Command]:
+        """The brakes still waiting for an acknowledgement (escalated or not), to re-send."""
+
+
+def _acked(entries: Iterable[dict], secret: str | None) -> set[str]:
+    """Ids of the commands these acknowledgements are for; with a secret, signed ones only."""
+    return {e.get("command_id") for e in entries
+            if e.get("type", "ack") == "ack" and (not secret or e.get("signature") == ack_signature(e, secret))}
 
 
 class MemoryAcks:
     """For the embedded demo and tests: acks read from a :class:`MemoryControl`'s audit."""
 
-    def __init__(self, control):
-        self.control = control
-        self.pending: dict[str, SentCommand] = {}
-        self.escalated: dict[str, SentCommand] = {}
+    def __init__(self, control, secret: str | None = None):
+        self.control, self.secret = control, secret
+        self.pending: dict[str, Command] = {}
+        self.escalated: dict[str, Command] = {}
 
     async def expect(self, cmd: Command) -> None:
-        if cmd.action in BRAKES:
-            self.pending[cmd.id] = SentCommand.of(cmd)
-
-    def _acked(self, run_id: str) -> set[str]:
-        return {e.get("command_id") for e in self.control.audit.get(run_id, []) if e.get("type") == "ack"}
+        if cmd.action in BRAKES and cmd.id not in self.escalated:
+            self.pending.setdefault(cmd.id, cmd)
 
     async def check(self, now: float, timeout: float):
-        runs = {s.run_id for s in [*self.pending.values(), *self.escalated.values()]}
-        acked = set().union(*(self._acked(r) for r in runs)) if runs else set()
+        cmds = [*self.pending.values(), *self.escalated.values()]
+        runs = {c.run_id for c in cmds}
+        acked = _acked([e for r in runs for e in self.control.audit.get(r, []) if e.get("type") == "ack"],
+                       self.secret)
         current = {r: await self.control.status(r) for r in runs}
-        overdue, done = overdue_commands(self.pending.values(), acked, now, timeout, current)
+        overdue, done = overdue_commands([SentCommand.of(c) for c in self.pending.values()], acked, now,
+                                         timeout, current)
         for s in [*overdue, *done]:
-            self.pending.pop(s.command_id, None)
-        for s in overdue:
-            self.escalated[s.command_id] = s
-        _, late = overdue_commands(self.escalated.values(), acked, now, float("inf"), current)
+            cmd = self.pending.pop(s.command_id)
+            if s in overdue:
+                self.escalated[s.command_id] = cmd
+        _, late = overdue_commands([SentCommand.of(c) for c in self.escalated.values()], acked, now,
+                                   float("inf"), current)
         for s in late:
             self.escalated.pop(s.command_id, None)
         return overdue, late
 
+    async def outstanding(self) -> list[Command]:
+        return [*self.pending.values(), *self.escalated.values()]
+
 
 class RedisAcks:
-    """Pending brakes in ``rlwatch:acks:pending`` (zset by time sent), escalated ones in
-    ``rlwatch:acks:escalated``; acks in the workers' ``rlwatch:acks:<run>`` hashes. ZREM
-    decides which worker escalates (or resolves) each one, so it happens once."""
+    """Brakes waiting for an acknowledgement, per application (``namespace`` is
+    ``rlwatch:<app id>``, so two deployments sharing a Redis never escalate each other's):
+    ``<ns>:brakes:pending`` (hash id -> command) with ``<ns>:brakes:sent`` (zset id -> time
+    sent), and ``<ns>:brakes:escalated`` (hash). Acks are read from the workers'
+    ``rlwatch:acks:<run>`` hashes (signed ones only, with a control secret). HDEL decides which
+    worker escalates (or resolves) each brake, so it happens once."""
 
-    def __init__(self, redis):
-        self.redis = redis
+    def __init__(self, redis, namespace: str = "rlwatch", secret: str | None = None):
+        self.redis, self.secret = redis, secret
+        self.pending, self.sent = f"{namespace}:brakes:pending", f"{namespace}:brakes:sent"
+        self.escalated = f"{namespace}:brakes:escalated"
 
     async def expect(self, cmd: Command) -> None:
-        if cmd.action in BRAKES:
-            await self.redis.zadd(PENDING, {SentCommand.of(cmd).to_json(): cmd.ts})
+        if cmd.action not in BRAKES:
+            return
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hsetnx(self.pending, cmd.id, cmd.model_dump_json())
+            pipe.zadd(self.sent, {cmd.id: cmd.ts}, nx=True)
+            await pipe.execute()
 
-    async def _context(self, sent: list[SentCommand]):
-        runs = sorted({s.run_id for s in sent})
+    async def _load(self, key: str, ids: list[str] | None = None) -> list[Command]:
+        if ids is None:
+            raw = list((await self.redis.hgetall(key)).values())
+        else:
+            raw = [r for r in (await self.redis.hmget(key, ids) if ids else []) if r is not None]
+        return [Command.model_validate_json(r) for r in raw]
+
+    async def _context(self, cmds: list[Command]):
+        from alerts.control import trusted
+
         acked: set[str] = set()
         current: dict[str, RunControl] = {}
-        for r in runs:
-            ids = [s.command_id for s in sent if s.run_id == r]
-            got = await self.redis.hmget(f"rlwatch:acks:{r}", ids)
-            acked |= {i for i, v in zip(ids, got) if v is not None}
-            raw = await self.redis.get(state_key(r))
-            if raw:
-                current[r] = RunControl.model_validate_json(raw)
+        for r in sorted({c.run_id for c in cmds}):
+            ids = [c.id for c in cmds if c.run_id == r]
+            got = await self.redis.hmget(acks_key(r), ids)
+            acked |= _acked([json.loads(v) for v in got if v is not None], self.secret)
+            current[r] = trusted(r, await self.redis.get(state_key(r)), self.secret)
         return acked, current
 
     async def check(self, now: float, timeout: float):
-        pending = [SentCommand.from_json(m) for m in await self.redis.zrangebyscore(PENDING, "-inf", now)]
-        escalated = [SentCommand.from_json(m) for m in await self.redis.zrange(ESCALATED, 0, -1)]
+        due = [i.decode() if isinstance(i, bytes) else i
+               for i in await self.redis.zrangebyscore(self.sent, "-inf", now)]
+        pending = await self._load(self.pending, due)
+        escalated = await self._load(self.escalated)
         if not pending and not escalated:
             return [], []
         acked, current = await self._context(pending + escalated)
-        overdue, done = overdue_commands(pending, acked, now, timeout, current)
+        by_id = {c.id: c for c in pending}
+        overdue, done = overdue_commands([SentCommand.of(c) for c in pending], acked, now, timeout, current)
         for s in done:
-            await self.redis.zrem(PENDING, s.to_json())
+            await self._forget(s.command_id)
         mine = []
         for s in overdue:
-            if await self.redis.zrem(PENDING, s.to_json()):
-                await self.redis.zadd(ESCALATED, {s.to_json(): s.ts})
+            if await self.redis.hdel(self.pending, s.command_id):
+                await self.redis.hset(self.escalated, s.command_id, by_id[s.command_id].model_dump_json())
+                await self.redis.zrem(self.sent, s.command_id)
                 mine.append(s)
-        _, late = overdue_commands(escalated, acked, now, float("inf"), current)
-        resolved = [s for s in late if await self.redis.zrem(ESCALATED, s.to_json())]
+        _, late = overdue_commands([SentCommand.of(c) for c in escalated], acked, now, float("inf"), current)
+        resolved = [s for s in late if await self.redis.hdel(self.escalated, s.command_id)]
+        for c in escalated:   # a day without an answer: stop re-sending (it was escalated long ago)
+            if now - c.ts > FORGET_AFTER:
+                await self.redis.hdel(self.escalated, c.id)
         return mine, resolved
+
+    async def _forget(self, command_id: str) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.pending, command_id)
+            pipe.zrem(self.sent, command_id)
+            await pipe.execute()
+
+    async def outstanding(self) -> list[Command]:
+        return await self._load(self.pending) + await self._load(self.escalated)

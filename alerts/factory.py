@@ -13,42 +13,43 @@ import time
 from alerts.actions import Enforcement
 from alerts.alertmanager import AlertmanagerNotifier
 from alerts.control import RedisControl
-from alerts.dedup import RedisDedup
 from alerts.dispatch import Dispatcher
 from alerts.escalation import RedisAcks
 from alerts.incidents import RedisIncidents
 from alerts.notifiers import ConsoleNotifier, Notifier
 from alerts.outbox import RedisOutbox
 from alerts.pagerduty import PagerDutyNotifier
-from alerts.routing import ReceiverSpec, RoutesFileError, Routing, load_routes
+from alerts.routes_file import ReceiverSpec, RoutesFileError, load_routes
+from alerts.routing import Routing
 from alerts.silences import RedisSilences
 from alerts.slack import RedisThreads, SlackBotNotifier, SlackWebhookNotifier
 from alerts.webhook import WebhookNotifier
 from contract.settings import Settings
 
-__all__ = ["build_dispatcher", "build_notifiers", "build_routing", "receiver_notifier"]
+__all__ = ["build_dispatcher", "build_notifiers", "build_routing", "namespace", "receiver_notifier"]
 
-#: Quick in-process retries only: the outbox retries for as long as it takes.
-QUICK_RETRIES = 1
+
+def namespace(s: Settings) -> str:
+    """The Redis key prefix of this application's delivery state (outbox, pending brakes)."""
+    return f"rlwatch:{s.app_id}"
 
 
 def build_notifiers(s: Settings, redis=None) -> list[Notifier]:
     threads = RedisThreads(redis) if redis is not None else None
     out: list[Notifier] = [ConsoleNotifier()]
     if s.slack_webhook:
-        out.append(SlackWebhookNotifier(s.slack_webhook, max_retries=QUICK_RETRIES))
+        out.append(SlackWebhookNotifier(s.slack_webhook))
     if s.slack_token:
         if not s.slack_channel:
             raise SystemExit("rlwatch: RLWATCH_SLACK_TOKEN needs RLWATCH_SLACK_CHANNEL")
         out.append(SlackBotNotifier(s.slack_token, s.slack_channel, base_url=s.slack_api_url,
-                                    threads=threads, max_retries=QUICK_RETRIES))
+                                    threads=threads))
     if s.webhook_url:
-        out.append(WebhookNotifier(s.webhook_url, secret=s.webhook_secret, retries=QUICK_RETRIES))
+        out.append(WebhookNotifier(s.webhook_url, secret=s.webhook_secret))
     if s.alertmanager_url:
-        out.append(AlertmanagerNotifier(s.alertmanager_url, generator_url=_run_url(s), retries=QUICK_RETRIES))
+        out.append(AlertmanagerNotifier(s.alertmanager_url, generator_url=_run_url(s)))
     if s.pagerduty_routing_key:
-        out.append(PagerDutyNotifier(s.pagerduty_routing_key, s.pagerduty_url, client_url=_run_url(s),
-                                     retries=QUICK_RETRIES))
+        out.append(PagerDutyNotifier(s.pagerduty_routing_key, s.pagerduty_url, client_url=_run_url(s)))
     return out
 
 
@@ -69,22 +70,20 @@ def receiver_notifier(spec: ReceiverSpec, s: Settings, redis=None) -> Notifier:
         return n
     if spec.type == "slack_webhook":
         need("url")
-        return SlackWebhookNotifier(spec.url, name=spec.name, max_retries=QUICK_RETRIES)  # type: ignore[arg-type]
+        return SlackWebhookNotifier(spec.url, name=spec.name)  # type: ignore[arg-type]
     if spec.type == "slack_bot":
         need("token", "channel")
         return SlackBotNotifier(spec.token, spec.channel, base_url=spec.api_url or s.slack_api_url,  # type: ignore[arg-type]
-                                threads=RedisThreads(redis) if redis is not None else None, name=spec.name,
-                                max_retries=QUICK_RETRIES)
+                                threads=RedisThreads(redis) if redis is not None else None, name=spec.name)
     if spec.type == "webhook":
         need("url")
-        return WebhookNotifier(spec.url, secret=spec.secret, name=spec.name, retries=QUICK_RETRIES)  # type: ignore[arg-type]
+        return WebhookNotifier(spec.url, secret=spec.secret, name=spec.name)  # type: ignore[arg-type]
     if spec.type == "alertmanager":
         need("url")
-        return AlertmanagerNotifier(spec.url, name=spec.name, generator_url=_run_url(s),  # type: ignore[arg-type]
-                                    retries=QUICK_RETRIES)
+        return AlertmanagerNotifier(spec.url, name=spec.name, generator_url=_run_url(s))  # type: ignore[arg-type]
     need("routing_key")
     return PagerDutyNotifier(spec.routing_key, spec.url or spec.api_url, name=spec.name,  # type: ignore[arg-type]
-                             client_url=_run_url(s), retries=QUICK_RETRIES)
+                             client_url=_run_url(s))
 
 
 def build_routing(s: Settings, notifiers: list[Notifier], redis=None) -> tuple[Routing, list[Notifier]]:
@@ -98,11 +97,14 @@ def build_routing(s: Settings, notifiers: list[Notifier], redis=None) -> tuple[R
     return routing, [*notifiers, *extra]
 
 
-def build_dispatcher(s: Settings) -> Dispatcher:
-    control = RedisControl(s.redis)
+def build_dispatcher(s: Settings, **kw) -> Dispatcher:
+    """The dispatcher of a worker: every store in the one Redis, delivery state per application."""
+    control = RedisControl(s.redis, secret=s.control_secret)
     redis = control.redis
     routing, notifiers = build_routing(s, build_notifiers(s, redis), redis)
-    return Dispatcher(notifiers, control, RedisDedup(redis), clock=time.time,
+    ns = namespace(s)
+    return Dispatcher(notifiers, control, clock=time.time,
                       enforcement=Enforcement(routing.policy.default), secret=s.control_secret,
-                      routing=routing, outbox=RedisOutbox(redis), silences=RedisSilences(redis),
-                      incidents=RedisIncidents(redis), acks=RedisAcks(redis))
+                      routing=routing, outbox=RedisOutbox(redis, ns), silences=RedisSilences(redis),
+                      incidents=RedisIncidents(redis), acks=RedisAcks(redis, ns, s.control_secret),
+                      unreachable_after=s.brake_alarm_seconds, resend_every=s.brake_resend_seconds, **kw)

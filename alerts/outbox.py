@@ -15,7 +15,8 @@ counted in steps, they are released by the first alert of their run at or after 
 The outbox also keeps what the dispatcher shares between workers: the groups' clocks, the
 firing alerts (for inhibition and repeats) and the latest step seen per run.
 
-Redis keys (prefix ``rlwatch:outbox:``): ``items`` (hash id -> item), ``due:<receiver>`` (zset),
+Redis keys (prefix ``rlwatch:<app id>:outbox:``, so deployments sharing a Redis never send each
+other's notifications): ``items`` (hash id -> item), ``due:<receiver>`` (zset),
 ``steps:<run>`` (zset id -> step), ``mark:<id>`` (outcome), ``dead:<receiver>`` (list),
 ``groups`` (hash), ``active`` (hash fingerprint -> alert), ``runstep`` (hash run -> step).
 """
@@ -27,12 +28,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from alerts.routing import GroupClock
+from alerts.grouping import GroupClock
 from contract.alert import Alert
 
-__all__ = ["MemoryOutbox", "Outbox", "OutboxItem", "RedisOutbox", "backoff", "item_id"]
-
-P = "rlwatch:outbox:"
+__all__ = ["MemoryOutbox", "Outbox", "OutboxItem", "RedisOutbox", "item_id"]
 MARK_TTL = 14 * 24 * 3600
 ACTIVE_MAX_AGE = 24 * 3600.0
 GROUP_MAX_AGE = 7 * 24 * 3600.0
@@ -41,15 +40,6 @@ GROUP_MAX_AGE = 7 * 24 * 3600.0
 def item_id(receiver: str, key: str, variant: str = "") -> str:
     """The idempotency key of one notification: (receiver, alert key[, repeat])."""
     return hashlib.sha256(f"{receiver}|{variant}|{key}".encode()).hexdigest()[:32]
-
-
-def backoff(attempts: int, base: float = 1.0, cap: float = 300.0) -> float:
-    """Seconds before the next try after ``attempts`` failures: 1, 2, 4, ... capped.
-
-    >>> [backoff(n) for n in (1, 2, 3, 10, 20)]
-    [1.0, 2.0, 4.0, 300.0, 300.0]
-    """
-    return min(cap, base * 2 ** max(0, min(attempts - 1, 30)))
 
 
 @dataclass
@@ -239,22 +229,23 @@ def _s(x) -> str:
 class RedisOutbox:
     """The outbox in Redis (redis.asyncio client), shared by every worker."""
 
-    def __init__(self, redis):
+    def __init__(self, redis, namespace: str = "rlwatch"):
         self.redis = redis
+        self.p = f"{namespace}:outbox:"
         self._enqueue = redis.register_script(_ENQUEUE)
         self._take = redis.register_script(_TAKE)
 
     async def enqueue(self, item: OutboxItem) -> bool:
         return bool(await self._enqueue(
-            keys=[P + "mark:" + item.id, P + "items", P + "due:" + item.receiver, P + "steps:" + item.run_id],
+            keys=[self.p + "mark:" + item.id, self.p + "items", self.p + "due:" + item.receiver, self.p + "steps:" + item.run_id],
             args=[item.id, item.to_json(), item.next_try, MARK_TTL,
                   "" if item.due_step is None else item.due_step]))
 
     async def take_due(self, receiver: str, now: float, limit: int = 100, lease: float = 30.0) -> list[OutboxItem]:
-        ids = [_s(i) for i in await self._take(keys=[P + "due:" + receiver], args=[now, now + lease, limit])]
+        ids = [_s(i) for i in await self._take(keys=[self.p + "due:" + receiver], args=[now, now + lease, limit])]
         if not ids:
             return []
-        raws = await self.redis.hmget(P + "items", ids)
+        raws = await self.redis.hmget(self.p + "items", ids)
         out, gone = [], []
         for i, raw in zip(ids, raws):
             if raw is None:
@@ -263,22 +254,22 @@ class RedisOutbox:
                 out.append(OutboxItem.from_json(raw))
         async with self.redis.pipeline(transaction=False) as pipe:
             if gone:
-                pipe.zrem(P + "due:" + receiver, *gone)
+                pipe.zrem(self.p + "due:" + receiver, *gone)
             for it in out:
                 if it.due_step is not None:
-                    pipe.zrem(P + "steps:" + it.run_id, it.id)
+                    pipe.zrem(self.p + "steps:" + it.run_id, it.id)
             await pipe.execute()
         return out
 
     async def _drop(self, pipe, item: OutboxItem) -> None:
-        pipe.hdel(P + "items", item.id)
-        pipe.zrem(P + "due:" + item.receiver, item.id)
-        pipe.zrem(P + "steps:" + item.run_id, item.id)
+        pipe.hdel(self.p + "items", item.id)
+        pipe.zrem(self.p + "due:" + item.receiver, item.id)
+        pipe.zrem(self.p + "steps:" + item.run_id, item.id)
 
     async def finish(self, item: OutboxItem, outcome: str) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
             await self._drop(pipe, item)
-            pipe.set(P + "mark:" + item.id, outcome, ex=MARK_TTL)
+            pipe.set(self.p + "mark:" + item.id, outcome, ex=MARK_TTL)
             await pipe.execute()
 
     async def retry(self, item: OutboxItem, next_try: float, error: str, count: bool = True) -> None:
@@ -286,69 +277,69 @@ class RedisOutbox:
             item.attempts += 1
         item.next_try, item.last_error = next_try, error
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(P + "items", item.id, item.to_json())
-            pipe.zadd(P + "due:" + item.receiver, {item.id: next_try})
+            pipe.hset(self.p + "items", item.id, item.to_json())
+            pipe.zadd(self.p + "due:" + item.receiver, {item.id: next_try})
             await pipe.execute()
 
     async def bury(self, item: OutboxItem, error: str) -> None:
         item.last_error = error
         async with self.redis.pipeline(transaction=True) as pipe:
             await self._drop(pipe, item)
-            pipe.set(P + "mark:" + item.id, "dead", ex=MARK_TTL)
-            pipe.lpush(P + "dead:" + item.receiver, item.to_json())
-            pipe.ltrim(P + "dead:" + item.receiver, 0, 9999)
+            pipe.set(self.p + "mark:" + item.id, "dead", ex=MARK_TTL)
+            pipe.lpush(self.p + "dead:" + item.receiver, item.to_json())
+            pipe.ltrim(self.p + "dead:" + item.receiver, 0, 9999)
             await pipe.execute()
 
     async def outcome(self, receiver: str, key: str, variant: str = "") -> str | None:
-        raw = await self.redis.get(P + "mark:" + item_id(receiver, key, variant))
+        raw = await self.redis.get(self.p + "mark:" + item_id(receiver, key, variant))
         return None if raw is None else _s(raw)
 
     async def release_steps(self, run_id: str, step: int, now: float) -> int:
-        key = P + "steps:" + run_id
+        key = self.p + "steps:" + run_id
         ids = [_s(i) for i in await self.redis.zrangebyscore(key, "-inf", step)]
         if not ids:
             return 0
-        raws = await self.redis.hmget(P + "items", ids)
+        raws = await self.redis.hmget(self.p + "items", ids)
         async with self.redis.pipeline(transaction=False) as pipe:
             for i, raw in zip(ids, raws):
                 if raw is not None:
                     # lt: only bring a waiting item forward (never re-open one under a lease)
-                    pipe.zadd(P + "due:" + OutboxItem.from_json(raw).receiver, {i: now}, xx=True, lt=True)
+                    pipe.zadd(self.p + "due:" + OutboxItem.from_json(raw).receiver, {i: now}, xx=True, lt=True)
             pipe.zrem(key, *ids)
             await pipe.execute()
         return len(ids)
 
     async def pending(self, receiver: str | None = None) -> int:
         if receiver is not None:
-            return int(await self.redis.zcard(P + "due:" + receiver))
-        return int(await self.redis.hlen(P + "items"))
+            return int(await self.redis.zcard(self.p + "due:" + receiver))
+        return int(await self.redis.hlen(self.p + "items"))
 
     async def dead(self, receiver: str) -> list[OutboxItem]:
-        return [OutboxItem.from_json(r) for r in await self.redis.lrange(P + "dead:" + receiver, 0, -1)]
+        return [OutboxItem.from_json(r) for r in await self.redis.lrange(self.p + "dead:" + receiver, 0, -1)]
 
     async def clock(self, group: str) -> GroupClock | None:
-        raw = await self.redis.hget(P + "groups", group)
+        raw = await self.redis.hget(self.p + "groups", group)
         return None if raw is None else GroupClock.from_dict(json.loads(raw))
 
     async def set_clock(self, group: str, clock: GroupClock) -> None:
-        await self.redis.hset(P + "groups", group, json.dumps(clock.to_dict()))
+        await self.redis.hset(self.p + "groups", group, json.dumps(clock.to_dict()))
 
     async def clocks(self) -> dict[str, GroupClock]:
-        raw = await self.redis.hgetall(P + "groups")
+        raw = await self.redis.hgetall(self.p + "groups")
         return {_s(k): GroupClock.from_dict(json.loads(v)) for k, v in raw.items()}
 
     async def drop_clock(self, group: str) -> None:
-        await self.redis.hdel(P + "groups", group)
+        await self.redis.hdel(self.p + "groups", group)
 
     async def activate(self, alert: Alert, now: float) -> None:
-        await self.redis.hset(P + "active", alert.fingerprint,
+        await self.redis.hset(self.p + "active", alert.fingerprint,
                               json.dumps({"at": now, "alert": alert.to_json()}))
 
     async def deactivate(self, alert: Alert) -> None:
-        await self.redis.hdel(P + "active", alert.fingerprint)
+        await self.redis.hdel(self.p + "active", alert.fingerprint)
 
     async def active(self, now: float) -> list[Alert]:
-        raw = await self.redis.hgetall(P + "active")
+        raw = await self.redis.hgetall(self.p + "active")
         out, stale = [], []
         for fp, v in raw.items():
             d = json.loads(v)
@@ -357,14 +348,14 @@ class RedisOutbox:
             else:
                 out.append(Alert.from_json(d["alert"]))
         if stale:
-            await self.redis.hdel(P + "active", *stale)
+            await self.redis.hdel(self.p + "active", *stale)
         return out
 
     async def note_step(self, run_id: str, step: int) -> None:
-        current = await self.redis.hget(P + "runstep", run_id)
+        current = await self.redis.hget(self.p + "runstep", run_id)
         if current is None or int(current) < step:
-            await self.redis.hset(P + "runstep", run_id, step)
+            await self.redis.hset(self.p + "runstep", run_id, step)
 
     async def run_step(self, run_id: str) -> int | None:
-        raw = await self.redis.hget(P + "runstep", run_id)
+        raw = await self.redis.hget(self.p + "runstep", run_id)
         return None if raw is None else int(raw)

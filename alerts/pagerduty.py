@@ -51,13 +51,13 @@ def pd_event(alert: Alert, done: list[str], routing_key: str, *, now: float,
 
 class PagerDutyNotifier:
     def __init__(self, routing_key: str, base_url: str | None = None, *, name: str = "pagerduty",
-                 client_url: str | None = None, retries: int = 1, timeout: float = 10.0, clock=None):
+                 client_url: str | None = None, timeout: float = 10.0, clock=None):
         import time
 
         self.name, self.routing_key = name, routing_key
         self.url = (base_url or DEFAULT_URL).rstrip("/") + "/v2/enqueue"
         self.client_url, self.clock = client_url, clock or time.time
-        self.http = JsonPoster(f"pagerduty {name}", retries, 0.5, timeout, secrets=(routing_key,))
+        self.http = JsonPoster(f"pagerduty {name}", timeout, secrets=(routing_key,))
         self.secrets = (routing_key,)
 
     async def send(self, alert: Alert, done: list[str]) -> None:

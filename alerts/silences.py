@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field, field_validator
 
 from alerts.matchers import Matchers
-from alerts.routing import parse_interval
+from alerts.intervals import parse_interval
 from contract.alert import Alert
 
 __all__ = ["MemorySilences", "RedisSilences", "Silence", "SilenceStore", "parse_duration", "silenced_by"]

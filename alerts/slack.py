@@ -1,8 +1,9 @@
 """Slack through the official ``slack_sdk``: incoming webhooks and bot tokens.
 
-Rate limits (HTTP 429, with Retry-After) and passing server errors are retried by ``slack_sdk``'s
-own retry handlers; what still fails goes back to the outbox. Point ``base_url`` / the webhook
-URL at a local server to test without Slack.
+Each send is one attempt: ``slack_sdk``'s retry handlers are switched off, because retries are
+the outbox's job (:mod:`alerts.retry`): a rate limit (HTTP 429) raises :class:`DeliveryError` with
+Slack's Retry-After, which the outbox waits for. Point ``base_url`` / the webhook URL at a local
+server to test without Slack.
 
 With a bot token, everything about one alert (run, rule, rank) lands in one thread: the first
 firing message starts it, an escalation to a higher tier is posted in the thread *and* to the
@@ -29,28 +30,16 @@ __all__ = ["MemoryThreads", "RedisThreads", "SlackBotNotifier", "SlackWebhookNot
 THREAD_TTL = 14 * 24 * 3600
 
 
-def _retry_handlers(max_retries: int = 3):
-    from slack_sdk.http_retry.builtin_async_handlers import (
-        AsyncConnectionErrorRetryHandler,
-        AsyncRateLimitErrorRetryHandler,
-        AsyncServerErrorRetryHandler,
-    )
-
-    return [AsyncRateLimitErrorRetryHandler(max_retry_count=max_retries),
-            AsyncServerErrorRetryHandler(max_retry_count=max_retries),
-            AsyncConnectionErrorRetryHandler(max_retry_count=max_retries)]
-
-
 class SlackWebhookNotifier:
     """An incoming webhook (``https://hooks.slack.com/services/...``). A group's alerts go in
     one message."""
 
-    def __init__(self, url: str, timeout: float = 10.0, name: str = "slack-webhook", max_retries: int = 3):
+    def __init__(self, url: str, timeout: float = 10.0, name: str = "slack-webhook"):
         from slack_sdk.webhook.async_client import AsyncWebhookClient
 
         self.name = name
         self.secrets = (url,)
-        self.client = AsyncWebhookClient(url, timeout=int(timeout), retry_handlers=_retry_handlers(max_retries),
+        self.client = AsyncWebhookClient(url, timeout=int(timeout), retry_handlers=[],
                                          logger=guarded_logger(name, self.secrets))
 
     async def send(self, alert: Alert, done: list[str]) -> None:
@@ -60,7 +49,7 @@ class SlackWebhookNotifier:
         fallback, blocks, attachments = slack_batch(alerts, dones)
         try:
             resp = await self.client.send(text=fallback, blocks=blocks, attachments=attachments)
-        except Exception as exc:  # noqa: BLE001 - network errors after the retry handlers
+        except Exception as exc:  # noqa: BLE001 - network errors and timeouts
             raise DeliveryError(redact(f"Slack webhook unreachable: {type(exc).__name__}: {exc}",
                                        self.secrets)) from None
         if resp.status_code != 200:
@@ -106,7 +95,7 @@ class SlackBotNotifier:
     """``chat.postMessage`` with a bot token; follow-ups of an alert go in its thread."""
 
     def __init__(self, token: str, channel: str, base_url: str | None = None, timeout: float = 10.0,
-                 threads: ThreadStore | None = None, name: str = "slack-bot", max_retries: int = 3):
+                 threads: ThreadStore | None = None, name: str = "slack-bot"):
         from slack_sdk.web.async_client import AsyncWebClient
 
         self.name = name
@@ -114,7 +103,7 @@ class SlackBotNotifier:
         kwargs = {"base_url": base_url} if base_url else {}
         self.client = AsyncWebClient(token=token, timeout=int(timeout), logger=guarded_logger(name, self.secrets),
                                      **kwargs)
-        self.client.retry_handlers.extend(_retry_handlers(max_retries))
+        self.client.retry_handlers.clear()   # one attempt: the outbox retries
         self.channel = channel
         self.threads: ThreadStore = threads or MemoryThreads()
 
@@ -147,7 +136,7 @@ class SlackBotNotifier:
                 "channel_not_found", "not_in_channel", "invalid_auth", "account_inactive",
                 "token_revoked", "is_archived", "invalid_blocks") else DeliveryError
             raise err(f"Slack chat.postMessage failed: {error}") from None
-        except Exception as exc:  # noqa: BLE001 - network errors after the retry handlers
+        except Exception as exc:  # noqa: BLE001 - network errors and timeouts
             raise DeliveryError(redact(f"Slack API unreachable: {type(exc).__name__}: {exc}",
                                        self.secrets)) from None
         if thread is None and resp.get("ts"):

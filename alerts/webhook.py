@@ -1,14 +1,14 @@
 """A generic JSON webhook: the alert as in contract section 3, signed, retried, idempotent.
 
 Also the small HTTP helper the Alertmanager and PagerDuty sinks share (:class:`JsonPoster`):
-one aiohttp session, a few quick retries for 429/5xx/network errors (the outbox retries for
-longer), 4xx answers other than 408/429 raised as permanent, and error messages that name the
-host only, never the URL's path or query (where tokens live).
+one aiohttp session, one attempt per call (retries are the outbox's job, :mod:`alerts.retry`:
+429/5xx/network errors raise :class:`DeliveryError`, with the receiver's Retry-After), 4xx
+answers other than 408/429 raised as permanent, and error messages that name the host only,
+never the URL's path or query (where tokens live).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import json
@@ -26,9 +26,8 @@ def signature(secret: str, body: bytes) -> str:
 
 
 class JsonPoster:
-    def __init__(self, what: str, retries: int = 3, backoff: float = 0.5, timeout: float = 10.0,
-                 secrets: tuple[str | None, ...] = ()):
-        self.what, self.retries, self.backoff, self.timeout = what, retries, backoff, timeout
+    def __init__(self, what: str, timeout: float = 10.0, secrets: tuple[str | None, ...] = ()):
+        self.what, self.timeout = what, timeout
         self.secrets = tuple(s for s in secrets if s)
         self._session = None
 
@@ -40,26 +39,24 @@ class JsonPoster:
         return self._session
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> int:
+        """One attempt. Raises :class:`PermanentDeliveryError` for a refusal retrying cannot fix,
+        :class:`DeliveryError` (with ``retry_after`` when a 429 said) for the rest."""
         session = await self._client()
-        last, wait = "", None
-        for attempt in range(self.retries + 1):
-            try:
-                async with session.post(url, data=body, headers=headers) as resp:
-                    if resp.status < 300:
-                        return resp.status
-                    last = f"HTTP {resp.status}"
-                    wait = retry_after_of(resp.headers) if resp.status == 429 else None
-                    if resp.status < 500 and resp.status not in (408, 429):
-                        text = redact((await resp.text())[:200], self.secrets)
-                        raise PermanentDeliveryError(
-                            f"{self.what} at {safe_url(url)} refused the alert: HTTP {resp.status} {text}")
-            except PermanentDeliveryError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - network errors are retried
-                last = redact(f"{type(exc).__name__}: {exc}".replace(url, safe_url(url)), self.secrets)
-            if attempt < self.retries:
-                await asyncio.sleep(min(wait, 30.0) if wait is not None else self.backoff * 2 ** attempt)
-        raise DeliveryError(f"{self.what} at {safe_url(url)} failed: {last}", retry_after=wait)
+        try:
+            async with session.post(url, data=body, headers=headers) as resp:
+                if resp.status < 300:
+                    return resp.status
+                if resp.status < 500 and resp.status not in (408, 429):
+                    text = redact((await resp.text())[:200], self.secrets)
+                    raise PermanentDeliveryError(
+                        f"{self.what} at {safe_url(url)} refused the alert: HTTP {resp.status} {text}")
+                wait = retry_after_of(resp.headers) if resp.status == 429 else None
+                raise DeliveryError(f"{self.what} at {safe_url(url)} failed: HTTP {resp.status}", retry_after=wait)
+        except DeliveryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - network errors and timeouts: the outbox retries
+            last = redact(f"{type(exc).__name__}: {exc}".replace(url, safe_url(url)), self.secrets)
+            raise DeliveryError(f"{self.what} at {safe_url(url)} failed: {last}") from None
 
     async def close(self) -> None:
         if self._session is not None:
@@ -73,10 +70,9 @@ class WebhookNotifier:
     ``Idempotency-Key`` (one per receiver and alert key: a receiver can drop a repeat that a
     crash between send and bookkeeping let through)."""
 
-    def __init__(self, url: str, secret: str | None = None, retries: int = 3,
-                 backoff: float = 0.5, timeout: float = 10.0, name: str = "webhook"):
+    def __init__(self, url: str, secret: str | None = None, timeout: float = 10.0, name: str = "webhook"):
         self.name, self.url, self.secret = name, url, secret
-        self.http = JsonPoster(f"webhook {name}", retries, backoff, timeout, secrets=(url, secret))
+        self.http = JsonPoster(f"webhook {name}", timeout, secrets=(url, secret))
         self.secrets = (url, secret)
 
     async def send(self, alert: Alert, done: list[str]) -> None:

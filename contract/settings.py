@@ -72,6 +72,15 @@ class Settings:
     public_url: str | None = None
     delivery_tick_seconds: float = 2.0
     ack_timeout: float = 60.0
+    # the brake: a brake Redis has not taken for this long pages directly; an unacknowledged
+    # one is published again this often
+    brake_alarm_seconds: float = 10.0
+    brake_resend_seconds: float = 5.0
+    # worker restarts: a stable id per worker process (Kafka static membership: a restarted
+    # worker takes its partitions back at once); "" picks one per host and slot, "none" turns
+    # it off. The session timeout bounds how long a dead worker's partitions wait.
+    worker_id: str = ""
+    session_timeout: float = 10.0
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":

@@ -70,9 +70,12 @@ def test_an_adjust_sent_while_the_worker_was_away_is_applied_when_it_connects(se
     _apply(services["redis"], Command(run_id=run, action="adjust", params={"beta": 1.5},
                                       ts=time.time(), reason="kl rising"))
     got = []
-    # the worker started (its clock says) before the command, but connects only now
+    # the worker started (its first reading of the clock says) before the command, but connects
+    # only now
+    started = [time.time() - 30]
     mon = Monitor(run, kafka=False, redis=services["redis"], heartbeat_seconds=0,
-                  clock=lambda: time.time() - 30, on_adjust=lambda params, cmd: got.append(params))
+                  clock=lambda: started.pop() if started else time.time(),
+                  on_adjust=lambda params, cmd: got.append(params))
     try:
         assert mon.control.wait_ready(10)
         deadline = time.time() + 5

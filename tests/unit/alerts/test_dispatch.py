@@ -10,13 +10,12 @@ import pytest
 
 from alerts.actions import Enforcement
 from alerts.control import MemoryControl
-from alerts.dedup import MemoryDedup
 from alerts.dispatch import Dispatcher
 from alerts.escalation import MemoryAcks
 from alerts.incidents import MemoryIncidents
 from alerts.notifiers import PermanentDeliveryError
 from alerts.outbox import MemoryOutbox
-from alerts.routing import load_routes_text
+from alerts.routes_file import load_routes_text
 from alerts.silences import MemorySilences, Silence
 from tests.unit.alerts._helpers import T0, Clock, Recording, alert, down, run
 
@@ -26,7 +25,7 @@ def rig(routes: str | None = None, names=("slack", "hook"), batch=(), **kw):
     notifiers = [Recording(n, batch=n in batch) for n in names]
     routing = load_routes_text(routes, list(names)) if routes else None
     control = kw.pop("control", MemoryControl())
-    d = Dispatcher(notifiers, control, kw.pop("dedup", MemoryDedup()), clock=clock, routing=routing,
+    d = Dispatcher(notifiers, control, clock=clock, routing=routing,
                    outbox=kw.pop("outbox", MemoryOutbox()), silences=kw.pop("silences", MemorySilences()),
                    incidents=kw.pop("incidents", MemoryIncidents()), **kw)
     return d, clock, {n.name: n for n in notifiers}, control
@@ -48,12 +47,17 @@ def test_default_sends_every_alert_to_every_receiver_once():
 
 
 def test_commands_are_idempotent_across_a_redelivery():
-    """The same alert handled twice (a crash before the claim stuck) sends the same command ids."""
+    """The same alert handled twice (a crash before it was marked done) applies its commands once:
+    the same ids, applied the first time only, published again the second."""
     d1, _, _, control = rig()
     d2, _, _, _ = rig(control=control)
+    got = []
+    control.subscribe("ppo-8b-a", got.append)
     a = run(d1.handle(alert())).commands
     b = run(d2.handle(alert())).commands
-    assert [c.id for c in a] == [c.id for c in b]
+    assert [c.action for c in a] == ["pause", "snapshot"] and b == []
+    assert [c["action"] for c in control.audit["ppo-8b-a"]] == ["pause", "snapshot"]
+    assert [c.id for c in got] == [c.id for c in a] * 2
 
 
 def test_a_failed_send_is_retried_from_the_outbox_and_sent_once():
@@ -77,11 +81,11 @@ def test_a_failed_send_is_retried_from_the_outbox_and_sent_once():
 
 
 def test_a_second_dispatcher_on_the_same_stores_sends_nothing_twice():
-    outbox, dedup = MemoryOutbox(), MemoryDedup()
-    d1, clock, n1, _ = rig(outbox=outbox, dedup=dedup)
+    outbox, control = MemoryOutbox(), MemoryControl()
+    d1, clock, n1, _ = rig(outbox=outbox, control=control)
     n1["hook"].fail = down()
     run(d1.handle(alert()))
-    d2, clock2, n2, _ = rig(outbox=outbox, dedup=dedup)   # "the restarted worker"
+    d2, clock2, n2, _ = rig(outbox=outbox, control=control)   # "the restarted worker"
     assert run(d2.handle(alert())).duplicate
     clock2.t = clock.t + 5
     run(d2.tick())
@@ -247,7 +251,7 @@ enforcement:
 
 
 def test_the_global_enforcement_still_works_without_a_file():
-    d = Dispatcher([Recording("x")], MemoryControl(), MemoryDedup(), clock=Clock(),
+    d = Dispatcher([Recording("x")], MemoryControl(), clock=Clock(),
                    enforcement=Enforcement.parse("pause"))
     out = run(d.handle(alert()))
     assert [c.action for c in out.commands] == ["snapshot"] and out.advisory == ["pause"]
@@ -321,7 +325,7 @@ def test_secrets_stay_out_of_the_logs(caplog):
 
     leaky = Leaky("leaky")
     leaky.fail = down("POST https://hooks.example/services/T0/B0/SECRET123 answered 500")
-    d = Dispatcher([leaky], None, MemoryDedup(), clock=Clock())
+    d = Dispatcher([leaky], None, clock=Clock())
     with caplog.at_level(logging.DEBUG):
         out = run(d.handle(alert()))
     assert caplog.records and "SECRET123" not in caplog.text and "SECRET123" not in str(out.failed)
@@ -330,20 +334,20 @@ def test_secrets_stay_out_of_the_logs(caplog):
 def test_routes_must_name_configured_notifiers():
     routing = load_routes_text("route: {receiver: pager}", ["pager"])
     with pytest.raises(ValueError, match="pager"):
-        Dispatcher([Recording("slack")], None, MemoryDedup(), clock=Clock(), routing=routing)
+        Dispatcher([Recording("slack")], None, clock=Clock(), routing=routing)
 
 
 def test_when_the_store_is_down_it_still_pages_directly(caplog):
-    class DownDedup(MemoryDedup):
-        async def claim(self, key):
+    class DownOutbox(MemoryOutbox):
+        async def activate(self, alert, now):
             raise ConnectionError("Redis at 10.0.0.1:6379 unreachable")
 
-    d, clock, n, control = rig(dedup=DownDedup())
+    d, clock, n, control = rig(outbox=DownOutbox())
     with caplog.at_level(logging.ERROR):
         out = run(d.handle(alert()))
     assert sorted(out.delivered) == ["hook", "slack"] and "store" in out.failed
     assert [c.action for c in out.commands] == ["pause", "snapshot"]
-    assert "without dedup" in caplog.text
+    assert "straight to their receivers" in caplog.text
 
 
 def test_when_the_outbox_fails_mid_way_it_pages_directly_once():

@@ -9,7 +9,8 @@ import pytest
 
 from alerts.alertmanager import am_alert
 from alerts.escalation import SentCommand, escalation_alert, overdue_commands
-from alerts.outbox import backoff, item_id
+from alerts.outbox import item_id
+from alerts.retry import backoff
 from alerts.pagerduty import pd_event
 from alerts.redact import guarded_logger, redact, safe_url
 from alerts.render import slack_batch, slack_blocks

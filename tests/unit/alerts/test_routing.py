@@ -1,26 +1,16 @@
-"""alerts.routing: the routing tree (route.go semantics), config validation, grouping clocks,
-inhibition and per-run enforcement. Pure: no Redis, no clock."""
+"""alerts.routing and its neighbours: the routing tree (route.go semantics), the routes file's
+validation, grouping clocks, inhibition and per-run enforcement. Pure: no Redis, no clock."""
 
 from __future__ import annotations
 
 import pytest
 
 from alerts.matchers import Matchers
-from alerts.routing import (
-    DEFAULT_INHIBIT_RULES,
-    GroupClock,
-    InhibitRule,
-    Interval,
-    RoutesFileError,
-    Routing,
-    due,
-    group_key,
-    inhibited_by,
-    load_routes,
-    load_routes_text,
-    parse_interval,
-    repeat_due,
-)
+from alerts.grouping import GroupClock, due, group_key, repeat_due
+from alerts.inhibition import DEFAULT_INHIBIT_RULES, InhibitRule, inhibited_by
+from alerts.intervals import Interval, parse_interval
+from alerts.routes_file import RoutesFileError, load_routes, load_routes_text
+from alerts.routing import Routing
 from tests.unit.alerts._helpers import T0, alert
 
 FAKE_BOT = "xox" + "b-"   # a bot-token prefix, built so no literal looks like a real token

@@ -1,0 +1,106 @@
+"""The brake's own lane: a firing alert's commands reach the control channel first, whatever
+the receivers are doing, and are retried until the channel takes them.
+
+:meth:`BrakeLane.pull` sends each command (:meth:`alerts.control.ControlChannel.send`:
+idempotent per command id, so a crash anywhere before the caller marks the alert done only means
+it is sent again) and registers each pause or stop with the acknowledgement tracker
+(:mod:`alerts.escalation`). While the control channel (Redis) is unreachable it keeps trying,
+after the delays of the retry policy (:mod:`alerts.retry`): it never drops a brake. It says so
+once in the log, and when a brake has waited ``unreachable_after`` seconds it raises the alarm
+through ``on_unreachable`` (the dispatcher pages the receivers directly, without Redis); when the
+brake finally lands, ``on_recovered`` is called.
+
+:meth:`BrakeLane.resend` (on the worker's timer) publishes again, with a new signed ``sent``
+time, every brake no worker has acknowledged yet: a worker that missed it (its subscription was
+reconnecting) gets it, one that applied it acknowledges it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from alerts.control import ControlChannel
+from alerts.escalation import AckTracker
+from alerts.retry import RetryPolicy
+from contract.commands import Command
+
+__all__ = ["BRAKE_RETRY", "BrakeLane"]
+
+log = logging.getLogger("rlwatch.alerts")
+
+#: Brakes are retried quickly and never given up: a pause lands seconds after Redis returns.
+BRAKE_RETRY = RetryPolicy(base=0.2, cap=2.0, give_up_after=float("inf"))
+
+Alarm = Callable[[Command, str, float], Awaitable[None]]
+
+
+class BrakeLane:
+    def __init__(self, control: ControlChannel, acks: AckTracker | None = None, *,
+                 clock: Callable[[], float], secret: str | None = None,
+                 retry: RetryPolicy = BRAKE_RETRY, unreachable_after: float = 10.0,
+                 resend_every: float = 5.0, on_unreachable: Alarm | None = None,
+                 on_recovered: Alarm | None = None, safe: Callable[[object], str] = str,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
+        self.control, self.acks, self.clock, self.secret = control, acks, clock, secret
+        self.retry, self.unreachable_after, self.resend_every = retry, unreachable_after, resend_every
+        self.on_unreachable, self.on_recovered, self.safe, self.sleep = on_unreachable, on_recovered, safe, sleep
+        self.failures = 0
+        self._resent: dict[str, float] = {}
+
+    async def pull(self, commands: list[Command]) -> list[Command]:
+        """Send ``commands`` in order; returns those applied for the first time (the others had
+        been applied before and were only published again)."""
+        fresh = []
+        for cmd in commands:
+            if await self._until_taken(cmd):
+                fresh.append(cmd)
+        return fresh
+
+    async def _until_taken(self, cmd: Command) -> bool:
+        attempts, since, alarmed, err = 0, None, False, ""
+        while True:
+            try:
+                first = await self.control.send(cmd)
+                if self.acks is not None:
+                    await self.acks.expect(cmd)
+                break
+            except Exception as exc:  # noqa: BLE001 - Redis down or flaky: try again, never drop
+                attempts += 1
+                self.failures += 1
+                now = self.clock()
+                since = now if since is None else since
+                err = self.safe(f"{type(exc).__name__}: {exc}")
+                if attempts == 1:
+                    log.error("rlwatch: cannot send %s to run %s (%s); retrying until the control "
+                              "channel takes it", cmd.action, cmd.run_id, err)
+                if not alarmed and now - since >= self.unreachable_after and self.on_unreachable:
+                    alarmed = True
+                    await self.on_unreachable(cmd, err, now - since)
+                await self.sleep(self.retry.delay(attempts))
+        if attempts:
+            waited = self.clock() - since
+            log.warning("rlwatch: %s reached run %s after %d failed attempt(s) in %.1fs",
+                        cmd.action, cmd.run_id, attempts, waited)
+            if alarmed and self.on_recovered:
+                await self.on_recovered(cmd, err, waited)
+        return first
+
+    async def resend(self, now: float) -> int:
+        """Publish again the brakes still unacknowledged (each at most every ``resend_every``)."""
+        if self.acks is None:
+            return 0
+        n = 0
+        waiting = await self.acks.outstanding()
+        for cmd in waiting:
+            last = self._resent.get(cmd.id, cmd.sent if cmd.sent is not None else cmd.ts)
+            if now - last < self.resend_every:
+                continue
+            self._resent[cmd.id] = now
+            await self.control.send(cmd.signed(self.secret, sent=now))
+            n += 1
+        alive = {c.id for c in waiting}
+        for cid in [c for c in self._resent if c not in alive]:
+            del self._resent[cid]
+        return n

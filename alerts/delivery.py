@@ -1,0 +1,209 @@
+"""Sending what the outbox holds: one lane per receiver, so a slow or hanging Slack holds back
+nobody else (not the brake, not the webhook, not the next alert).
+
+:meth:`Drainer.drain` takes the due items of some receivers (under a lease, so two workers never
+send one item at once) and sends them, receivers in parallel. Silenced and inhibited alerts are
+settled there (so a silence added while Slack is down still applies), a resolved notice goes
+only where its firing one went, a failure goes back to the outbox after the delay of the retry
+policy (:mod:`alerts.retry`, the one place retries are decided; the notifiers make one attempt
+each) and the receiver is left alone until then. :meth:`Drainer.kick` starts the same drain in
+the background for each receiver that is not draining already; the worker uses it, so that
+handling an alert never waits on a receiver.
+
+Each notification is sent at most once per (receiver, alert key): the outbox's mark, set when it
+is queued and replaced by the outcome, is the one idempotency mechanism of delivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+from alerts.notifiers import Notifier, PermanentDeliveryError
+from alerts.outbox import Outbox, OutboxItem
+from alerts.retry import RetryPolicy
+from alerts.routing import Routing
+from alerts.inhibition import inhibited_by
+from alerts.silences import SilenceStore, silenced_by
+from contract.alert import Alert
+
+__all__ = ["Drainer", "delivery_key"]
+
+log = logging.getLogger("rlwatch.alerts")
+
+NOT_NOTIFIED = (None, "silenced", "inhibited", "skipped", "dead")
+
+
+def delivery_key(alert: Alert) -> str:
+    """The identity of one notification-worthy event: (fingerprint, state, onset step)."""
+    return f"{alert.fingerprint}:{alert.state}:{alert.onset_step}"
+
+
+class Drainer:
+    def __init__(self, notifiers: dict[str, Notifier], outbox: Outbox, routing: Routing, *,
+                 clock: Callable[[], float], retry: RetryPolicy, lease: float = 30.0,
+                 silences: SilenceStore | None = None, safe: Callable[[object], str] = str):
+        self.notifiers, self.outbox, self.routing = notifiers, outbox, routing
+        self.clock, self.retry, self.lease, self.silences, self.safe = clock, retry, lease, silences, safe
+        self.down_until: dict[str, float] = {}
+        self.failures = 0
+        self._lanes: dict[str, asyncio.Task] = {}
+        self._again: set[str] = set()
+
+    # -- in the background ----------------------------------------------------------------------
+    def kick(self, receivers: Iterable[str] | None = None) -> None:
+        """Drain ``receivers`` (default all) in background lanes, one per receiver."""
+        for name in (self.notifiers if receivers is None else receivers):
+            if name not in self.notifiers:
+                continue
+            lane = self._lanes.get(name)
+            if lane is not None and not lane.done():
+                self._again.add(name)     # it looks again when the current pass ends
+                continue
+            self._lanes[name] = asyncio.get_running_loop().create_task(self._lane(name))
+
+    async def _lane(self, name: str) -> None:
+        while True:
+            self._again.discard(name)
+            try:
+                await self.drain(receivers=[name])
+            except Exception as exc:  # noqa: BLE001 - the store failed: the timer kicks again
+                log.error("rlwatch: outbox drain of %s failed (the timer retries): %s", name,
+                          self.safe(f"{type(exc).__name__}: {exc}"))
+                return
+            if name not in self._again:
+                return
+
+    async def idle(self, timeout: float | None = None) -> None:
+        """Wait for the background lanes (tests, shutdown)."""
+        lanes = [t for t in self._lanes.values() if not t.done()]
+        if lanes:
+            await asyncio.wait(lanes, timeout=timeout)
+
+    async def close(self) -> None:
+        for t in self._lanes.values():
+            t.cancel()
+        await asyncio.gather(*self._lanes.values(), return_exceptions=True)
+
+    # -- one pass -------------------------------------------------------------------------------
+    async def drain(self, now: float | None = None, receivers: Iterable[str] | None = None,
+                    out=None) -> int:
+        """Send what is due (for ``receivers``, default all); the number of items settled."""
+        now = self.clock() if now is None else now
+        names = [n for n in (receivers if receivers is not None else self.notifiers)
+                 if n in self.notifiers and self.down_until.get(n, 0.0) <= now]
+        taken = [(n, await self.outbox.take_due(n, now, limit=100, lease=self.lease)) for n in names]
+        taken = [(n, items) for n, items in taken if items]
+        if not taken:
+            return 0
+        silences = await self.silences.all() if self.silences is not None else []
+        context = (await self.outbox.active(now), silences)
+        done = await asyncio.gather(*(self._receiver(n, items, now, context, out) for n, items in taken))
+        return sum(done)
+
+    async def _receiver(self, name: str, items: list[OutboxItem], now: float, context, out) -> int:
+        active, silences = context
+        notifier = self.notifiers[name]
+        mine_key = delivery_key(out.alert) if out is not None else None
+        groups: OrderedDict[str, list[OutboxItem]] = OrderedDict()
+        for it in sorted(items, key=lambda i: (i.enqueued, i.step, i.id)):
+            groups.setdefault(it.group, []).append(it)
+        settled = 0
+        units: list[list[OutboxItem]] = []
+        for batch in groups.values():
+            ready = []
+            for it in batch:
+                why = await self._suppressed(name, it, it.alert_obj(), active, silences, now)
+                if why == "wait":
+                    await self.outbox.retry(it, now + 1.0, "waiting for its firing notice to go first", count=False)
+                elif why:
+                    await self.outbox.finish(it, why)
+                    settled += 1
+                    if it.key == mine_key:
+                        out.suppressed[name] = why
+                else:
+                    ready.append(it)
+            if ready:
+                units.extend([ready] if hasattr(notifier, "send_batch") else [[it] for it in ready])
+        for n, unit in enumerate(units):
+            mine = any(it.key == mine_key for it in unit)
+            try:
+                alerts = [it.alert_obj() for it in unit]
+                if len(unit) > 1:
+                    await notifier.send_batch(alerts, [it.done for it in unit])  # type: ignore[attr-defined]
+                else:
+                    await notifier.send(alerts[0], unit[0].done)
+            except PermanentDeliveryError as exc:
+                self.failures += 1
+                msg = self.safe(exc)
+                for it in unit:
+                    await self.outbox.bury(it, msg)
+                log.error("rlwatch: %s refused %d notification(s) for good (dead-lettered): %s",
+                          name, len(unit), msg)
+                if mine:
+                    out.failed[name] = msg
+                continue
+            except Exception as exc:  # noqa: BLE001 - any other failure: back to the outbox
+                self.failures += 1
+                msg = self.safe(f"{type(exc).__name__}: {exc}")
+                rest = [it for u in units[n:] for it in u]
+                await self._failed(name, rest, msg, now, getattr(exc, "retry_after", None))
+                if any(it.key == mine_key for it in rest):
+                    out.failed[name] = msg
+                break
+            await self._settle(unit, "sent")
+            if mine and name not in out.delivered:
+                out.delivered.append(name)
+            settled += len(unit)
+            self.down_until.pop(name, None)
+            await self._flushed(unit, now)
+        return settled
+
+    async def _settle(self, unit: list[OutboxItem], outcome: str) -> None:
+        """Mark sent items done. The send happened: if the store fails now, try once more
+        before giving up (an item left under its lease would be sent again when it expires)."""
+        for it in unit:
+            try:
+                await self.outbox.finish(it, outcome)
+            except Exception:  # noqa: BLE001
+                await asyncio.sleep(0.2)
+                await self.outbox.finish(it, outcome)
+
+    async def _suppressed(self, receiver: str, it: OutboxItem, alert: Alert, active: list[Alert],
+                          silences: list, now: float) -> str | None:
+        if alert.state == "firing":
+            if silenced_by(alert, silences, now) is not None:
+                return "silenced"
+            if inhibited_by(alert, active, self.routing.inhibit_rules) is not None:
+                return "inhibited"
+            return None
+        firing = f"{alert.fingerprint}:firing:{alert.onset_step}"
+        was = await self.outbox.outcome(receiver, firing)
+        if was == "queued":
+            return "wait" if not self.retry.exhausted(it.enqueued, now) else None
+        return "skipped" if was in NOT_NOTIFIED else None
+
+    async def _failed(self, name: str, items: list[OutboxItem], msg: str, now: float,
+                      retry_after: float | None = None) -> None:
+        """Back to the outbox after the policy's delay (at least what a 429 asked for)."""
+        for it in items:
+            if self.retry.exhausted(it.enqueued, now):
+                await self.outbox.bury(it, msg)
+                log.error("rlwatch: %s: gave up on %s after %d attempts (dead-lettered): %s",
+                          name, it.key, it.attempts + 1, msg)
+            else:
+                await self.outbox.retry(it, now + self.retry.delay(it.attempts + 1, retry_after), msg)
+        wait = self.retry.delay(min((it.attempts for it in items), default=1), retry_after)
+        self.down_until[name] = now + wait
+        log.error("rlwatch: %s could not deliver %d notification(s); kept in the outbox, next try in "
+                  "%.0fs: %s", name, len(items), wait, msg)
+
+    async def _flushed(self, unit: list[OutboxItem], now: float) -> None:
+        for group in {it.group for it in unit}:
+            clock = await self.outbox.clock(group)
+            if clock is not None:
+                clock.last_flush_ts = now
+                clock.last_flush_step = max(it.step for it in unit if it.group == group)
+                await self.outbox.set_clock(group, clock)
