@@ -1,13 +1,25 @@
 """The stream processor on Kafka: a Faust app (``rlwatch worker``).
 
-Reads as a declaration: topics, the run-state table, two agents and a timer. The agents only
-move data and call the pure core (:class:`streams.processor.Processor`,
-:class:`alerts.dispatch.Dispatcher`).
+Reads as a declaration: topics, the run-state table, three agents and some timers. The agents
+only move data and call the pure core (:class:`streams.processor.Processor`) and the delivery
+edge (:class:`alerts.dispatch.Dispatcher`).
 
 * ``rlwatch.events`` (key = run_id) -> validate -> malformed events go to ``rlwatch.dlq`` with
   the reason -> the run's state from the ``rlwatch-runs`` table -> alerts to ``rlwatch.alerts``.
-* ``rlwatch.alerts`` -> deliver (dedup in Redis, commands to the control channel, Slack, webhooks).
+* ``rlwatch.alerts`` -> two lanes, each marking an alert done only after it acted, so a worker
+  killed at any point leaves the alert to be read again by its successor, and each idempotent,
+  so reading it again does nothing twice:
+  the **brake** (commands to the control channel, retried until Redis takes them; nothing else
+  in its way) and the **notifications** (the outbox in Redis; sending happens in background
+  lanes, one per receiver, so a hanging Slack holds back nobody).
+* every ``delivery_tick_seconds``: repeats, unacknowledged brakes (re-sent, escalated), retries.
 * every ``tick_seconds``: liveness rules (``run_stalled``) for the runs this worker owns.
+
+Restarts are quick: each worker process has a stable group instance id (Kafka static membership,
+:func:`worker_instance_id`), so a worker restarted after a crash takes its partitions back at
+once instead of waiting for the dead member's session to time out; the session timeout itself
+is short (``RLWATCH_SESSION_TIMEOUT``, 10 s). While the broker is down, its clients' logs are
+reduced to one line when the trouble starts and one when it ends (:mod:`streams.broker_log`).
 
 Run states live in a Faust table (changelog-backed), so a restarted worker resumes where the
 last one stopped. The decoded states are cached in memory and written back to the table at
@@ -19,7 +31,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import socket
+import tempfile
 import time
+from collections import OrderedDict
 
 import faust
 
@@ -28,18 +45,69 @@ from contract.alert import Alert
 from contract.events import EventError, parse_event
 from contract.settings import Settings
 from rules.loader import load_pack
+from streams.broker_log import BrokerLogGate
 from streams.fleet_store import FleetStore, FleetWriter, summary_of
 from streams.processor import Processor
 from streams.run import RunState
 from streams.snapshot import SnapshotRecorder, attach_snapshot
 
-__all__ = ["build_app", "ensure_topics"]
+__all__ = ["build_app", "ensure_topics", "worker_instance_id"]
 
 log = logging.getLogger("rlwatch.worker")
 
 FLUSH_SECONDS = 1.0
 MAX_STATE_BYTES = 900_000   # under Kafka's default 1 MB message limit
 PARTITIONS = 4   # the events topic and the run table are co-partitioned by run_id
+MAX_DECODED_RUNS = 2000   # run states kept decoded in memory; the others wait in the table
+
+
+def worker_instance_id(settings: Settings) -> str | None:
+    """This worker's Kafka group instance id (static membership), or None to do without.
+
+    ``RLWATCH_WORKER_ID`` names it; unset, it is ``<host>-<slot>``, the slot being the first of
+    this host's lock files (one per application and slot) that no running worker holds. A worker
+    killed by any means releases its lock, so its successor on the same host takes the same id
+    and, with it, the dead worker's place in the group at once.
+    """
+    wanted = (settings.worker_id or "").strip()
+    if wanted.lower() == "none":
+        return None
+    if wanted:
+        return wanted
+    import fcntl
+
+    host = socket.gethostname() or "host"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in settings.app_id)
+    for slot in range(256):
+        path = os.path.join(tempfile.gettempdir(), f"rlwatch-worker-{safe}-{slot}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        _held_locks.append(fd)        # held (open) for the life of the process
+        return f"{host}-{slot}"
+    return None
+
+
+_held_locks: list[int] = []
+
+
+def _crash_point(name: str) -> None:
+    """For the crash drills of the tests only: with ``RLWATCH_CRASH_AT=<name>`` the worker kills
+    itself (SIGKILL, nothing flushed) the first time it gets here; ``RLWATCH_CRASH_ONCE`` names a
+    file that marks it done, so the restarted worker goes on."""
+    if os.environ.get("RLWATCH_CRASH_AT") != name:
+        return
+    marker = os.environ.get("RLWATCH_CRASH_ONCE")
+    if marker:
+        if os.path.exists(marker):
+            return
+        with open(marker, "w") as f:
+            f.write(name)
+    log.error("rlwatch: crash drill: killing this worker at %s", name)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def broker_credentials(settings: Settings):
@@ -93,9 +161,9 @@ class RunStates:
     from outside an agent.
     """
 
-    def __init__(self, table, processor: Processor):
-        self.table, self.processor = table, processor
-        self.cache: dict[str, RunState] = {}
+    def __init__(self, table, processor: Processor, limit: int = MAX_DECODED_RUNS):
+        self.table, self.processor, self.limit = table, processor, limit
+        self.cache: OrderedDict[str, RunState] = OrderedDict()
         self.dirty: set[str] = set()
 
     def get(self, run_id: str) -> RunState:
@@ -104,7 +172,20 @@ class RunStates:
             raw = self.table.get(run_id.encode())
             st = self.processor.load_state(json.loads(raw)) if raw else self.processor.new_state(run_id)
             self.cache[run_id] = st
+            if len(self.cache) > self.limit:
+                self._evict()
+        else:
+            self.cache.move_to_end(run_id)
         return st
+
+    def _evict(self) -> None:
+        """Keep the least recently seen runs in the table only (written first if changed)."""
+        while len(self.cache) > self.limit:
+            old, st = next(iter(self.cache.items()))
+            if old in self.dirty:
+                self._write(old, st)
+                self.dirty.discard(old)
+            del self.cache[old]
 
     def touch(self, run_id: str) -> None:
         self.dirty.add(run_id)
@@ -114,16 +195,19 @@ class RunStates:
         n = 0
         for run_id in list(self.dirty):
             st = self.cache.get(run_id)
-            if st is not None:
-                value = json.dumps(st.to_state(), allow_nan=True).encode()
-                if len(value) > MAX_STATE_BYTES:
-                    log.error("rlwatch: state of run %s is %d bytes, over %d: kept in memory "
-                              "only (a restart loses it)", run_id, len(value), MAX_STATE_BYTES)
-                    continue
-                self.table[run_id.encode()] = value
+            if st is not None and self._write(run_id, st):
                 n += 1
         self.dirty.clear()
         return n
+
+    def _write(self, run_id: str, st: RunState) -> bool:
+        value = json.dumps(st.to_state(), allow_nan=True).encode()
+        if len(value) > MAX_STATE_BYTES:
+            log.error("rlwatch: state of run %s is %d bytes, over %d: kept in memory "
+                      "only (a restart loses it)", run_id, len(value), MAX_STATE_BYTES)
+            return False
+        self.table[run_id.encode()] = value
+        return True
 
     def drop(self, run_id: str) -> None:
         """Forget a run for good (it expired): its statistics go with it."""
@@ -154,7 +238,12 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         # the liveness timer walks the table's local keys: without standby replicas those are
         # only the runs this worker owns
         table_standby_replicas=0,
+        # quick restarts: a stable instance id per worker (static membership) and a short session
+        broker_session_timeout=settings.session_timeout,
+        broker_heartbeat_interval=max(0.5, min(3.0, settings.session_timeout / 4)),
+        consumer_group_instance_id=worker_instance_id(settings),
     )
+    gate = BrokerLogGate().install()
     processor = Processor(pack if pack is not None else load_pack(settings.rules))
     events = app.topic(settings.events_topic, key_type=bytes, value_type=bytes)
     alerts_topic = app.topic(settings.alerts_topic, key_type=bytes, value_type=bytes)
@@ -216,20 +305,37 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                 states.flush()
                 await publish(alerts)
 
+    def read_alert(raw) -> Alert | None:
+        try:
+            return Alert.from_json(raw)
+        except Exception as exc:  # noqa: BLE001 - a foreign message on the topic
+            log.error("rlwatch: unreadable alert on %s: %s", settings.alerts_topic, exc)
+            return None
+
     @app.agent(alerts_topic)
-    async def deliver_alerts(stream):
+    async def brake_lane(stream):
+        """Commands first, on their own: done when the control channel took them."""
         async for raw in stream:
-            try:
-                alert = Alert.from_json(raw)
-            except Exception as exc:  # noqa: BLE001 - a foreign message on the topic
-                log.error("rlwatch: unreadable alert on %s: %s", settings.alerts_topic, exc)
-                continue
-            await dispatcher().handle(alert)
+            alert = read_alert(raw)
+            if alert is not None and alert.state == "firing":
+                _crash_point("brake")
+                await dispatcher().brake(alert)
+                _crash_point("braked")
+
+    @app.agent(alerts_topic)
+    async def notify_lane(stream):
+        """Incident and outbox; the sends run in the background, one lane per receiver."""
+        async for raw in stream:
+            alert = read_alert(raw)
+            if alert is not None:
+                await dispatcher().notify(alert)
+                _crash_point("notified")
 
     @app.timer(interval=settings.delivery_tick_seconds)
     async def deliver_due():
         """The outbox's retries and held groups, repeats, unacknowledged brakes."""
-        await dispatcher().tick()
+        await dispatcher().tick(wait=False)
+        gate.check()
 
     @app.timer(interval=FLUSH_SECONDS)
     async def flush_states():
@@ -269,6 +375,8 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     async def on_shutdown(app_, **kwargs):
         states.flush()
         await fleet.flush()
+        if dispatcher_box:
+            await dispatcher_box[0].idle(timeout=5.0)
 
     app.rlwatch_counters = counters
     app.rlwatch_states = states

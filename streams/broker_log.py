@@ -1,0 +1,65 @@
+"""One log line per change of the broker's health, not thousands.
+
+While Kafka is down, Faust, aiokafka and kafka-python log an error for every reconnect attempt of
+every client, several a second. :class:`BrokerLogGate` sits on those loggers: the first warning
+or error goes through, with one line of ours saying that the clients' further complaints are
+counted, not printed; after ``quiet`` seconds without another one, :meth:`check` (the worker's
+timer) logs one line saying the trouble is over and how many lines it held back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+__all__ = ["BROKER_LOGGERS", "BrokerLogGate"]
+
+#: The loggers of the Kafka clients and of Faust's services.
+BROKER_LOGGERS = ("aiokafka", "faust", "mode", "kafka")
+
+
+class BrokerLogGate(logging.Filter):
+    def __init__(self, quiet: float = 10.0, clock: Callable[[], float] = time.monotonic,
+                 log: logging.Logger | None = None):
+        super().__init__()
+        self.quiet, self.clock = quiet, clock
+        self.log = log or logging.getLogger("rlwatch.worker")
+        self.trouble_since: float | None = None
+        self.last_seen = 0.0
+        self.held = 0
+        self._installed: list[logging.Logger] = []
+
+    def install(self, names: tuple[str, ...] = BROKER_LOGGERS) -> BrokerLogGate:
+        for name in names:
+            lg = logging.getLogger(name)
+            lg.addFilter(self)
+            self._installed.append(lg)
+        return self
+
+    def uninstall(self) -> None:
+        for lg in self._installed:
+            lg.removeFilter(self)
+        self._installed.clear()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        now = self.clock()
+        self.last_seen = now
+        if self.trouble_since is None:
+            self.trouble_since, self.held = now, 0
+            self.log.error("rlwatch: the Kafka clients report trouble (first line below); their "
+                           "further warnings are counted, not printed, until they stop")
+            return True
+        self.held += 1
+        return False
+
+    def check(self) -> bool:
+        """Call now and then: True (and one line logged) when the trouble just ended."""
+        if self.trouble_since is None or self.clock() - self.last_seen < self.quiet:
+            return False
+        self.log.warning("rlwatch: the Kafka clients have been quiet for %.0fs; %d line(s) held back "
+                         "over %.0fs of trouble", self.quiet, self.held, self.last_seen - self.trouble_since)
+        self.trouble_since, self.held = None, 0
+        return True
