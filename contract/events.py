@@ -301,19 +301,18 @@ def _numbers(d: Any) -> dict | None:
     """``d`` as name -> float when it is plainly that (else None: the strict path decides)."""
     if type(d) is not dict or len(d) > MAX_METRICS:
         return None
-    for k, x in d.items():
-        t = type(x)
-        if t is not float:
-            if t is not int or len(k) > MAX_NAME_LEN:
-                return None
-            d = {k: (float(v) if type(v) is int else v) for k, v in d.items()}
-            break
-        if len(k) > MAX_NAME_LEN:
-            return None
-    for x in d.values():
-        if type(x) is not float:
-            return None
+    if not d:
+        return d
+    kinds = set(map(type, d.values()))
+    if not kinds <= _NUMBER_TYPES or max(map(len, d)) > MAX_NAME_LEN:
+        return None
+    if int in kinds:
+        d = {k: float(v) for k, v in d.items()}
     return d
+
+
+_NUMBER_TYPES = frozenset({float, int})
+_FLOAT = frozenset({float})
 
 
 def _strings(d: Any, limit: int) -> bool:
@@ -325,11 +324,59 @@ def _strings(d: Any, limit: int) -> bool:
     return True
 
 
-def _fast_step(d: dict, received_at: float) -> StepEvent | None:
-    """A step event built without pydantic when every field is plainly valid; None when
-    anything is unusual (a non-finite spelling, a wrong type, an unknown key), so that the
-    strict path gives the reason."""
-    if d.get("schema") != 1 or type(d["schema"]) is not int or not _STEP_KEYS.issuperset(d):
+_SAMPLE_KEYS = {"prompt_id": str, "prompt": str, "response": str, "category": str,
+                "token_kl_argmax": str, "reward": float, "kl": float, "token_kl_max": float,
+                "length": int, "truncated": bool}
+
+
+def _fast_samples(d: dict, received_at: float) -> SamplesEvent | None:
+    """A samples event built without pydantic when every sample is plainly valid."""
+    head = _fast_envelope(d, received_at, _SAMPLES_KEYS)
+    samples = d.get("samples", [])
+    if head is None or type(samples) is not list:
+        return None
+    out = []
+    for item in samples:
+        if type(item) is not dict:
+            return None
+        values = {}
+        for k, v in item.items():
+            want = _SAMPLE_KEYS.get(k)
+            if want is None:
+                return None
+            if v is not None and type(v) is not want:
+                if want is float and type(v) is int:
+                    v = float(v)
+                else:
+                    return None
+            values[k] = v
+        smp = object.__new__(Sample)
+        object.__setattr__(smp, "__dict__", {**_SAMPLE_DEFAULTS, **values})
+        object.__setattr__(smp, "__pydantic_fields_set__", set(values))
+        object.__setattr__(smp, "__pydantic_extra__", {})
+        object.__setattr__(smp, "__pydantic_private__", None)
+        out.append(smp)
+    head["kind"], head["samples"] = "samples", out
+    return _construct(SamplesEvent, head)
+
+
+_SAMPLE_DEFAULTS = dict.fromkeys(_SAMPLE_KEYS)
+_SAMPLES_KEYS = frozenset({"schema", "kind", "run_id", "step", "rank", "world_size", "ts",
+                           "tags", "incarnation", "samples"})
+
+
+def _construct(cls, values: dict):
+    ev = object.__new__(cls)
+    object.__setattr__(ev, "__dict__", values)
+    object.__setattr__(ev, "__pydantic_fields_set__", set(values))
+    object.__setattr__(ev, "__pydantic_extra__", {})
+    object.__setattr__(ev, "__pydantic_private__", None)
+    return ev
+
+
+def _fast_envelope(d: dict, received_at: float, keys: frozenset) -> dict | None:
+    """The envelope fields of an event when they are plainly valid, else None."""
+    if d.get("schema") != 1 or type(d["schema"]) is not int or not keys.issuperset(d):
         return None
     run_id, step = d.get("run_id"), d.get("step")
     if (type(run_id) is not str or not 0 < len(run_id) <= 256 or not _RUN_ID.fullmatch(run_id)
@@ -353,8 +400,21 @@ def _fast_step(d: dict, received_at: float) -> StepEvent | None:
                             or not _RUN_ID.fullmatch(inc)):
         return None
     tags = d.get("tags", {})
+    if not _strings(tags, MAX_TAG_VALUE_LEN):
+        return None
+    return {"schema_": 1, "run_id": run_id, "step": step, "rank": rank, "world_size": world,
+            "ts": ts, "tags": tags, "incarnation": inc}
+
+
+def _fast_step(d: dict, received_at: float) -> StepEvent | None:
+    """A step event built without pydantic when every field is plainly valid; None when
+    anything is unusual (a non-finite spelling, a wrong type, an unknown key), so that the
+    strict path gives the reason."""
+    head = _fast_envelope(d, received_at, _STEP_KEYS)
+    if head is None:
+        return None
     hashes = d.get("hashes", {})
-    if not _strings(tags, MAX_TAG_VALUE_LEN) or not _strings(hashes, MAX_TAG_VALUE_LEN):
+    if not _strings(hashes, MAX_TAG_VALUE_LEN):
         return None
     metrics = _numbers(d.get("metrics", {}))
     if metrics is None:
@@ -368,10 +428,10 @@ def _fast_step(d: dict, received_at: float) -> StepEvent | None:
             if type(xs) is not list or len(xs) > MAX_DIST_LEN or len(k) > MAX_NAME_LEN:
                 return None
             kinds = set(map(type, xs))
-            if kinds <= {float}:
+            if kinds <= _FLOAT:
                 out[k] = xs
-            elif kinds <= {float, int}:
-                out[k] = [float(x) for x in xs]
+            elif kinds <= _NUMBER_TYPES:
+                out[k] = list(map(float, xs))
             else:
                 return None
         dists = out
@@ -389,18 +449,12 @@ def _fast_step(d: dict, received_at: float) -> StepEvent | None:
     batch_ids = d.get("batch_ids", [])
     if type(batch_ids) is not list or not all(type(b) is str for b in batch_ids):
         return None
-    ev = object.__new__(StepEvent)
-    object.__setattr__(ev, "__dict__", {
-        "schema_": 1, "run_id": run_id, "step": step, "rank": rank, "world_size": world,
-        "ts": ts, "tags": tags, "incarnation": inc, "kind": "step", "metrics": metrics,
-        "dists": dists, "groups": groups, "hashes": hashes, "batch_ids": batch_ids})
-    object.__setattr__(ev, "__pydantic_fields_set__", _FIELDS_SET)
-    object.__setattr__(ev, "__pydantic_extra__", {})
-    object.__setattr__(ev, "__pydantic_private__", None)
-    return ev
+    head.update(kind="step", metrics=metrics, dists=dists, groups=groups, hashes=hashes,
+                batch_ids=batch_ids)
+    return _construct(StepEvent, head)
 
 
-_FIELDS_SET = frozenset()
+
 
 
 def parse_event(raw: bytes | str | dict, received_at: float) -> StepEvent | SamplesEvent | CheckpointEvent | HeartbeatEvent:
@@ -423,11 +477,14 @@ def parse_event(raw: bytes | str | dict, received_at: float) -> StepEvent | Samp
         except _orjson.JSONDecodeError:
             data = None   # bare NaN tokens, bad UTF-8, bad JSON: the standard path says which
     if type(data) is dict:
-        if data.get("kind") == "step":
+        kind = data.get("kind")
+        if kind == "step":
             ev = _fast_step(data, received_at)
-            if ev is not None:
-                return ev
-        return _strict(data, received_at)
+        elif kind == "samples":
+            ev = _fast_samples(data, received_at)
+        else:
+            ev = None
+        return _strict(data, received_at) if ev is None else ev
     if isinstance(raw, (bytes, bytearray)):
         try:
             raw = raw.decode("utf-8")

@@ -64,7 +64,7 @@ def resolve_threshold(spec, targets: dict[str, float], params: dict[str, float])
 @dataclass
 class CompiledTier:
     tier: Tier
-    key: str                 # "rule/severity" (the alert state key, without the rank)
+    key: str                 # "rule/severity/" (the alert state key; a rank may follow)
     test: Test
     explain: Explain
 
@@ -89,6 +89,7 @@ class Program:
     by_input: dict[str, list[CompiledRule]] = field(default_factory=dict)
     every_step: list[CompiledRule] = field(default_factory=list)
     by_trigger: dict[str, list[CompiledRule]] = field(default_factory=dict)
+    _memo: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for cr in self.rules:
@@ -101,7 +102,19 @@ class Program:
                     self.by_input.setdefault(name, []).append(cr)
 
     def step_rules(self, names) -> list[CompiledRule]:
-        """The step rules that read any of ``names``, in pack order."""
+        """The step rules that read any of ``names``, in pack order (remembered per set of
+        names: a run logs the same names step after step)."""
+        if not self.by_input:
+            return self.every_step
+        key = tuple(names)
+        found = self._memo.get(key)
+        if found is None:
+            if len(self._memo) > 64:
+                self._memo.clear()
+            found = self._memo[key] = self._step_rules(key)
+        return found
+
+    def _step_rules(self, names) -> list[CompiledRule]:
         hit = {cr.index: cr for cr in self.every_step}
         index = self.by_input
         for name in names:
@@ -202,7 +215,7 @@ def _compare_pair(read: Callable[[], tuple], kind: str, thr: float | None, metri
     def explain():
         v, extra = read()
         return test(), (None if v != v else v), thr, metric, detail(extra), (
-            extra if isinstance(extra, int) else None)
+            extra if type(extra) is int else None)
     return test, explain
 
 
@@ -251,7 +264,7 @@ def _leaf(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
         return _compare_value(src.corr(x, y, c.window), kind, thr, f"corr({x},{y})")
     if c.groups is not None:
         return _compare_pair(src.group_stat(c.groups, c.stat, c.window), kind, thr,
-                             f"groups.{c.groups}", lambda d: d)
+                             f"groups.{c.groups}", _slopes_detail)
     if c.samples is not None:
         return _compare_pair(src.sample_stat(c.samples, c.stat), kind, thr,
                              f"samples.{c.samples}", lambda d: d)
@@ -259,6 +272,13 @@ def _leaf(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
         limit = resolve_threshold(c.stalled_seconds, targets, params)
         return _compare_value(src.seconds_since_event(), "above", limit, "heartbeat")
     return (lambda: None), (lambda: _UNKNOWN)
+
+
+def _slopes_detail(slopes) -> str | None:
+    finite = {k: v for k, v in (slopes or {}).items() if v == v}
+    if not finite:
+        return None
+    return "slope per step by category: " + ", ".join(f"{k} {v:+.2g}" for k, v in sorted(finite.items()))
 
 
 # -- composites -----------------------------------------------------------------------------------
@@ -335,7 +355,7 @@ def compile_rules(rules: list[Rule], params: dict[str, dict[str, float]],
         tiers = []
         for t in rule.tiers:
             test, explain = _node(t.when, src, targets, p)
-            tiers.append(CompiledTier(t, f"{rule.id}/{t.severity}", test, explain))
+            tiers.append(CompiledTier(t, f"{rule.id}/{t.severity}/", test, explain))
         notes = [(_node(n.when, src, targets, p)[1], n.text, n.otherwise) for n in rule.notes]
         out.append(CompiledRule(rule, positions.get(rule.id, i) if positions else i, p, tiers,
                                 notes, rule_inputs(rule), rule_trigger(rule)))

@@ -75,11 +75,11 @@ def evaluate(run_id: str, rules: Iterable[CompiledRule], targets: dict[str, floa
     """Evaluate ``rules`` at one step; ``states`` (keyed ``rule/severity/rank``) is updated in
     place and keeps only alerts that are pending or firing."""
     out: list[Alert] = []
-    suffix = "/" if rank is None else f"/{rank}"
+    keyed = rank is not None
     for cr in rules:
         for ct in cr.tiers:
             holds = ct.test()
-            key = ct.key + suffix
+            key = f"{ct.key}{rank}" if keyed else ct.key
             st = states.get(key)
             if st is None:
                 if not holds:

@@ -13,6 +13,7 @@ takes each event through them (:meth:`RunState.apply`). Events over the limits r
 
 from __future__ import annotations
 
+import gc
 from typing import Iterable
 
 from contract.alert import Alert
@@ -21,9 +22,19 @@ from rules.engine import RuleEngine, RunRules
 from rules.schema import Pack
 from streams.run import MAX_LATEST_METRICS, TARGET_TAG_PREFIX, RunState
 
-__all__ = ["MAX_LATEST_METRICS", "Pipeline", "Processor", "TARGET_TAG_PREFIX"]
+__all__ = ["MAX_LATEST_METRICS", "Pipeline", "Processor", "TARGET_TAG_PREFIX", "tune_gc"]
 
 MAX_CACHED_RULES = 10_000
+
+
+def tune_gc() -> None:
+    """Garbage-collector settings for a long-running stream processor; call once after start-up
+    (the worker, replay). What an event allocates is freed by reference counting (no cycles);
+    the cyclic collector's frequent passes over every compiled rule and run state cost more
+    than the processing itself, so they are made rare and start-up objects are frozen."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
 
 
 class Processor:

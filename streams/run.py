@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from operator import mul
 from typing import Any, Callable
 
 import numpy as np
@@ -67,23 +68,25 @@ def _finite(xs) -> list[float]:
 
 
 class _Moments:
-    """Statistics of one step's per-sample array, computed once per step when read."""
+    """Statistics of one step's per-sample array, computed once per step when read (plain
+    Python: for the few hundred samples of a step it is faster than numpy's per-call cost)."""
 
-    __slots__ = ("a", "n", "mean", "m2", "m3", "m4", "_sorted")
+    __slots__ = ("xs", "n", "mean", "m2", "m3", "m4", "_sorted")
 
     def __init__(self, xs: list[float]):
-        a = np.asarray(xs, dtype=float)
-        if not np.isfinite(a).all():
-            a = a[np.isfinite(a)]
-        self.a, self.n = a, a.size
-        self._sorted = None
-        if self.n:
-            self.mean = float(a.mean())
-            d = a - self.mean
-            d2 = d * d
-            self.m2 = float(d2.mean())
-            self.m3 = float((d2 * d).mean())
-            self.m4 = float((d2 * d2).mean())
+        n = len(xs)
+        s = sum(xs)
+        if s - s != 0.0:      # a NaN or an infinity among the samples: leave them out
+            xs = [x for x in xs if x - x == 0.0]
+            n, s = len(xs), sum(xs)
+        self.xs, self.n, self._sorted = xs, n, None
+        if n:
+            m = self.mean = s / n
+            d = [x - m for x in xs]
+            d2 = list(map(mul, d, d))
+            self.m2 = sum(d2) / n
+            self.m3 = sum(map(mul, d2, d)) / n
+            self.m4 = sum(map(mul, d2, d2)) / n
 
     def value(self, stat: str, cap: float | None) -> float:
         n = self.n
@@ -104,57 +107,48 @@ class _Moments:
             g2 = ((n * n - 1.0) * self.m4 / (self.m2 * self.m2) - 3.0 * (n - 1.0) ** 2) / ((n - 2.0) * (n - 3.0))
             return (g1 * g1 + 1.0) / (g2 + 3.0 * (n - 1.0) ** 2 / ((n - 2.0) * (n - 3.0)))
         if stat == "max":
-            return float(self.a.max())
+            return max(self.xs)
         if stat in ("median", "p99"):
             if self._sorted is None:
-                self._sorted = np.sort(self.a)
-            return float(np.quantile(self._sorted, 0.5 if stat == "median" else 0.99))
+                self._sorted = sorted(self.xs)
+            q = 0.5 if stat == "median" else 0.99
+            pos = q * (n - 1)
+            lo = int(pos)
+            hi = min(lo + 1, n - 1)
+            return self._sorted[lo] + (self._sorted[hi] - self._sorted[lo]) * (pos - lo)
         if stat == "tail_mass":
-            return NAN if cap is None else float(np.count_nonzero(self.a > cap)) / n
+            return NAN if cap is None else sum(1 for x in self.xs if x > cap) / n
         if stat == "frac_at_cap":
-            return NAN if cap is None else float(np.count_nonzero(self.a >= cap)) / n
+            return NAN if cap is None else sum(1 for x in self.xs if x >= cap) / n
         raise ValueError(f"unknown dist stat {stat!r}")
 
 
-def _ranks(a: np.ndarray) -> np.ndarray:
-    """Ranks with ties given their average rank."""
-    n = a.size
-    order = np.argsort(a, kind="mergesort")
-    s = a[order]
-    obs = np.concatenate(([True], s[1:] != s[:-1]))
-    dense = np.cumsum(obs)
-    count = np.concatenate((np.nonzero(obs)[0], [n]))
-    out = np.empty(n)
-    out[order] = 0.5 * (count[dense] + count[dense - 1] + 1)
-    return out
-
-
 def spearman(x: list[float], y: list[float]) -> float:
+    """Spearman's rank correlation of two per-sample arrays (ties ranked in order of
+    appearance, which keeps it to two sorts per array)."""
     a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if a.size != b.size:
         return NAN
     keep = np.isfinite(a) & np.isfinite(b)
     if not keep.all():
         a, b = a[keep], b[keep]
-    if a.size < 3:
+    n = a.size
+    if n < 3 or a.min() == a.max() or b.min() == b.max():
         return NAN
-    ra, rb = _ranks(a), _ranks(b)
-    ra -= ra.mean()
-    rb -= rb.mean()
-    sxx, syy = float(np.dot(ra, ra)), float(np.dot(rb, rb))
-    if sxx == 0 or syy == 0:
-        return NAN
-    return max(-1.0, min(1.0, float(np.dot(ra, rb)) / math.sqrt(sxx * syy)))
+    d = a.argsort(kind="stable").argsort() - b.argsort(kind="stable").argsort()
+    return 1.0 - 6.0 * float(np.dot(d, d)) / (n * (n * n - 1.0))
 
 
 def _ls_slope(steps: list[int], xs: list[float]) -> float:
     n = len(xs)
     if n < 3:
         return NAN
-    tm = sum(steps) / n
-    xm = sum(xs) / n
-    var = sum((s - tm) ** 2 for s in steps)
-    return NAN if var == 0 else sum((s - tm) * (x - xm) for s, x in zip(steps, xs)) / var
+    t0, c = steps[0], xs[0]
+    t = [s - t0 for s in steps]
+    d = [x - c for x in xs]
+    st1, sd1 = sum(t), sum(d)
+    var = sum(map(mul, t, t)) - st1 * st1 / n
+    return NAN if var <= 0 else (sum(map(mul, t, d)) - st1 * sd1 / n) / var
 
 
 class _Source:
@@ -170,12 +164,18 @@ class _Source:
     def nonfinite(self, names):
         run = self.run
         if names is None:
-            return lambda: sorted(n for n, x in run.metrics.items() if x - x != 0.0)
+            def read():
+                for x in run.metrics.values():
+                    if x - x != 0.0:
+                        return sorted(n for n, x in run.metrics.items() if x - x != 0.0)
+                return []
+            return read
         return lambda: sorted(n for n in names if n in run.metrics and run.metrics[n] - run.metrics[n] != 0.0)
 
     def rank_stat(self, metric, stat):
         run = self.run
         run.rank_metrics.add(metric)
+        run.cross_rank = True
 
         def read():
             values = {r: e["m"][metric] for r, e in run.rank_step.items()
@@ -193,6 +193,7 @@ class _Source:
 
     def hash_mismatch(self, name):
         run = self.run
+        run.cross_rank = True
 
         def read():
             hashes = {r: e["h"][name] for r, e in run.rank_step.items() if name in e["h"]}
@@ -233,23 +234,23 @@ class _Source:
         run.groups.setdefault(key, {"points": {}, "gap": []})
 
         def read():
+            """(value, slopes by category): the detail text is made from the slopes only
+            when an alert shows it."""
             if metric not in run.groups_step:
                 return NAN, None
             slopes, gap_slope, gap = run.group_trends(key, window)
-            finite = {k: v for k, v in slopes.items() if v == v}
-            detail = ("slope per step by category: " + ", ".join(
-                f"{k} {v:+.2g}" for k, v in sorted(finite.items()))) if finite else None
             if stat == "gap":
                 return gap, None
             if stat == "gap_slope":
-                return gap_slope, detail
+                return gap_slope, slopes
+            finite = [v for v in slopes.values() if v == v]
             if not finite:
                 return NAN, None
             if stat == "min_slope":
-                return min(finite.values()), detail
+                return min(finite), slopes
             if stat == "max_slope":
-                return max(finite.values()), detail
-            return max(finite.values()) - min(finite.values()), detail
+                return max(finite), slopes
+            return max(finite) - min(finite), slopes
         return read
 
     def sample_stat(self, field, stat):
@@ -306,6 +307,10 @@ class RunState:
         self.samples: list = []
         self._moments: dict[str, _Moments | None] = {}
         self._group_cache: dict[str, tuple] = {}
+        self._tags_seen: dict = {}
+        self._tags_obj: dict | None = None
+        self.newest = -1                # the newest step of any rank (limits, relaunch)
+        self.cross_rank = False         # a rule compares ranks: buffer their values per step
 
     # -- compiled rules ------------------------------------------------------------------------
     def bind(self, rules: RunRules | None = None) -> None:
@@ -333,20 +338,27 @@ class RunState:
     def apply(self, event, now: float) -> list[Alert]:
         """Take one validated event through the run; the alerts whose state changed.
         Raises EventError for an event over the limits (see the module doc)."""
-        ts = event.ts if event.ts is not None else now
-        if not now - MAX_TS_AGE <= ts <= now + MAX_TS_AHEAD:
+        ts = event.ts
+        if ts is None or not now - MAX_TS_AGE <= ts <= now + MAX_TS_AHEAD:
+            if ts is not None:
+                self.ts_replaced += 1
             ts = now
-            self.ts_replaced += 1
-        rank, step = event.rank, event.step
+        rank, step, kind = event.rank, event.step, event.kind
         if rank >= MAX_RANKS:
             raise EventError(f"rank {rank} is over the limit of {MAX_RANKS} ranks per run")
         out: list[Alert] = []
-        reason = self._relaunched(event, ts)
-        if reason:
-            out += self._close_open(step, ts, reason)
-            self.reset(event.incarnation)
-        else:
-            gen = event.tags.get("generation") if event.tags else None
+        tags = event.tags
+        inc = event.incarnation
+        if (inc is not None and inc != self.incarnation) or (
+                rank == 0 and kind == "step" and step < self.newest - RELAUNCH_STEPS_BACK):
+            reason = self._relaunched(event, ts)
+            if reason:
+                out += self._close_open(step, ts, reason)
+                self.reset(event.incarnation)
+            elif self.incarnation is None:
+                self.incarnation = inc
+        if tags:
+            gen = tags.get("generation")
             if gen is not None and gen.isdigit() and int(gen) > self.generation:
                 out += self._close_open(step, ts, "the run rolled back to a checkpoint")
                 self.generation = int(gen)
@@ -354,35 +366,38 @@ class RunState:
                 self.last_other.clear()
                 self.pending.clear()
                 self.alerts.clear()
-        newest = max(self.last_step.values(), default=None)
-        if newest is not None and step - newest > MAX_STEP_JUMP:
+                self.newest = -1
+            if tags is not self._tags_obj:
+                self._take_tags(tags)
+        if self.newest >= 0 and step - self.newest > MAX_STEP_JUMP:
             raise EventError(f"step {step} is more than {MAX_STEP_JUMP} steps ahead of the "
-                             f"run's newest step {newest}")
-        if self.incarnation is None and event.incarnation:
-            self.incarnation = event.incarnation
+                             f"run's newest step {self.newest}")
         self.now = ts
         self.events += 1
         self.last_seen[rank] = ts
-        self.last_event_ts = ts if self.last_event_ts != self.last_event_ts else max(self.last_event_ts, ts)
-        if event.tags:
-            self._take_tags(event.tags)
-        kind = event.kind
+        if not ts <= self.last_event_ts:     # (NaN before the first event)
+            self.last_event_ts = ts
+        if kind == "step":
+            last = self.last_step.get(rank)
+            if last is not None and step <= last:
+                self.duplicates += 1
+                return out   # duplicate or out-of-order: already counted, never re-evaluated
+            self.last_step[rank] = step
+            if step > self.newest:
+                self.newest = step
+            return out + self._step(event, ts) if out else self._step(event, ts)
         if kind == "checkpoint":
-            self.checkpoints.append((step, event.path))
-            self.checkpoints.sort()
-            del self.checkpoints[:-MAX_CHECKPOINTS]
+            self.add_checkpoint(step, event.path)
             return out
         if kind == "heartbeat":
             return out
-        book = self.last_step if kind == "step" else self.last_other.setdefault(kind, {})
+        book = self.last_other.setdefault(kind, {})
         last = book.get(rank)
         if last is not None and step <= last:
             self.duplicates += 1
-            return out   # duplicate or out-of-order: already counted, never re-evaluated
+            return out
         book[rank] = step
-        if kind == "samples":
-            return out + self._samples(event, ts)
-        return out + self._step(event, ts)
+        return out + self._samples(event, ts)
 
     def _relaunched(self, event, ts: float) -> str | None:
         inc = event.incarnation
@@ -398,6 +413,7 @@ class RunState:
         """Start the run afresh (a relaunch): steps, windows, baselines and alerts go."""
         self.incarnation = incarnation
         self.generation = 0
+        self.newest = -1
         self.last_step.clear()
         self.last_other.clear()
         self.pending.clear()
@@ -416,30 +432,36 @@ class RunState:
         program = self.programs.get(rank) or self.program(rank)
         self.metrics = metrics
         out: list[Alert] = []
-        if rank == 0 or program.rules:
-            self.banks[rank].update(step, metrics)
+        bank = self.banks[rank]
+        if bank.by_metric:
+            bank.update(step, metrics)
         if rank == 0:
-            self.dists, self.groups_step = event.dists, event.groups
+            dists, groups = event.dists, event.groups
+            self.dists, self.groups_step = dists, groups
             self._moments = {}
             self._remember(metrics)
-            if event.dists or event.groups:
+            if dists or groups:
                 self._update_dists(event)
-        names = metrics.keys()
-        if rank == 0 and (event.dists or event.groups):
-            names = list(names) + list(event.dists) + list(event.groups)
-        rules = program.step_rules(names)
+                rules = program.step_rules([*metrics, *dists, *groups])
+            else:
+                rules = program.step_rules(metrics)
+            shown = None
+        else:
+            rules = program.every_step if not program.by_input else program.step_rules(metrics)
+            shown = rank
         if rules:
             out = evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
-                           rank=None if rank == 0 else rank,
-                           checkpoint_before=self.checkpoint_before)
-        if self.rank_metrics and (event.world_size or self.world_size) > 1:
+                           rank=shown, checkpoint_before=self.checkpoint_before)
+        if self.cross_rank and (event.world_size or self.world_size) > 1:
             for done in self._take_rank_values(event):
                 self.rank_step = self.pending.pop(done, {})
                 out += evaluate(self.run_id, self.programs[0].by_trigger.get("ranks", ()),
                                 self.rules.targets, self.alerts, step=done, ts=ts, rank=None,
                                 checkpoint_before=self.checkpoint_before)
             self.rank_step = {}
-        self.metrics, self.dists, self.groups_step = {}, {}, {}
+        self.metrics = {}
+        if rank == 0:
+            self.dists, self.groups_step = {}, {}
         return out
 
     def _samples(self, event, ts: float) -> list[Alert]:
@@ -479,6 +501,10 @@ class RunState:
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def _take_tags(self, tags: dict[str, str]) -> None:
+        self._tags_obj = tags
+        if tags == self._tags_seen:
+            return   # the same tags as the last event: nothing new
+        self._tags_seen = dict(tags)
         changed = False
         for k, v in tags.items():
             if k.startswith(TARGET_TAG_PREFIX):
@@ -524,7 +550,7 @@ class RunState:
         if self.world_size <= 1:
             return []
         m = event.metrics
-        entry = {"m": {k: m[k] for k in self.rank_metrics if k in m}, "h": dict(event.hashes)}
+        entry = {"m": {k: m[k] for k in self.rank_metrics if k in m}, "h": event.hashes}
         ranks = self.pending.setdefault(event.step, {})
         ranks[event.rank] = entry
         done = [event.step] if len(ranks) >= self.world_size else []
@@ -721,6 +747,7 @@ class RunState:
         rs.alerts = {k: AlertState.from_state(v) for k, v in state.get("alerts", {}).items()}
         rs.checkpoints = [tuple(c) for c in state.get("checkpoints", [])]
         rs.last_step = {int(k): v for k, v in state.get("last_step", {}).items()}
+        rs.newest = max(rs.last_step.values(), default=-1)
         rs.last_other = {kind: {int(r): s for r, s in d.items()}
                          for kind, d in state.get("last_other", {}).items()}
         rs.last_seen = {int(k): v for k, v in state.get("last_seen", {}).items()}

@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
+from itertools import islice
+from operator import mul, sub
 from typing import Any, Callable
 
 __all__ = ["Bank", "Track", "Window", "median_of"]
@@ -91,37 +93,41 @@ class Track:
         self.last_step, self.cur = step, x
         if x - x != 0.0:       # NaN or infinite: shown to the rules, kept out of the statistics
             return
-        gap = 1 if self.prev_step is None else max(1, step - self.prev_step)
+        prev = self.prev_step
+        gap = 1 if prev is None or step - prev <= 1 else step - prev
         self.prev_step = step
         if self.first_step is None:
             self.first_step = step
         self.n += 1
-        for span in self.ema_spans:
-            e = self.emas.get(span)
-            if e is None:
-                e = self.emas[span] = [0.0, 0.0]
-            decay = (1.0 - 2.0 / (span + 1.0)) ** gap
-            e[0] = decay * e[0] + (1.0 - decay) * x
-            e[1] = decay * e[1] + (1.0 - decay)
-        if self.smooth:
-            decay = (1.0 - self.alpha) ** gap
+        if self.ema_spans:
+            for span in self.ema_spans:
+                e = self.emas.get(span)
+                if e is None:
+                    e = self.emas[span] = [0.0, 0.0]
+                decay = (1.0 - 2.0 / (span + 1.0)) ** gap
+                e[0] = decay * e[0] + (1.0 - decay) * x
+                e[1] = decay * e[1] + (1.0 - decay)
+        if self.alpha:
+            decay = 1.0 - self.alpha if gap == 1 else (1.0 - self.alpha) ** gap
             self.num = decay * self.num + (1.0 - decay) * x
             self.den = decay * self.den + (1.0 - decay)
             x = self.num / self.den
-        for window, pts in self.baselines.items():
-            if len(pts) != 1 or not isinstance(pts[0], tuple):
-                if step < self.first_step + window or len(pts) < BASELINE_POINTS:
-                    pts.append(x)
-                else:   # frozen: the median of the run's first points
-                    pts[:] = [(median_of(sorted(pts)),)]
-        steps, values = self.steps, self.values
+        if self.baselines:
+            for window, pts in self.baselines.items():
+                if len(pts) != 1 or not isinstance(pts[0], tuple):
+                    if step < self.first_step + window or len(pts) < BASELINE_POINTS:
+                        pts.append(x)
+                    else:   # frozen: the median of the run's first points
+                        pts[:] = [(median_of(sorted(pts)),)]
+        steps = self.steps
         steps.append(step)
-        values.append(x)
+        self.values.append(x)
         self.total += 1
-        edge = step - self.keep_steps
-        while len(steps) > self.keep_points and steps[0] <= edge:
-            steps.popleft()
-            values.popleft()
+        if len(steps) > self.keep_points and steps[0] <= step - self.keep_steps:
+            edge, values, keep = step - self.keep_steps, self.values, self.keep_points
+            while len(steps) > keep and steps[0] <= edge:
+                steps.popleft()
+                values.popleft()
 
     def ema(self, span: int) -> float:
         e = self.emas.get(span)
@@ -164,7 +170,8 @@ class Window:
     """The points of the last ``steps`` steps of a track (at least ``points`` of them)."""
 
     __slots__ = ("track", "steps_w", "points", "st", "xs", "synced", "sorted", "mk", "s",
-                 "tv", "tp", "cache_at", "cache")
+                 "tv", "tp", "cache_at", "cache", "sums", "c", "t0", "s1", "s2", "st1", "stt",
+                 "std")
 
     def __init__(self, track: Track, steps: int, points: int):
         self.track, self.steps_w, self.points = track, steps, points
@@ -176,6 +183,15 @@ class Window:
         self.s = self.tv = self.tp = 0      # Mann-Kendall S and tie sums
         self.cache_at = -1
         self.cache: dict = {}
+        # running sums of d = x - c and t = step - t0 (shifted: no cancellation), when needed
+        self.sums = False
+        self.c = self.s1 = self.s2 = self.std = 0.0
+        self.t0 = self.st1 = self.stt = 0
+
+    def need_sums(self) -> None:
+        if not self.sums:
+            self.sums = True
+            self.synced = 0
 
     def need_sorted(self) -> None:
         if self.sorted is None:
@@ -203,14 +219,36 @@ class Window:
         for i in range(len(steps) - pending, len(steps)):
             self._add(steps[i], values[i])
         self.synced = trk.total
+        if self.sums and (pending > 1 or trk.total % 128 == 0):
+            self._resum()   # from scratch now and then: rounding never builds up
         return self
+
+    def _resum(self) -> None:
+        st, xs = self.st, self.xs
+        if not xs:
+            self.s1 = self.s2 = self.std = 0.0
+            self.st1 = self.stt = 0
+            return
+        self.c, self.t0 = xs[0], st[0]
+        d = [x - self.c for x in xs]
+        t = [s - self.t0 for s in st]
+        self.s1, self.s2 = sum(d), sum(map(mul, d, d))
+        self.st1, self.stt, self.std = sum(t), sum(map(mul, t, t)), sum(map(mul, t, d))
 
     def _add(self, step: int, x: float) -> None:
         st, xs, srt = self.st, self.xs, self.sorted
         edge = step - self.steps_w
+        sums = self.sums
         while len(st) >= self.points and st and st[0] <= edge:
-            st.popleft()
+            ot = st.popleft()
             old = xs.popleft()
+            if sums:
+                d, t = old - self.c, ot - self.t0
+                self.s1 -= d
+                self.s2 -= d * d
+                self.st1 -= t
+                self.stt -= t * t
+                self.std -= t * d
             if srt is not None:
                 lo = bisect_left(srt, old)
                 del srt[lo]
@@ -231,6 +269,17 @@ class Window:
                 srt.insert(hi, x)
             else:
                 insort(srt, x)
+        if sums:
+            if not st:
+                self.c, self.t0 = x, step
+                self.s1 = self.s2 = self.std = 0.0
+                self.st1 = self.stt = 0
+            d, t = x - self.c, step - self.t0
+            self.s1 += d
+            self.s2 += d * d
+            self.st1 += t
+            self.stt += t * t
+            self.std += t * d
         st.append(step)
         xs.append(x)
 
@@ -251,14 +300,16 @@ class Window:
         return at(h) if n % 2 else 0.5 * (at(h - 1) + at(h))
 
     def mean_std(self, skip_last: bool = False) -> tuple[float, float]:
-        xs = list(self.xs)
+        """Mean and sample std of the window (without its newest point: ``skip_last``)."""
+        n = len(self.xs)
+        s1, s2 = self.s1, self.s2
         if skip_last:
-            xs.pop()
-        n = len(xs)
+            d = self.xs[-1] - self.c
+            n, s1, s2 = n - 1, s1 - d, s2 - d * d
         if n < 2:
-            return (xs[0] if xs else NAN), NAN
-        m = math.fsum(xs) / n
-        return m, math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (n - 1))
+            return (self.c + s1 if n == 1 else NAN), NAN
+        var = (s2 - s1 * s1 / n) / (n - 1)
+        return self.c + s1 / n, math.sqrt(var) if var > 0 else 0.0
 
     def trend_z(self) -> float:
         n = len(self.xs)
@@ -282,17 +333,13 @@ class Window:
 
     def slope(self) -> float:
         """Least-squares slope per step."""
-        st, xs = self.st, self.xs
-        n = len(xs)
+        n = len(self.xs)
         if n < 2:
             return NAN
-        t0 = st[0]
-        tm = math.fsum(s - t0 for s in st) / n
-        xm = math.fsum(xs) / n
-        var = math.fsum((s - t0 - tm) ** 2 for s in st)
-        if var == 0:
+        var = self.stt - self.st1 * self.st1 / n
+        if var <= 0:
             return NAN
-        return math.fsum((s - t0 - tm) * (x - xm) for s, x in zip(st, xs)) / var
+        return (self.std - self.st1 * self.s1 / n) / var
 
 
 def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
@@ -363,7 +410,7 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
     if sig == "flat_range":
         def f():
             srt = sync().sorted
-            m = math.fsum(srt) / len(srt)
+            m = win.mean_std()[0]
             return (srt[-1] - srt[0]) / abs(m) if m else NAN
         return f
     if sig == "rel_trend":
@@ -385,27 +432,40 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
             return _ratio(median_of(sorted(v[-k:])), median_of(sorted(v[:k]))) - 1.0
         return f
     if sig in ("sign_flip_rate", "diff_ratio"):
-        def f():
-            v = list(sync().xs)
+        def both() -> tuple[float, float]:
+            """(sign flip rate, diff ratio), once per new point."""
+            sync()
+            hit = win.cache.get("flip")
+            if hit is not None and hit[0] == trk.total:
+                return hit[1]
+            v = win.xs
             n = len(v)
-            d = [b - a for a, b in zip(v, v[1:])]
+            d = list(map(sub, islice(v, 1, None), v))
             if len(d) < 2:
-                return NAN
-            if sig == "sign_flip_rate":
-                pairs = [a * b for a, b in zip(d, d[1:]) if a and b]
-                return sum(1 for p in pairs if p < 0) / len(pairs) if pairs else NAN
-            # population std of the changes over that of the values (about 1.4 for noise, up
-            # to 2 for a pure oscillation, near 0 for a smooth trend)
-            m = math.fsum(v) / n
-            sx = math.sqrt(math.fsum((x - m) ** 2 for x in v) / n)
-            dm = math.fsum(d) / len(d)
-            sd = math.sqrt(math.fsum((x - dm) ** 2 for x in d) / len(d))
-            scale = max(abs(x) for x in v)
-            return sd / (sx + 1e-12 * scale) if scale > 0 else 0.0
-        return f
+                out = (NAN, NAN)
+            else:
+                pairs = list(filter(None, map(mul, d, islice(d, 1, None))))
+                flips = sum(1 for p in pairs if p < 0) / len(pairs) if pairs else NAN
+                # population std of the changes over that of the values (about 1.4 for noise,
+                # up to 2 for a pure oscillation, near 0 for a smooth trend)
+                c = v[0]
+                x = [a - c for a in v]
+                s1 = sum(x)
+                sx = math.sqrt(max(0.0, sum(map(mul, x, x)) / n - (s1 / n) ** 2))
+                m = len(d)
+                sd1 = sum(d)
+                sd = math.sqrt(max(0.0, sum(map(mul, d, d)) / m - (sd1 / m) ** 2))
+                scale = max(map(abs, v))
+                out = (flips, sd / (sx + 1e-12 * scale) if scale > 0 else 0.0)
+            win.cache["flip"] = (trk.total, out)
+            return out
+        if sig == "sign_flip_rate":
+            return lambda: both()[0]
+        return lambda: both()[1]
     if sig == "autocorr":
         def f():
-            if win.cache_at == trk.total:
+            # the dominant period of a long window moves slowly: recomputed every window/20 points
+            if 0 <= trk.total - win.cache_at < max(1, window // 20):
                 return win.cache.get("ac", NAN)
             win.cache_at = trk.total
             win.cache["ac"] = out = _autocorr(list(sync().xs))
@@ -494,6 +554,8 @@ class Bank:
             trk.need(1, 2)
         else:
             win = self.window(trk, window, min_points)
+            if signal in ("mean", "std", "zscore", "slope", "rel_trend", "flat_range"):
+                win.need_sums()
             if signal in ("trend_z", "trend_tau"):
                 win.need_mk()
             elif signal in ("median", "min", "max", "ratio_to_median", "robust_z", "rel_drop",

@@ -23,8 +23,8 @@ import math
 from collections import OrderedDict, deque
 from typing import Any
 
-from rlwatch.alert import Alert
-from rlwatch.events import SamplesEvent, StepEvent
+from contract.alert import Alert
+from contract.events import SamplesEvent, StepEvent
 
 __all__ = ["SnapshotRecorder", "attach_snapshot", "build_snapshot"]
 
@@ -53,7 +53,7 @@ class _RunTape:
 class SnapshotRecorder:
     """Recent history per run, bounded in steps, sample batches and runs (least recent first out).
 
-    >>> from rlwatch.events import parse_event
+    >>> from contract.events import parse_event
     >>> r = SnapshotRecorder(steps=4)
     >>> for s in range(6):
     ...     r.observe(parse_event({"schema": 1, "kind": "step", "run_id": "a", "step": s,
