@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from typing import Any, Callable, Mapping
 
 from producers.control import CommandInbox, ControlListener, TrainingStopped
@@ -46,7 +47,8 @@ class Monitor:
 
     Settings come from arguments, else the environment: ``RLWATCH_KAFKA`` (bootstrap servers,
     default ``localhost:9092``), ``RLWATCH_REDIS`` (default ``redis://localhost:6379/0``),
-    ``RLWATCH_CONTROL_SECRET`` (HMAC key commands must be signed with), ``RANK``/``WORLD_SIZE``.
+    ``RLWATCH_CONTROL_SECRET`` (HMAC key commands must be signed with), ``RANK``/``WORLD_SIZE``,
+    ``RLWATCH_INCARNATION`` (the id of this start of the program; default: a fresh random one).
     Pass ``kafka=False`` or ``redis=False`` to switch a side off, or a ``transport`` and an
     ``inbox`` of your own (the embedded demo runs both in process).
     """
@@ -61,11 +63,13 @@ class Monitor:
                  on_rollback: Callable[[dict[str, Any], Command], None] | None = None,
                  on_snapshot: Callable[[Command], None] | None = None,
                  pause_timeout: float | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, incarnation: str | None = None):
         if not run_id or any(c.isspace() for c in run_id):
             raise ValueError(f"run_id must be a non-empty string without spaces, got {run_id!r}")
         env_rank, env_world = _env_rank()
         self.run_id = run_id
+        # a fresh id per start of the program: the monitor watches a relaunched run afresh
+        self.incarnation = incarnation or os.environ.get("RLWATCH_INCARNATION") or uuid.uuid4().hex[:16]
         self.rank = env_rank if rank is None else rank
         self.world_size = world_size if world_size is not None else env_world
         self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
@@ -105,7 +109,7 @@ class Monitor:
     # -- publishing -----------------------------------------------------------------------------
     def _envelope(self, kind: str, step: int) -> dict:
         ev = {"schema": 1, "kind": kind, "run_id": self.run_id, "rank": self.rank, "step": step,
-              "ts": self.clock()}
+              "ts": self.clock(), "incarnation": self.incarnation}
         if self.world_size is not None:
             ev["world_size"] = self.world_size
         if self.tags:

@@ -221,10 +221,15 @@ def cmd_rules(args) -> int:
         for r in pack.rules:
             tiers = "/".join(t.severity for t in r.tiers)
             print(f"{r.id:28s} {tiers:22s} {r.title}")
+            if getattr(args, "params", False):   # every threshold a run can override
+                for name, value in r.params.items():
+                    print(f"    {name} = {value:g}")
         print(f"{len(pack.rules)} rules in pack '{pack.pack}'", file=sys.stderr)
         return 0
     if args.rules_cmd == "check":
         from rules.engine import RuleEngine
+
+        from rules.loader import pack_warnings
 
         status = 0
         for f in args.files:
@@ -234,6 +239,8 @@ def cmd_rules(args) -> int:
                 print(exc, file=sys.stderr)
                 status = 1
                 continue
+            for w in pack_warnings(pack):
+                print(w, file=sys.stderr)
             missing = RuleEngine(pack).undefined_targets()
             note = f"; targets without a default (set them per run): {', '.join(missing)}" if missing else ""
             print(f"{f}: OK, {len(pack.rules)} rules{note}")
@@ -584,6 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("files", nargs="+")
     li = rsub.add_parser("list")
     li.add_argument("--rules")
+    li.add_argument("--params", action="store_true", help="show each rule's parameters and defaults")
     from rlwatch.backtest_cli import add_backtest_parser, add_tune_parser
 
     add_tune_parser(rsub)                   # rules tune DIR
