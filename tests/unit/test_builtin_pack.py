@@ -41,8 +41,9 @@ EXPECTED = {
 
 def _run(fault: str, steps: int, algo: str = "ppo", seed: int = 3):
     world = 4 if fault in ("rank_outlier", "param_hash_mismatch") else 1
+    # magnitude=1.0: the strongest size of each fault's range (None would draw it by the seed)
     cfg = SimConfig(run_id=f"sim-{fault}", fault=fault, onset=ONSET, seed=seed,
-                    algo=effective_algo(algo, fault), world_size=world)
+                    algo=effective_algo(algo, fault), world_size=world, magnitude=1.0)
     pipeline = Pipeline(PACK)
     fired, last_ts = [], 0.0
     for raw in simulate(cfg, steps):

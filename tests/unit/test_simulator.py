@@ -1,9 +1,11 @@
-"""Tests of the metric simulator (producers/simulator.py)."""
+"""Tests of the metric simulator (producers/sim/, re-exported by producers/simulator.py)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -18,24 +20,24 @@ except ImportError:  # running plain `pytest` without the package installed
 
 from producers.simulator import (  # noqa: E402
     FAULT_ALGOS,
+    FAULT_DESCRIPTIONS,
     FAULTS,
+    HEALTHY_FEATURES,
+    Range,
     SimConfig,
     Simulator,
     effective_algo,
     simulate,
 )
 from contract.events import parse_event  # noqa: E402
+from tests.support.paths import FAILURE_MODES  # noqa: E402
 
-CATALOG_IDS = (
-    "kl_above_target", "kl_rising", "kl_zero", "token_kl_spike", "tool_words", "entropy_collapse",
-    "reward_spike", "reward_oscillation", "reward_periodic", "reward_collapse",
-    "reward_degradation", "reward_shape", "length_hacking", "truncation_rising", "length_shape",
-    "reward_length_corr", "reward_quality_divergence", "value_loss_divergence", "nan_inf",
-    "value_shift", "clip_frac_high", "clip_frac_low", "aggressive_update", "kl_cycle_delta",
-    "grad_norm_anomaly", "update_ratio", "rank_outlier", "param_hash_mismatch",
-    "category_imbalance", "prompt_extreme_reward", "stagnation", "gpu_memory_spike",
-    "run_stalled", "rm_overfit", "dpo_saturation", "grpo_zero_variance", "degenerate_text",
-)
+def _catalog_ids():
+    """The ids of the rule catalog (failure-modes.md), in its order."""
+    return re.findall(r"^\| `([a-z_0-9]+)` \|", FAILURE_MODES.read_text(), re.M)
+
+
+CATALOG_IDS = _catalog_ids()
 
 PPO_METRICS = (
     "reward/mean", "reward/std", "kl/mean", "kl/token_max", "kl/token_p99", "kl/beta", "kl/ppo",
@@ -64,7 +66,7 @@ _CACHE: dict = {}
 
 
 def _run(fault, steps, **kw):
-    key = (fault, steps, tuple(sorted(kw.items())))
+    key = (fault, steps, json.dumps(kw, sort_keys=True))
     if key not in _CACHE:
         cfg = SimConfig(run_id=f"t-{fault}", fault=fault, **kw)
         _CACHE[key] = list(simulate(cfg, steps))
@@ -75,27 +77,85 @@ def _run(fault, steps, **kw):
 # API surface
 
 
-def test_fault_names_cover_the_catalog():
-    assert FAULTS[0] == "healthy"
-    assert len(set(FAULTS)) == len(FAULTS)
-    for fid in CATALOG_IDS:
-        assert fid in FAULTS, fid
-    assert set(FAULT_ALGOS) == set(FAULTS)
-    for fault in FAULTS:
-        assert FAULT_ALGOS[fault], fault
-        assert effective_algo("ppo", fault) in FAULT_ALGOS[fault]
+def test_fault_table_covers_the_catalog():
+    assert len(CATALOG_IDS) >= 42   # the catalog was read
+    assert list(FAULTS)[0] == "healthy"
+    assert set(FAULTS) == {"healthy", *CATALOG_IDS}
+    assert set(FAULT_ALGOS) == set(FAULTS) == set(FAULT_DESCRIPTIONS)
+    for fid, row in FAULTS.items():
+        assert row.id == fid
+        assert row.algos and set(row.algos) <= {"ppo", "grpo", "dpo"}, fid
+        assert row.clock in ("steps", "lr", "critic", "kl"), fid
+        assert row.magnitude is None or isinstance(row.magnitude, Range), fid
+        assert 0 <= row.onset[0] <= row.onset[1], fid
+        assert FAULT_DESCRIPTIONS[fid], fid
+        assert effective_algo("ppo", fid) in FAULT_ALGOS[fid]
+    # all-or-nothing faults are few and named
+    assert {f for f, r in FAULTS.items() if r.magnitude is None} == {
+        "healthy", "kl_zero", "param_hash_mismatch", "run_stalled", "dead_reward"}
 
 
 def test_algo_fallbacks():
     assert Simulator(SimConfig("a", fault="grpo_zero_variance")).algo == "grpo"
     assert Simulator(SimConfig("a", fault="dpo_saturation")).algo == "dpo"
+    assert Simulator(SimConfig("a", fault="dpo_chosen_decline")).algo == "dpo"
+    assert Simulator(SimConfig("a", fault="dead_reward")).algo == "grpo"
     assert Simulator(SimConfig("a", algo="grpo", fault="value_shift")).algo == "ppo"
     assert Simulator(SimConfig("a", algo="grpo", fault="kl_above_target")).algo == "grpo"
-    assert Simulator(SimConfig("a", fault="rank_outlier")).world_size >= 2
-    with pytest.raises(ValueError):
-        Simulator(SimConfig("a", fault="no_such_fault"))
-    with pytest.raises(ValueError):
-        Simulator(SimConfig("a", algo="a2c"))
+    assert Simulator(SimConfig("a", algo="dpo", fault="entropy_blowup")).algo == "ppo"
+    assert Simulator(SimConfig("a", fault="rank_outlier")).world_size >= 3
+    for bad in (dict(fault="no_such_fault"), dict(algo="a2c"), dict(log_every=0),
+                dict(magnitude=1.5), dict(magnitude=-0.1), dict(healthy_variant="sunny"),
+                dict(onset=-1)):
+        with pytest.raises(ValueError):
+            Simulator(SimConfig("a", **bad))
+
+
+def test_onset_and_magnitude_are_drawn_by_the_seed():
+    sims = [Simulator(SimConfig(f"run-{seed}", fault="kl_rising", seed=seed)) for seed in range(40)]
+    lo, hi = FAULTS["kl_rising"].onset
+    onsets = [s.onset for s in sims]
+    mags = [s.magnitude for s in sims]
+    assert all(lo <= o <= hi for o in onsets) and len(set(onsets)) > 20
+    assert all(0.0 <= q <= 1.0 for q in mags) and min(mags) < 0.2 and max(mags) > 0.8
+    rng = FAULTS["kl_rising"].magnitude
+    for s in sims:
+        assert s.size == pytest.approx(rng.at(s.magnitude))
+        assert min(rng.mild, rng.strong) <= s.size <= max(rng.mild, rng.strong)
+    # the draw depends on the seed and the fault, not on the run id
+    again = Simulator(SimConfig("another-name", fault="kl_rising", seed=7))
+    assert (again.onset, again.magnitude) == (sims[7].onset, sims[7].magnitude)
+    # explicit values win; the ends of the range are its mildest and strongest sizes
+    s0 = Simulator(SimConfig("a", fault="entropy_collapse", onset=123, magnitude=0.0))
+    s1 = Simulator(SimConfig("a", fault="entropy_collapse", magnitude=1.0))
+    assert s0.onset == 123
+    assert (s0.size, s1.size) == (FAULTS["entropy_collapse"].magnitude.mild,
+                                  FAULTS["entropy_collapse"].magnitude.strong)
+    t = s0.truth()
+    assert t["fault"] == "entropy_collapse" and t["onset"] == 123 and t["magnitude"] == 0.0
+    assert t["size_unit"] == FAULTS["entropy_collapse"].magnitude.what
+    # an all-or-nothing fault has no magnitude; dead_reward starts with the run by default
+    dead = Simulator(SimConfig("a", fault="dead_reward", seed=5))
+    assert dead.magnitude is None and dead.size is None and dead.onset == 0
+
+
+def test_log_range_interpolates_geometrically():
+    r = Range("x", 0.1, 0.001, log=True)
+    assert r.at(0.0) == pytest.approx(0.1) and r.at(1.0) == pytest.approx(0.001)
+    assert r.at(0.5) == pytest.approx(0.01)
+    assert Range("y", 140.0, 40.0).at(0.5) == pytest.approx(90.0)
+
+
+def test_the_simulator_reads_no_clock():
+    root = Path(__file__).resolve().parents[2] / "producers" / "sim"
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not [n for n in names if n.split(".")[0] in ("time", "datetime")], path
 
 
 def test_determinism():
@@ -106,17 +166,21 @@ def test_determinism():
     assert a == b
     c = json.dumps(list(simulate(SimConfig(**{**cfg, "seed": 8}), 120)))
     assert a != c
+    # drawn onsets, magnitudes and healthy features are part of it
+    cfg_var = dict(run_id="det-var", fault="reward_crash", seed=4, healthy_variant="all")
+    assert json.dumps(list(simulate(SimConfig(**cfg_var), 300))) == json.dumps(
+        list(simulate(SimConfig(**cfg_var), 300)))
     # NaN runs are deterministic too (compare through JSON, where NaN == NaN)
     cfg_nan = dict(run_id="det-nan", fault="nan_inf", onset=30)
     assert json.dumps(list(simulate(SimConfig(**cfg_nan), 60))) == json.dumps(
         list(simulate(SimConfig(**cfg_nan), 60)))
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("fault", list(FAULTS))
 def test_every_fault_emits_valid_events(fault):
     onset = 30
     cfg = SimConfig(run_id=f"v-{fault}", fault=fault, onset=onset, world_size=2,
-                    samples_every=5, checkpoint_every=25)
+                    samples_every=5, checkpoint_every=25, healthy_variant="all")
     sim = Simulator(cfg)
     events = []
     for s in range(90):
@@ -154,7 +218,9 @@ def test_every_fault_emits_valid_events(fault):
         for k in CRITIC_METRICS:
             assert k not in r0["metrics"], k
     else:
-        assert "dpo/pref_prob" in r0["metrics"]
+        for k in ("dpo/pref_prob", "dpo/margin", "dpo/chosen_reward", "dpo/rejected_reward",
+                  "dpo/accuracy", "loss/policy", "grad_norm/actor", "lr/actor"):
+            assert k in r0["metrics"], k
     # hashes agree across ranks, except for the hash-mismatch fault after its onset
     by_step: dict[int, set] = {}
     for e in events:
@@ -345,32 +411,37 @@ KEY_FAULTS = {
 
 @pytest.mark.parametrize("fault", sorted(KEY_FAULTS))
 def test_key_fault_crosses_threshold_after_onset(fault):
+    """Even the mildest size crosses the catalog's threshold, the strongest no later."""
     detect, kw = KEY_FAULTS[fault]
-    ev = _run(fault, ONSET + 151, onset=ONSET, **kw)
-    hits = detect(ev)
-    assert not [t for t in hits if t < ONSET], f"{fault} fired before its onset"
-    first = _first(hits)
-    assert first is not None, f"{fault} never crossed its threshold"
-    assert first <= ONSET + 150
+    first = {}
+    for q in (0.0, 1.0):
+        ev = _run(fault, ONSET + 301, onset=ONSET, magnitude=q, **kw)
+        hits = detect(ev)
+        assert not [t for t in hits if t < ONSET], f"{fault} fired before its onset"
+        first[q] = _first(hits)
+        assert first[q] is not None, f"{fault} at magnitude {q} never crossed its threshold"
+    assert first[1.0] <= ONSET + 150
+    assert first[1.0] <= first[0.0] <= ONSET + 300
     # the healthy run does not cross the same threshold
-    healthy = _run("healthy", ONSET + 151, **kw)
+    healthy = _run("healthy", ONSET + 301, **kw)
     assert detect(healthy) == []
 
 
 def test_nan_at_onset():
-    ev = _run("nan_inf", ONSET + 151, onset=ONSET)
+    ev = _run("nan_inf", ONSET + 151, onset=ONSET, magnitude=0.0)
     assert _nonfinite(ev)[0] == ONSET
 
 
 def test_reward_collapse_mean_rises_while_std_collapses():
-    ev = _run("reward_collapse", ONSET + 151, onset=ONSET)
+    ev = _run("reward_collapse", ONSET + 151, onset=ONSET, magnitude=0.0)
     r = _series(ev, "reward/mean")
     assert r[ONSET + 100:ONSET + 150].mean() > r[ONSET - 50:ONSET].mean() + 0.3
 
 
 def test_value_loss_divergence_variants_say_whether_returns_are_abnormal():
-    normal = _run("value_loss_divergence", ONSET + 151, onset=ONSET)
+    normal = _run("value_loss_divergence", ONSET + 151, onset=ONSET, magnitude=0.0)
     abnormal = list(simulate(SimConfig("vl-data", fault="value_loss_divergence", onset=ONSET,
+                                       magnitude=0.0,
                                        fault_params={"returns_abnormal": True}), ONSET + 151))
     for ev, expect_abnormal in ((normal, False), (abnormal, True)):
         assert _value_loss_spike(ev)
@@ -388,7 +459,7 @@ def _samples(ev, lo, hi):
 
 
 def test_tool_words_and_degenerate_text():
-    ev = _run("tool_words", ONSET + 101, onset=ONSET)
+    ev = _run("tool_words", ONSET + 101, onset=ONSET, magnitude=1.0)
     before = [max(Counter(s["token_kl_argmax"] for s in e["samples"]).values())
               for e in _samples(ev, 0, ONSET)]
     after = [Counter(s["token_kl_argmax"] for s in e["samples"]).most_common(1)[0]
@@ -396,7 +467,7 @@ def test_tool_words_and_degenerate_text():
     assert max(before) <= 2
     assert all(tok == "Certainly" and n >= 5 for tok, n in after)
 
-    ev = _run("degenerate_text", ONSET + 101, onset=ONSET)
+    ev = _run("degenerate_text", ONSET + 101, onset=ONSET, magnitude=1.0)
 
     def repetition(text):
         w = text.split()
@@ -411,7 +482,7 @@ def test_tool_words_and_degenerate_text():
 
 
 def test_prompt_extreme_reward():
-    ev = _run("prompt_extreme_reward", ONSET + 101, onset=ONSET)
+    ev = _run("prompt_extreme_reward", ONSET + 101, onset=ONSET, magnitude=0.0)
     after = [s for e in _samples(ev, ONSET, ONSET + 101) for s in e["samples"]]
     pid, n = Counter(s["prompt_id"] for s in after).most_common(1)[0]
     assert n >= 5
@@ -435,7 +506,7 @@ def test_kl_cycle_delta_sawtooth():
                 out = max(out, m["kl/ppo"] - start)
         return out
 
-    ev = _run("kl_cycle_delta", ONSET + 101, onset=ONSET)
+    ev = _run("kl_cycle_delta", ONSET + 101, onset=ONSET, magnitude=0.0)
     assert max_cycle_delta(ev, 0, ONSET) < 0.02
     assert max_cycle_delta(ev, ONSET + 30, ONSET + 101) > 0.02
 
@@ -459,13 +530,13 @@ def test_run_stalled():
 
 
 def test_grpo_zero_variance_and_dpo_saturation():
-    ev = _run("grpo_zero_variance", ONSET + 101, onset=ONSET)
+    ev = _run("grpo_zero_variance", ONSET + 101, onset=ONSET, magnitude=1.0)
     fz = _series(ev, "reward/frac_zero_std")
     assert fz[:ONSET].max() < 0.5 and fz[ONSET + 60:].min() > 0.8
-    ev = _run("dpo_saturation", ONSET + 101, onset=ONSET)
+    ev = _run("dpo_saturation", ONSET + 101, onset=ONSET, magnitude=0.0)
     pp = _series(ev, "dpo/pref_prob")
     assert pp[:ONSET].max() < 0.99 and pp[ONSET + 80:].min() > 0.99
-    ev = _run("rm_overfit", ONSET + 151, onset=ONSET)
+    ev = _run("rm_overfit", ONSET + 151, onset=ONSET, magnitude=0.0)
     st = [e["metrics"] for e in _steps(ev)]
     both = [i for i, m in enumerate(st) if m["rm/train_acc"] > 0.95 and m["rm/val_acc"] < 0.70]
     assert both and min(both) >= ONSET and min(both) <= ONSET + 150
@@ -487,7 +558,7 @@ def _kl_after(sim, start, n, adjust=None):
 
 def test_adjust_beta_lowers_kl():
     def prefix():
-        sim = Simulator(SimConfig("adj", fault="kl_above_target", onset=100))
+        sim = Simulator(SimConfig("adj", fault="kl_above_target", onset=100, magnitude=0.45))
         _kl_after(sim, 0, 170)
         return sim
 
@@ -523,7 +594,7 @@ def test_adjust_lr_slows_learning_and_update_ratio():
 
 def test_rollback_resets_the_fault():
     sim = Simulator(SimConfig("rb", fault="kl_above_target", onset=100, checkpoint_every=50,
-                              fault_params={"redevelop_after": 150}))
+                              magnitude=0.45, fault_params={"redevelop_after": 150}))
     before = _kl_after(sim, 0, 200)
     assert before[190:].mean() > 0.15
     sim.rollback(100)
@@ -544,7 +615,7 @@ def test_rollback_resets_the_fault():
 
 
 def test_stagnation_freezes_reward_and_kl():
-    ev = _run("stagnation", 900, onset=200)
+    ev = _run("stagnation", 900, onset=200, magnitude=1.0)
     r = _series(ev, "reward/mean")
     k = _series(ev, "kl/mean")
     beta = _series(ev, "kl/beta")
@@ -552,3 +623,334 @@ def test_stagnation_freezes_reward_and_kl():
     assert abs(r[800:900].mean() - r[300:400].mean()) < 0.02 * abs(r[300:400].mean())
     assert abs(k[800:900].mean() - k[300:400].mean()) < 0.05 * k[300:400].mean()
     assert k[300:].mean() < 0.6 * k[100:200].mean()
+
+
+# ----------------------------------------------------------------------------------------------
+# magnitudes: the strongest size of every fault is stronger than the mildest, in the quantity
+# its catalog entry names (same seed and run id, so both runs share their noise)
+
+M_ONSET = 100
+
+
+def _mean(ev, name, lo, hi):
+    return float(np.nanmean(_series(ev, name)[lo:hi]))
+
+
+def _sample_list(ev, lo):
+    return [s for e in ev if e["kind"] == "samples" and e["step"] >= lo for s in e["samples"]]
+
+
+def _dists(ev, name, lo):
+    return [np.array(e["dists"][name], dtype=float) for e in _steps(ev)
+            if e["step"] >= lo and "dists" in e]
+
+
+def _share_above(ev, name, lo, level):
+    return float(np.mean(np.concatenate(_dists(ev, name, lo)) > level))
+
+
+def _spearman(a, b):
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def _repetition(text):
+    w = text.split()
+    tri = [tuple(w[i:i + 3]) for i in range(len(w) - 2)]
+    return 1 - len(set(tri)) / max(1, len(tri))
+
+
+def _rank_ratio(ev, lo):
+    bad = [e["metrics"]["grad_norm/actor"] for e in ev
+           if e["kind"] == "step" and e["rank"] == 3 and e["step"] >= lo]
+    good = [e["metrics"]["grad_norm/actor"] for e in ev
+            if e["kind"] == "step" and e["rank"] == 0 and e["step"] >= lo]
+    return float(np.mean(bad) / np.mean(good))
+
+
+def _cycle_delta(ev, lo):
+    kp, ep = _series(ev, "kl/ppo")[lo:], _series(ev, "ppo/epoch")[lo:]
+    return float(max(kp[i] - kp[i - int(ep[i])] for i in range(8, len(kp))))
+
+
+O = M_ONSET
+# fault -> (extra SimConfig arguments, measure of the trace: larger = stronger)
+MEASURES = {
+    "kl_above_target": ({}, lambda ev: _mean(ev, "kl/mean", O + 60, O + 120)),
+    "kl_rising": ({}, lambda ev: _mean(ev, "kl/mean", O + 60, O + 120)),
+    "token_kl_spike": ({}, lambda ev: _mean(ev, "kl/token_max", O + 80, O + 150)),
+    "tool_words": ({}, lambda ev: np.mean([s["token_kl_argmax"] == "Certainly"
+                                           for s in _sample_list(ev, O + 60)])),
+    "entropy_collapse": ({}, lambda ev: -_mean(ev, "entropy/mean", O + 60, O + 120)),
+    "reward_spike": ({}, lambda ev: _mean(ev, "reward/mean", O + 15, O + 40)),
+    "reward_oscillation": ({}, lambda ev: np.std(np.diff(
+        _series(ev, "reward/mean")[O + 50:O + 150]))),
+    "reward_periodic": ({}, lambda ev: np.std(_series(ev, "reward/mean")[O + 60:O + 160])),
+    "reward_collapse": ({}, lambda ev: -_mean(ev, "reward/std", O + 100, O + 150)),
+    "reward_degradation": ({}, lambda ev: -_mean(ev, "reward/mean", O + 120, O + 200)),
+    "reward_shape": ({}, lambda ev: _share_above(ev, "reward", O + 60, 3.0)),
+    "length_hacking": ({}, lambda ev: _mean(ev, "response/length_mean", O + 100, O + 150)),
+    "truncation_rising": ({}, lambda ev: _mean(ev, "response/truncated_frac", O + 100, O + 200)),
+    "length_shape": ({}, lambda ev: _share_above(ev, "response_length", O + 60, 600)),
+    "reward_length_corr": ({}, lambda ev: np.mean([
+        _spearman(r, n) for r, n in zip(_dists(ev, "reward", O + 80),
+                                        _dists(ev, "response_length", O + 80))])),
+    "reward_quality_divergence": ({}, lambda ev: -_mean(ev, "judge/score", O + 100, O + 200)),
+    "value_loss_divergence": ({}, lambda ev: math.log(_mean(ev, "loss/value", O + 40, O + 60))),
+    "nan_inf": ({"fault_params": {"where": "grad_norm"}}, lambda ev: float(np.sum(
+        ~np.isfinite(_series(ev, "grad_norm/actor"))))),
+    "value_shift": ({}, lambda ev: _mean(ev, "value/std", O + 60, O + 120)),
+    "clip_frac_high": ({}, lambda ev: _mean(ev, "ppo/clip_frac", O + 40, O + 100)),
+    "clip_frac_low": ({}, lambda ev: -_mean(ev, "ppo/clip_frac", O + 50, O + 150)),
+    "aggressive_update": ({}, lambda ev: _mean(ev, "ppo/clip_frac", O + 60, O + 120)),
+    "kl_cycle_delta": ({}, lambda ev: _cycle_delta(ev, O + 30)),
+    "grad_norm_anomaly": ({}, lambda ev: math.log(np.median(
+        _series(ev, "grad_norm/actor")[O + 40:O + 60]))),
+    "update_ratio": ({}, lambda ev: _mean(ev, "update_ratio/actor", O + 60, O + 120)),
+    "rank_outlier": ({"world_size": 4}, lambda ev: _rank_ratio(ev, O + 40)),
+    "category_imbalance": ({}, lambda ev: np.mean([
+        e["groups"]["reward/mean"]["creative"] - e["groups"]["reward/mean"]["safety"]
+        for e in _steps(ev)[O + 100:]])),
+    "prompt_extreme_reward": ({}, lambda ev: max(s["reward"] for s in _sample_list(ev, O))),
+    "stagnation": ({}, lambda ev: _mean(ev, "kl/beta", O + 50, O + 100)),
+    "gpu_memory_spike": ({}, lambda ev: _mean(ev, "gpu/mem_allocated_gb", O + 60, O + 100)),
+    "rm_overfit": ({}, lambda ev: -_mean(ev, "rm/val_acc", O + 80, O + 150)),
+    "dpo_saturation": ({}, lambda ev: _mean(ev, "dpo/margin", O + 80, O + 150)),
+    "grpo_zero_variance": ({}, lambda ev: _mean(ev, "reward/frac_zero_std", O + 60, O + 150)),
+    "degenerate_text": ({}, lambda ev: np.mean([_repetition(s["response"])
+                                                for s in _sample_list(ev, O + 60)])),
+    "entropy_blowup": ({}, lambda ev: _mean(ev, "entropy/mean", O + 40, O + 60)),
+    "reward_crash": ({}, lambda ev: -_mean(ev, "reward/mean", O + 10, O + 100)),
+    "dpo_chosen_decline": ({}, lambda ev: -_mean(ev, "dpo/chosen_reward", O + 100, O + 150)),
+    "proxy_divergence": ({}, lambda ev: _mean(ev, "reward/mean", O + 100, O + 200)),
+}
+
+
+def test_every_fault_with_a_range_has_a_measure():
+    assert set(MEASURES) == {f for f, row in FAULTS.items() if row.magnitude is not None}
+
+
+@pytest.mark.parametrize("fault", sorted(MEASURES))
+def test_magnitude_one_is_stronger_than_zero(fault):
+    kw, measure = MEASURES[fault]
+    mild = measure(_run(fault, O + 201, onset=O, magnitude=0.0, **kw))
+    strong = measure(_run(fault, O + 201, onset=O, magnitude=1.0, **kw))
+    assert strong > mild, (fault, mild, strong)
+    # the mildest is still a fault (where a healthy run has the quantity at all)
+    if fault != "rm_overfit":
+        healthy = measure(_run("healthy", O + 201, algo=effective_algo("ppo", fault), **kw))
+        assert mild > healthy, (fault, healthy, mild)
+
+
+# ----------------------------------------------------------------------------------------------
+# the new catalog entries, at their mildest
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_entropy_blowup_rises_several_fold_while_the_reward_crashes(algo):
+    ev = _run("entropy_blowup", ONSET + 101, onset=ONSET, algo=algo, magnitude=0.0)
+    ent, r = _series(ev, "entropy/mean"), _series(ev, "reward/mean")
+    before = ent[ONSET - 50:ONSET].mean()
+    assert ent[:ONSET].max() < 1.3 * before
+    assert ent[ONSET + 40] > 2.5 * before       # several-fold within a few dozen steps
+    floor = 0.0 if algo == "grpo" else -0.5
+    r_before = r[ONSET - 50:ONSET].mean()
+    assert r[ONSET + 20:ONSET + 100].mean() < floor + 0.5 * (r_before - floor)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_reward_crash_drops_within_two_steps_and_stays_down(algo):
+    ev = _run("reward_crash", ONSET + 151, onset=ONSET, algo=algo, magnitude=0.0)
+    r = _series(ev, "reward/mean")
+    before = r[ONSET - 50:ONSET]
+    step_sd = np.std(np.diff(r[ONSET - 150:ONSET]))
+    assert r[ONSET + 2] < before.mean() - 5 * step_sd          # abrupt: within 2 logged points
+    assert r[ONSET + 2:ONSET + 150].max() < before.min()       # and it stays down
+    strong = _series(_run("reward_crash", ONSET + 151, onset=ONSET, algo="grpo",
+                          magnitude=1.0), "reward/mean")
+    if algo == "grpo":
+        assert strong[ONSET + 5:ONSET + 150].mean() < 0.05     # GRPO: down to ~0
+
+
+def test_dead_reward_is_exactly_zero_while_the_learning_rate_runs():
+    ev = _run("dead_reward", 60)
+    steps = _steps(ev)
+    assert len(steps) == 60
+    for e in steps:
+        m = e["metrics"]
+        for k in ("reward/mean", "reward/std", "kl/mean", "grad_norm/actor"):
+            assert m[k] == 0.0, (k, e["step"])
+        assert m["reward/frac_zero_std"] == 1.0
+        assert set(e["dists"]["reward"]) == {0.0}
+    lr = _series(ev, "lr/actor")
+    assert lr[0] > 0 and lr[19] > 3 * lr[0] and np.all(np.diff(lr) >= 0)   # it warms up
+    assert np.std(_series(ev, "entropy/mean")) > 0                          # sampling goes on
+    assert {s["reward"] for s in _sample_list(ev, 0)} == {0.0}
+
+
+def test_dpo_chosen_reward_falls_while_the_margin_grows():
+    ev = _run("dpo_chosen_decline", ONSET + 151, onset=ONSET, magnitude=0.0)
+    chosen, margin = _series(ev, "dpo/chosen_reward"), _series(ev, "dpo/margin")
+    assert chosen[ONSET + 100:].mean() < chosen[ONSET - 50:ONSET].mean() - 0.3
+    assert margin[ONSET + 100:].mean() > margin[ONSET - 50:ONSET].mean() + 0.1
+    rejected = _series(ev, "dpo/rejected_reward")
+    assert np.allclose(chosen - rejected, margin)
+    healthy = _run("healthy", 800, algo="dpo")   # a healthy chosen reward does not fall so
+    hc = _series(healthy, "dpo/chosen_reward")
+    assert hc[700:].mean() > hc[200:300].mean() - 0.1
+
+
+@pytest.mark.parametrize("q", [0.0, 1.0])
+def test_proxy_divergence_reward_climbs_while_the_judge_does_not(q):
+    ev = _run("proxy_divergence", ONSET + 201, onset=ONSET, magnitude=q)
+    r, j = _series(ev, "reward/mean"), _series(ev, "judge/score")
+    assert r[ONSET + 150:].mean() > r[ONSET - 50:ONSET].mean() + 0.2
+    j_before, j_after = j[ONSET - 50:ONSET].mean(), j[ONSET + 150:].mean()
+    if q == 0.0:
+        assert abs(j_after - j_before) < 0.03       # flat
+    else:
+        assert j_after < j_before - 0.05            # falls
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dpo"])
+def test_nan_inf_skipped_steps_have_a_finite_loss(algo):
+    ev = _run("nan_inf", ONSET + 301, onset=ONSET, algo=algo, magnitude=1.0,
+              fault_params={"where": "grad_norm"})
+    g = _series(ev, "grad_norm/actor")
+    bad = [t for t in range(len(g)) if not math.isfinite(g[t])]
+    assert bad[0] == ONSET and len(bad) >= 5
+    assert all(b - a > 1 for a, b in zip(bad, bad[1:]))     # isolated: never two in a row
+    assert np.all(np.isfinite(_series(ev, "loss/policy")))
+    # the default: the loss itself turns non-finite, for good
+    ev = _run("nan_inf", ONSET + 11, onset=ONSET, algo=algo)
+    loss = _series(ev, "loss/policy")
+    assert np.all(np.isfinite(loss[:ONSET])) and not np.any(np.isfinite(loss[ONSET:]))
+
+
+# ----------------------------------------------------------------------------------------------
+# log_every: sparse runs, as real runs log
+
+
+@pytest.mark.parametrize("fault", ["healthy", "kl_above_target", "reward_oscillation",
+                                   "nan_inf", "rank_outlier", "run_stalled"])
+def test_log_every_thins_the_events_without_changing_them(fault):
+    cfg = dict(run_id=f"le-{fault}", fault=fault, onset=60, world_size=3, samples_every=10,
+               checkpoint_every=50, seed=2, healthy_variant="all")
+    full = list(simulate(SimConfig(**cfg), 200))
+    thin = list(simulate(SimConfig(**cfg, log_every=5), 200))
+    kept = [e for e in full if e["kind"] in ("checkpoint", "heartbeat") or e["step"] % 5 == 0]
+    assert json.dumps(thin) == json.dumps(kept)
+    logged = {e["step"] for e in thin if e["kind"] == "step"}
+    assert logged and all(s % 5 == 0 for s in logged)
+    assert len(logged) == len({e["step"] for e in full if e["kind"] == "step"}) // 5
+    if fault != "run_stalled":   # a stalled run stops checkpointing too
+        assert {e["step"] for e in thin if e["kind"] == "checkpoint"} == {0, 50, 100, 150}
+
+
+def test_a_run_of_forty_logged_points():
+    ev = list(simulate(SimConfig("sparse", fault="entropy_blowup", onset=200, log_every=10,
+                                 magnitude=0.0), 400))
+    steps = _steps(ev)
+    assert [e["step"] for e in steps] == list(range(0, 400, 10))
+    ent = np.array([e["metrics"]["entropy/mean"] for e in steps])
+    assert ent[24] > 2.5 * ent[15:20].mean()    # step 240 against steps 150-190
+
+
+# ----------------------------------------------------------------------------------------------
+# healthy variety
+
+
+def test_healthy_variant_selects_features():
+    assert Simulator(SimConfig("h")).healthy_features == ()
+    assert Simulator(SimConfig("h", healthy_variant="plain")).healthy_features == ()
+    assert Simulator(SimConfig("h", healthy_variant="all")).healthy_features == tuple(
+        sorted(HEALTHY_FEATURES))
+    assert Simulator(SimConfig("h", healthy_variant="spikes,lr_warmup")).healthy_features == (
+        "lr_warmup", "spikes")
+    assert Simulator(SimConfig("h", healthy_variant=("value_fit",))).healthy_features == (
+        "value_fit",)
+    drawn = [Simulator(SimConfig("h", seed=s, healthy_variant="random")).healthy_features
+             for s in range(40)]
+    assert drawn == [Simulator(SimConfig("x", seed=s, healthy_variant="random")).healthy_features
+                     for s in range(40)]                  # by the seed, not the run id
+    for feature in HEALTHY_FEATURES:
+        share = np.mean([feature in d for d in drawn])
+        assert 0.2 < share < 0.8, feature
+
+
+def test_lr_warmup_rises_from_zero():
+    sim = Simulator(SimConfig("w", seed=1, healthy_variant="lr_warmup"))
+    steps = [sim.step(s, float(s))[0]["metrics"] for s in range(300)]
+    lr = np.array([m["lr/actor"] for m in steps])
+    w = sim._bg.warmup_steps
+    assert 50 <= w <= 200
+    assert lr[0] < 0.03 * lr[-1]
+    assert np.all(np.diff(lr[:w]) > 0) and np.allclose(lr[w:], lr[-1])
+    assert steps[0]["update_ratio/actor"] < 1e-3 < steps[w + 10]["update_ratio/actor"]
+    plain = _series(_run("healthy", 300), "lr/actor")
+    assert plain[0] == pytest.approx(0.2 * plain[-1])
+
+
+def test_value_fit_moves_value_mean_and_std_early():
+    for seed in range(4):
+        ev = list(simulate(SimConfig("v", seed=seed, healthy_variant="value_fit"), 400))
+        vm, rm = _series(ev, "value/mean"), _series(ev, "returns/mean")
+        vs, rs = _series(ev, "value/std"), _series(ev, "returns/std")
+        early, late = slice(0, 5), slice(250, 400)
+        assert np.mean(np.abs(vm[early] - rm[early])) > 0.5 * abs(rm[early].mean())
+        assert np.mean(np.abs(vm[late] - rm[late])) < 0.1 * abs(rm[late].mean())
+        ratio_early, ratio_late = vs[early].mean() / rs[early].mean(), vs[late].mean() / rs[
+            late].mean()
+        assert ratio_early < 0.3 or ratio_early > 1.8    # far too narrow or far too wide
+        assert 0.6 < ratio_late < 1.1
+        assert vm[250:].min() > 0                        # fitted: the sign of the returns
+
+
+def test_spikes_last_one_step():
+    ev = _run("healthy", 1000, algo="grpo", healthy_variant="spikes", seed=4)
+    sim = Simulator(SimConfig("t-healthy", algo="grpo", healthy_variant="spikes", seed=4))
+    for kind, name in (("kl", "kl/mean"), ("reward", "reward/mean"), ("grad", "grad_norm/actor")):
+        x = _series(ev, name)
+        at = [s for s in range(1, 999) if sim._bg.spike(kind, s)]
+        assert len(at) == 4, kind                           # one per 250 steps
+        for s in at:
+            around = np.median(np.abs(np.diff(x[max(1, s - 30):s - 1])))
+            jump, back = abs(x[s] - x[s - 1]), abs(x[s + 1] - x[s - 1])
+            assert jump > 4 * around and back < 0.5 * jump, (kind, s)
+
+
+def test_low_entropy_drifts_slowly_and_never_halves():
+    for algo in ("ppo", "grpo"):
+        ev = _run("healthy", 2000, algo=algo, healthy_variant="low_entropy_drift", seed=1)
+        ent = _series(ev, "entropy/mean")
+        assert ent[:100].mean() < 0.55
+        assert ent[-200:].mean() < 0.8 * ent[:200].mean()   # drifting down
+        _assert_entropy_never_halves(ent)
+
+
+def test_kl_grows_from_zero_in_the_first_half():
+    for algo in ("ppo", "grpo"):
+        ev = _run("healthy", 1600, algo=algo, healthy_variant="kl_from_zero", seed=2)
+        kl = _series(ev, "kl/mean")
+        assert kl[:10].mean() < 0.01
+        assert kl[700:800].mean() > 1.5 * kl[100:200].mean()   # still growing past step 200
+        assert 0.4 * 0.1 < np.median(kl[800:]) < 0.1            # toward the target, below it
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_every_healthy_feature_at_once_stays_healthy(algo):
+    target = 0.1
+    ev = _run("healthy", 1500, algo=algo, healthy_variant="all", seed=3)
+    sim = Simulator(SimConfig("t-healthy", algo=algo, healthy_variant="all", seed=3))
+    spikes = {s for s in range(1500) if sim._bg.spike("kl", s)}
+    for e in _steps(ev):
+        m = e["metrics"]
+        assert all(math.isfinite(v) for v in m.values()), e["step"]
+        if e["step"] not in spikes:
+            assert m["kl/mean"] <= 1.8 * target
+    _assert_entropy_never_halves(_series(ev, "entropy/mean"))
+    r = _series(ev, "reward/mean")
+    assert r[-100:].mean() > r[:100].mean() + 0.2
+    if algo == "ppo":   # fitted; a KL spike's penalty can take one step's returns below 0
+        vm = _series(ev, "value/mean")
+        assert min(vm[s] for s in range(300, 1500) if s not in spikes) > 0

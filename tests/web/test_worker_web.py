@@ -63,7 +63,7 @@ def test_worker_feeds_the_dashboard_and_takes_its_commands(services):  # noqa: F
             mon = Monitor(run_id, kafka=services["kafka"], redis=services["redis"],
                           topic=env["RLWATCH_EVENTS_TOPIC"], heartbeat_seconds=0, tags={"algo": "ppo"})
             mons.append(mon)
-            sim = Simulator(SimConfig(run_id=run_id, fault=fault, onset=20, seed=5))
+            sim = Simulator(SimConfig(run_id=run_id, fault=fault, onset=20, seed=5, magnitude=1.0))
             for step in range(140):
                 for ev in sim.step(step, time.time()):
                     if ev["kind"] == "step" and ev.get("rank", 0) == 0:
