@@ -10,7 +10,7 @@ Routes
 ``GET /api/run/series?run=ID``    the downsampled series only
 ``GET /api/run/dists?run=ID``     latest histograms and histograms over steps (heatmaps)
 ``GET /api/run/samples?run=ID``   latest samples (``category``, ``step``, ``limit``)
-``GET /api/run/audit?run=ID``     control state and command/ack history from the control channel
+``GET /api/run/audit?run=ID``     control state and command/ack history (operator token required)
 ``POST /api/run/command?run=ID``  pause / resume / stop with a reason (operator token required)
 ``GET /api/stream[?run=ID]``      server-sent events: fleet rows, or a run's new steps and alerts
 ``GET /metrics``                  Prometheus text format (see :mod:`web.metrics`)
@@ -205,6 +205,9 @@ async def api_samples(request: web.Request) -> web.Response:
 
 async def api_audit(request: web.Request) -> web.Response:
     run = _run_param(request)
+    denied = _operator_only(request, {})     # the history holds signed commands: operators only
+    if denied is not None:
+        return denied
     control = request.app[K_STATE].get("control")
     if control is None:
         return _json(request, {"run_id": run, "state": None, "history": [],
@@ -229,6 +232,18 @@ def _given_token(request: web.Request, body: dict) -> str | None:
         return auth[7:].strip()
     v = body.get("token")
     return str(v) if v else None
+
+
+def _operator_only(request: web.Request, body: dict) -> web.Response | None:
+    """None when the request carries the operator token, else the answer refusing it."""
+    cfg = request.app[K_CFG]
+    if not cfg["token"]:
+        return _json(request, {"error": "controls are disabled: the server has no RLWATCH_OPERATOR_TOKEN"},
+                     status=403)
+    given = _given_token(request, body)
+    if not given or not hmac.compare_digest(given.encode(), cfg["token"].encode()):
+        return _json(request, {"error": "a valid operator token is required"}, status=401)
+    return None
 
 
 async def api_command(request: web.Request) -> web.Response:

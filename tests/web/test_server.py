@@ -172,6 +172,8 @@ def test_operator_commands_go_through_the_control_channel_signed():
                           headers={"Authorization": f"Bearer {TOKEN}"}) as r:
             assert (await r.json())["state"] == "stopped"
         async with s.get(base + "/api/run/audit?run=ppo-a") as r:
+            assert r.status == 401                   # signed commands: operators only
+        async with s.get(base + "/api/run/audit?run=ppo-a", headers={"X-RLWatch-Token": TOKEN}) as r:
             audit = await r.json()
         assert audit["state"] == "stopped"
         assert [e["action"] for e in audit["history"]] == ["pause", "resume", "stop"]
