@@ -65,6 +65,11 @@ def real_section(pack, tune: bool, out: dict) -> None:
         for p in v.problems:
             if v.passed is False:
                 print(f"  {v.run}: {p}")
+    healthy = [v for v in report.verdicts if v.kind == "quiet"]
+    yellow = Counter()
+    for v in healthy:
+        yellow.update(v.yellow_rules)
+    print(f"yellow notices on healthy runs: {dict(yellow)}")
     out["real"] = report.to_dict()
 
     print("\n== Leave one source out (score on the left-out source's files)")
@@ -130,8 +135,12 @@ def sim_section(pack, args, out: dict) -> None:
                 continue
             s = score(hs)
             loud = Counter(h.rule for v in hs for h in v.loud)
+            yellow = Counter()
+            for v in hs:
+                yellow.update(v.yellow_rules)
             print(f"  every {k:2d} {algo:4s}: {len(hs)} runs, orange+ on {s.alarmed_runs}, "
-                  f"yellow {s.yellow_per_1k:.2f}/1k steps" + (f"; orange+: {dict(loud)}" if loud else ""))
+                  f"yellow {s.yellow_per_1k:.2f}/1k steps" + (f" {dict(yellow)}" if yellow else "")
+                  + (f"; orange+: {dict(loud)}" if loud else ""))
 
     s = report.score
     print(f"\nscore: {s.line('simulated runs')}")

@@ -21,11 +21,13 @@ What each label expects (:func:`expectation`):
   when that is lower: ``stagnation`` is yellow) within the window after the onset: the label's
   ``max_delay``, else :data:`DEFAULT_WINDOW` steps (at least :data:`MIN_WINDOW_LOGS` logging
   intervals); ``stagnation`` without ``max_delay``: until the end of the run (flat can only be
-  called after a while). And nothing orange or above, and no brake, from another rule before the
-  onset. A reader's onset is an estimate: an own-rule alert up to one window before it is an
-  early catch (negative delay), not a false alarm. A simulated onset is exact: anything orange or
-  above more than :data:`PRE_ONSET_GRACE` steps (or one logging interval) before it is a false
-  alarm, own rule included.
+  called after a while). And no brake from another rule before the onset.
+  A simulated onset is exact: anything orange or above more than :data:`PRE_ONSET_GRACE` steps
+  (or one logging interval) before it fails the run, own rule included. A reader's onset (a
+  recorded run) is an estimate, good to two logged points: an own-rule alert up to one window
+  before it is an early catch (negative delay); another rule's orange-or-above alert before it
+  is reported and counted, but fails only if it brakes (recorded runs often have a second,
+  unlabelled problem; issue 10's criterion for them is the own rule, the window and no brake).
 * notify-only labels (:data:`NOTIFY_ONLY`, e.g. a one-step KL / gradient spike): an own-rule
   notice (info or yellow) within :data:`NOTIFY_WINDOW` steps of the onset (the label's
   ``max_delay``; until the end of the run for :data:`RECURRING` events), and nothing orange or
@@ -240,6 +242,7 @@ class Verdict:
     loud: list[Hit] = field(default_factory=list)           # every orange+ alert of the run
     yellow: int = 0
     info: int = 0
+    yellow_rules: dict[str, int] = field(default_factory=dict)
     steps: int = 0
     interval: int = 1
     own_missing: tuple[str, ...] = ()     # own rules the pack does not have
@@ -271,6 +274,9 @@ def judge(label: Label, alerts: Iterable[Alert], span: Span, *,
     v = Verdict(label.run, label.label, exp.kind, None, label.source, exp.own, exp.required,
                 exp.onset, exp.window_end, steps=span.steps, interval=span.interval)
     v.yellow = sum(a.severity == "yellow" for a in firing)
+    for a in firing:
+        if a.severity == "yellow":
+            v.yellow_rules[a.rule] = v.yellow_rules.get(a.rule, 0) + 1
     v.info = sum(a.severity == "info" for a in firing)
     v.brakes = [Hit.of(a) for a in firing if _brakes(a)]
     v.loud = [Hit.of(a) for a in firing if severity_rank(a.severity) >= 2]
@@ -310,9 +316,10 @@ def judge(label: Label, alerts: Iterable[Alert], span: Span, *,
     def before_onset(a: Alert) -> bool:
         if counts_for_fault(a) or a.step >= onset:
             return False
-        grace = 0 if not label.onset_exact else max(PRE_ONSET_GRACE, span.interval)
-        return a.step < onset - grace
+        return a.step < onset - pre_grace
 
+    # an exact onset holds to a logging interval; a reader's estimate to two logged points
+    pre_grace = max(PRE_ONSET_GRACE, (1 if label.onset_exact else 2) * span.interval)
     own_alerts = [a for a in firing if counts_for_fault(a)]
     if own_alerts:
         v.first_own = Hit.of(own_alerts[0])
@@ -349,11 +356,13 @@ def judge(label: Label, alerts: Iterable[Alert], span: Span, *,
         else:
             v.problems.append(f"not caught by {'/'.join(exp.own)} within {end - onset} steps of the "
                               f"onset" + _why_silent(v))
-    if v.false_alarms:
-        v.problems.append("orange+ before the onset: " + ", ".join(map(str, v.false_alarms[:5])))
-    elif v.wrong_brakes:
+    if v.wrong_brakes:
         v.problems.append("braked before the onset: " + ", ".join(map(str, v.wrong_brakes[:5])))
-    v.passed = bool(hits) and not v.false_alarms and not v.wrong_brakes
+    if v.false_alarms:
+        v.problems.append(("orange+ before the onset: " if label.onset_exact else
+                           "orange+ before the reader's onset (reported; a recorded run may have a "
+                           "second, unlabelled problem): ") + ", ".join(map(str, v.false_alarms[:5])))
+    v.passed = bool(hits) and not v.wrong_brakes and (not v.false_alarms or not label.onset_exact)
     return v
 
 

@@ -142,7 +142,10 @@ def _rule_reads(rule) -> dict | None:
     """What a rule reads, by kind: {"metric": set, "dist": set, "groups": set, "any": bool,
     "samples": bool, "ranks": bool, "tick": bool}; None when the rule's shape is not known."""
     try:
-        from rules.conditions import leaves
+        try:
+            from rules.schema import leaves
+        except ImportError:       # before the compiled core: the leaves lived beside the evaluator
+            from rules.conditions import leaves
 
         out = {"metric": set(), "dist": set(), "groups": set(), "any": False,
                "samples": False, "ranks": False, "tick": False}
@@ -184,18 +187,24 @@ def _coverage(pipeline: Pipeline, cov: RunCoverage, seen: dict[str, set[str]]) -
         cov.known = False
         return
     inputs = getattr(proc, "inputs", {}) or {}
+    triggers = getattr(proc, "triggers", {}) or {}
     for rule in rules:
         reads = _rule_reads(rule)
         if reads is None:     # only the processor's merged view of the names a rule reads
+            trig = triggers.get(rule.id, "step")
             needed = inputs.get(rule.id, frozenset())
-            if needed is None:
+            if trig == "tick":
+                continue
+            if trig == "samples":
+                (cov.watched if cov.samples else cov.unwatched).append(rule.id)
+            elif trig == "ranks":
+                (cov.watched if cov.ranks > 1 else cov.unwatched).append(rule.id)
+            elif needed is None:
                 (cov.any_metric if cov.metrics else cov.unwatched).append(rule.id)
             elif needed & (seen["metric"] | seen["dist"] | seen["groups"]):
                 cov.watched.append(rule.id)
-            elif needed:
-                cov.unwatched.append(rule.id)
             else:
-                cov.known = False
+                cov.unwatched.append(rule.id)
             continue
         if reads["tick"] and not (reads["metric"] or reads["dist"] or reads["samples"]):
             continue            # liveness needs a clock: nothing to say about it in a replay

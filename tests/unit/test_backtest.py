@@ -54,6 +54,7 @@ def test_healthy_run_passes_with_yellows_and_fails_on_orange_or_a_brake():
     lab = Label("h", "healthy")
     ok = judge(lab, [alert("stagnation", "yellow", 200), alert("grpo_zero_variance", "yellow", 300)], SPAN)
     assert ok.passed and ok.yellow == 2 and ok.yellow_per_1k == pytest.approx(5.0)
+    assert ok.yellow_rules == {"stagnation": 1, "grpo_zero_variance": 1}
     bad = judge(lab, [alert("kl_rising", "orange", 50)], SPAN)
     assert bad.passed is False and "kl_rising orange@50" in bad.problems[0]
     braked = judge(lab, [alert("odd_rule", "yellow", 50, actions=["pause"])], SPAN)
@@ -98,16 +99,25 @@ def test_equivalent_ids_catch_a_collapse_only_at_orange():
     assert not judge(lab, [alert("grpo_zero_variance", "yellow", 9)], SPAN).passed
 
 
-def test_alarms_and_brakes_before_the_onset_fail_a_caught_fault():
-    lab = Label("f", "reward_collapse", 200)
-    v = judge(lab, [alert("kl_rising", "orange", 50), alert("reward_collapse", "red", 210)], SPAN)
+def test_alarms_and_brakes_before_the_onset():
+    read = Label("f", "reward_collapse", 200)                   # a reader's onset: an estimate
+    sim = Label("f", "reward_collapse", 200, onset_exact=True)  # a simulated one: exact
+    early_orange = [alert("kl_rising", "orange", 50), alert("reward_collapse", "red", 210)]
+    v = judge(sim, early_orange, SPAN)
     assert v.caught is not None and v.passed is False and v.false_alarms[0].rule == "kl_rising"
-    v = judge(lab, [alert("value_shift", "yellow", 50, actions=["pause"]),
-                    alert("reward_collapse", "red", 210)], SPAN)
-    assert v.passed is False and v.wrong_brakes
+    v = judge(read, early_orange, SPAN)       # reported, not failed: a second, unlabelled problem
+    assert v.passed and v.false_alarms[0].rule == "kl_rising" and "reported" in v.problems[0]
+    early_brake = [alert("value_shift", "yellow", 50, actions=["pause"]), alert("reward_collapse", "red", 210)]
+    for lab in (read, sim):
+        v = judge(lab, early_brake, SPAN)
+        assert v.passed is False and v.wrong_brakes
     # after the onset, other rules may react to the fault
-    v = judge(lab, [alert("kl_rising", "orange", 205), alert("reward_collapse", "red", 210)], SPAN)
+    v = judge(sim, [alert("kl_rising", "orange", 205), alert("reward_collapse", "red", 210)], SPAN)
     assert v.passed
+    # a reader's onset holds to two logged points: a brake 10 steps early on a run logging every 5
+    v = judge(Label("f", "truncation", 110), [alert("reward_collapse", "red", 100),
+                                              alert("truncation_rising", "orange", 90)], Span(5, 500, 100))
+    assert v.passed and not v.wrong_brakes
 
 
 def test_a_readers_onset_is_an_estimate_and_a_simulated_one_is_exact():

@@ -83,3 +83,30 @@ def test_only_a_catch_all_rule_is_not_watching(tmp_path):
     cov = replay([f], PACK).runs["x"]
     assert cov.any_metric == ["nan_inf"] and cov.blind
     assert cov.first_step == 0 and cov.last_step == 4 and cov.steps_logged == 5
+
+
+def test_cli_replay_says_what_was_watched_and_warns_when_nothing_was(tmp_path, capsys):
+    from rlwatch.cli import main
+
+    f = write_jsonl(tmp_path / "grpo-run.jsonl", grpo_records())
+    assert main(["replay", str(f)]) == 0
+    err = capsys.readouterr().err
+    assert "preset trl-grpo (found from the metric names" in err and "rules had their inputs" in err
+    assert "WARNING" not in err
+    g = write_jsonl(tmp_path / "mystery.jsonl", [{"step": s, "metrics": {"my/thing": 1.0}} for s in range(5)])
+    assert main(["replay", str(g)]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING: run mystery: NO RULE HAD ITS INPUTS" in err and "0 alerts fired" in err
+
+
+def test_coverage_falls_back_to_the_processors_view_when_the_rule_shape_is_unknown(tmp_path, monkeypatch):
+    import rlwatch.replay as rp
+
+    f = write_jsonl(tmp_path / "grpo-run.jsonl", grpo_records(10))
+    exact = rp.replay([f], PACK).runs["grpo-run"]
+    monkeypatch.setattr(rp, "_rule_reads", lambda rule: None)
+    rough = rp.replay([f], PACK).runs["grpo-run"]
+    assert rough.known and "truncation_rising" in rough.watched and "nan_inf" in rough.any_metric
+    assert set(exact.watched) <= set(rough.watched)       # the merged view may only say more
+    g = write_jsonl(tmp_path / "x.jsonl", [{"step": s, "metrics": {"my/thing": 1.0}} for s in range(5)])
+    assert rp.replay([g], PACK).runs["x"].blind
