@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from rules.schema import MIN_POINTS, Condition, Rule, Threshold, Tier, leaves
+from rules.schema import MIN_POINTS, READY_POINTS, Condition, Rule, Threshold, Tier, leaves
 
 __all__ = ["CompiledRule", "CompiledTier", "Explained", "Program", "Source", "compile_rules",
            "resolve_threshold", "rule_inputs", "rule_trigger"]
@@ -35,8 +35,11 @@ class Source(Protocol):
     is called once per leaf at compile time and returns a reader called per evaluation."""
 
     def metric(self, metric: str, signal: str, window: int, smooth: int | None,
-               cycle_metric: str | None, min_steps: int, min_points: int) -> Callable[[], float]:
-        """Reads the signal now: NaN when undecided; the raw value when it is not finite."""
+               cycle_metric: str | None, min_steps: int, min_points: int,
+               ready_points: int) -> Callable[[], float]:
+        """Reads the signal now: NaN when undecided (not logged at this step, fewer than
+        ``ready_points`` points, a warm-up of ``min_steps`` not over); the raw value when it
+        is not finite. The window holds at least ``min_points`` points."""
 
     def nonfinite(self, names: list[str] | None) -> Callable[[], list[str]]: ...
     def rank_stat(self, metric: str, stat: str) -> Callable[[], tuple[float, int | None]]: ...
@@ -222,8 +225,8 @@ def _compare_pair(read: Callable[[], tuple], kind: str, thr: float | None, metri
 def _leaf(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
     kind, thr = _comparison(c, targets, params)
     if c.metric is not None:
-        need = MIN_POINTS[c.signal]
-        read = src.metric(c.metric, c.signal, c.window, c.smooth, c.cycle_metric, c.min_steps, need)
+        read = src.metric(c.metric, c.signal, c.window, c.smooth, c.cycle_metric, c.min_steps,
+                          MIN_POINTS[c.signal], READY_POINTS[c.signal])
         return _compare_value(read, kind, thr, c.metric)
     if c.nonfinite is not None:
         bad = src.nonfinite(None if c.nonfinite == "any" else list(c.nonfinite))

@@ -33,10 +33,11 @@ numbers with a dot (``1.0e-6``): YAML reads ``1e-6`` as text, which then names n
 logging interval of the run:
 
 * ``window: W`` -- a rolling window holds the points whose step is within the last W steps
-  (``step > now - W``), and never fewer than the few points its signal needs to mean anything
-  (:data:`MIN_POINTS`: 3 for a median, 10 for a trend, ...). On a run logging every step that
-  is exactly the last W values; on a run logging every 10 steps a 50-step trend reads the last
-  10 points (100 steps) instead of 5, too few for a trend test.
+  (``step > now - W``), and never fewer than the points its signal needs to mean anything
+  (:data:`MIN_POINTS`: 3 for a median, 16 for a trend, 20 for a z-score). On a run logging
+  every step that is exactly the last W values; on a run logging every 10 steps a 50-step trend
+  reads the last 16 points (160 steps) instead of 5, too few for a trend test. A signal is
+  undefined until it has :data:`READY_POINTS` points (3 for a trend).
 * ``for: N`` -- the condition held at every logged point from its onset (the step of the first
   true point) over at least N training steps: ``step - onset_step + 1 >= N``. Logged every
   step, ``for: 5`` fires on the 5th true point; logged every 10 steps, on the 2nd consecutive
@@ -78,6 +79,7 @@ __all__ = [
     "Condition",
     "MIN_POINTS",
     "Override",
+    "READY_POINTS",
     "Pack",
     "Rule",
     "SIGNALS",
@@ -116,13 +118,21 @@ SIGNALS = {
     "level_change": "median of the window's last points / median of its first points - 1",
 }
 
-#: The fewest points a signal's window holds (it reaches further back than `window` steps on a
-#: sparsely logged run rather than hold fewer) and needs before it is defined.
+#: The fewest points a signal's window holds: on a sparsely logged run it reaches further back
+#: than `window` steps rather than hold fewer (a trend over 5 points cannot reach z = 4).
 MIN_POINTS = {
-    "value": 1, "ema": 1, "mean": 2, "std": 3, "median": 3, "min": 2, "max": 2, "zscore": 8,
-    "robust_z": 8, "ratio_to_median": 5, "ratio_to_start": 1, "rel_drop": 3, "rel_rise": 3,
-    "trend_z": 10, "trend_tau": 10, "slope": 5, "flat_range": 5, "autocorr": 20,
-    "sign_flip_rate": 10, "diff_ratio": 10, "delta": 2, "cycle_rise": 1, "rel_trend": 8,
+    "value": 1, "ema": 1, "mean": 3, "std": 3, "median": 3, "min": 2, "max": 2, "zscore": 20,
+    "robust_z": 20, "ratio_to_median": 10, "ratio_to_start": 1, "rel_drop": 3, "rel_rise": 3,
+    "trend_z": 16, "trend_tau": 16, "slope": 8, "flat_range": 5, "autocorr": 24,
+    "sign_flip_rate": 12, "diff_ratio": 12, "delta": 2, "cycle_rise": 1, "rel_trend": 10,
+    "level_change": 12,
+}
+#: The fewest points a signal needs before it is defined at all (besides `min_steps`).
+READY_POINTS = {
+    "value": 1, "ema": 1, "mean": 1, "std": 2, "median": 1, "min": 1, "max": 1, "zscore": 5,
+    "robust_z": 5, "ratio_to_median": 2, "ratio_to_start": 1, "rel_drop": 1, "rel_rise": 1,
+    "trend_z": 3, "trend_tau": 3, "slope": 2, "flat_range": 2, "autocorr": 8,
+    "sign_flip_rate": 3, "diff_ratio": 3, "delta": 2, "cycle_rise": 1, "rel_trend": 3,
     "level_change": 10,
 }
 

@@ -255,7 +255,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     counters = {"events": 0, "dlq": 0, "alerts": 0}
     # the fleet view every dashboard and `rlwatch status` read (streams/fleet_store.py)
     fleet = FleetWriter(FleetStore.from_url(settings.redis, settings.app_id, settings.run_ttl_hours * 3600),
-                        lambda st: summary_of(st, processor), local=observer, log=log)
+                        summary_of, local=observer, log=log)
     dispatcher_box: list = []
 
     def dispatcher():

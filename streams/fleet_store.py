@@ -49,10 +49,6 @@ SILENT_AFTER = 300.0
 SPARK_POINTS = 48
 SPARK_METRICS = ("kl/mean", "reward/mean")
 RATE_WINDOW = 30.0
-#: key metrics a summary carries (the fallback builder below; the core chooses its own)
-KEY_METRICS = ("kl/mean", "reward/mean", "entropy/mean", "loss/policy", "loss/value",
-               "response/length_mean", "ppo/clip_frac", "grad_norm/actor", "response/truncated_frac")
-SEVERITY_ORDER = ("info", "yellow", "orange", "red", "black")
 MAX_CACHED = 5000     # records a writer keeps to continue sparklines without reading them back
 
 
@@ -71,57 +67,16 @@ def _num(x: Any) -> float | None:
 
 
 # -- the run summary ------------------------------------------------------------------------------
-def summary_of(state, processor=None) -> dict:
-    """The core's ``RunState.summary()``.
-
-    Until the core provides it, the same agreed shape is built here from the run state (the
-    values are the core's own: its last step, its alert states, the EMA signals its rules read,
-    the targets and thresholds its engine resolved for this run)."""
-    own = getattr(state, "summary", None)
-    if callable(own):
-        return own()
-    return _interim_summary(state, processor)
-
-
-def _interim_summary(state, processor) -> dict:
-    last_step = state.last_step.get(0)
-    if last_step is None and state.last_step:
-        last_step = max(state.last_step.values())
-    smoothed: dict[str, float] = {}
-    bank = state.banks.get(0)
-    if bank is not None:
-        for key, sig in sorted(bank.signals.items(), key=lambda kv: str(kv[0])):
-            metric, signal = key[0], key[1]
-            if signal == "ema" and metric not in smoothed and _num(sig.get()) is not None:
-                smoothed[metric] = float(sig.get())
-    latest = {m: v for m, v in state.latest_metrics.items() if m in KEY_METRICS and _num(v) is not None}
-    open_alerts = []
-    for key, st in state.alerts.items():
-        if st.status != "firing":
-            continue
-        rule, severity, _rank = key.split("/")
-        open_alerts.append({"rule": rule, "severity": severity, "onset_step": st.onset_step,
-                            "step": st.fired_step, "value": _num(st.value),
-                            "threshold": _num(st.threshold), "metric": st.metric, "summary": ""})
-    worst = max((a["severity"] for a in open_alerts), key=SEVERITY_ORDER.index, default=None)
-    out = {"run_id": state.run_id, "incarnation": getattr(state, "incarnation", None),
-           "generation": state.generation, "last_step": last_step,
-           "last_event_ts": _num(state.last_event_ts), "events": state.events,
-           "world_size": state.world_size, "tags": dict(state.tags),
-           "targets": dict(state.targets), "open_alerts": open_alerts, "worst": worst,
-           "latest": latest, "smoothed": smoothed}
-    if processor is not None:
-        rr = processor.rules_for(state)
-        out["targets"] = dict(rr.targets)
-        lines = kl_lines_of(rr.rules, rr.targets, rr.params)
-        if lines:
-            out["kl_lines"] = lines
-    return out
+def summary_of(state) -> dict:
+    """The core's summary of a run (``RunState.summary()``): the numbers the rules use."""
+    return state.summary()
 
 
 def kl_lines_of(rules, targets: dict, params: dict) -> dict[str, float]:
-    """Thresholds of ``kl_above_target`` on ``kl/mean`` per tier, as the engine resolves them."""
-    resolve_threshold = _resolver()
+    """Thresholds of ``kl_above_target`` on ``kl/mean`` per tier, resolved as the engine does
+    (for a pack's defaults; a run's own lines come with its summary)."""
+    from rules.compile import resolve_threshold
+
     out: dict[str, float] = {}
     for rule in rules:
         if rule.id != "kl_above_target":
@@ -136,29 +91,6 @@ def kl_lines_of(rules, targets: dict, params: dict) -> dict[str, float]:
             if _num(v) is not None:
                 out[tier.severity] = float(v)
     return {k: round(v, 9) for k, v in out.items()}
-
-
-_RESOLVER: list = []
-
-
-def _resolver():
-    if not _RESOLVER:
-        try:
-            from rules.compile import resolve_threshold
-        except ImportError:   # a core without the compiled rules
-            resolve_threshold = _resolve
-        _RESOLVER.append(resolve_threshold)
-    return _RESOLVER[0]
-
-
-def _resolve(spec, targets: dict, params: dict) -> float | None:
-    if isinstance(spec, (int, float)):
-        return float(spec)
-    if isinstance(spec, str):
-        return params.get(spec)
-    base = targets.get(spec.target) if spec.target else params.get(spec.param)
-    factor = params.get(spec.factor) if isinstance(spec.factor, str) else spec.factor
-    return None if base is None or factor is None else base * factor
 
 
 # -- records ---------------------------------------------------------------------------------------

@@ -475,25 +475,29 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
 
 
 def _autocorr(v: list[float]) -> float:
-    """Strength of the dominant autocorrelation lag: the highest autocorrelation at lags 2 to
-    n/2 that is a local peak (a period), 0 when there is none."""
+    """Strength of the dominant autocorrelation lag: on the detrended window (least-squares
+    line removed), the largest autocorrelation at a lag of 2 to n/2 points that is a local peak
+    of the autocorrelation function (a period); 0 when there is none."""
     import numpy as np
 
     n = len(v)
     if n < 8:
         return NAN
-    a = np.asarray(v, dtype=float)
-    a = a - a.mean()
-    var = float(np.dot(a, a))
-    if var == 0:
+    y = np.asarray(v, dtype=float)
+    y = y - y.mean()
+    total = float(np.dot(y, y))
+    t = np.arange(n, dtype=float) - (n - 1) / 2.0
+    y = y - t * (float(np.dot(t, y)) / float(np.dot(t, t)))
+    denom = float(np.dot(y, y))
+    if not denom > 1e-24 * total or total == 0:
+        return NAN
+    m = min(n // 2 + 1, n - 1)
+    r = np.correlate(y, y, mode="full")[n - 1: n + m] / denom
+    mid = r[2:-1]
+    peaks = (mid >= r[1:-2]) & (mid >= r[3:])
+    if not peaks.any():
         return 0.0
-    f = np.fft.rfft(a, 2 * n)
-    ac = np.fft.irfft(f * np.conj(f))[: n // 2 + 1] / var
-    best = 0.0
-    for lag in range(2, len(ac) - 1):
-        if ac[lag] > ac[lag - 1] and ac[lag] >= ac[lag + 1] and ac[lag] > best:
-            best = float(ac[lag])
-    return best
+    return float(mid[peaks].max())
 
 
 class CycleRise:
@@ -532,10 +536,11 @@ class Bank:
             self.by_metric.setdefault(metric, []).append(t)
         return t
 
-    def metric(self, metric, signal, window, smooth, cycle_metric, min_steps, min_points):
+    def metric(self, metric, signal, window, smooth, cycle_metric, min_steps, min_points,
+               ready_points=1):
         """A reader of ``signal`` of ``metric`` (see rules.compile.Source); shared by every
         condition that reads the same thing."""
-        key = (metric, signal, window, smooth, cycle_metric, min_steps, min_points)
+        key = (metric, signal, window, smooth, cycle_metric, min_steps, min_points, ready_points)
         reader = self.readers.get(key)
         if reader is not None:
             return reader
@@ -562,7 +567,7 @@ class Bank:
                             "rel_rise", "flat_range", "rel_trend"):
                 win.need_sorted()
         value = _signal_reader(signal, win, trk, window, cycle, level)
-        need_points = max(min_points, min(min_steps, 5))
+        need_points = max(ready_points, min(min_steps, 5))
         warm = max(0, min_steps - 1)
         bank = self
 
