@@ -129,7 +129,7 @@ def run_demo(steps: int = 400, onset: int = 120, delay: float = 0.02, pause_hold
     fleet_writer = None
     if observer is not None or store is not None:
         fleet_writer = FleetWriter(store if store is not None else MemoryFleetStore(),
-                                   lambda st: summary_of(st, pipeline.processor), local=observer,
+                                   summary_of, local=observer,
                                    writer="demo")
     observer = observer or Observer()
     control = control or MemoryControl()

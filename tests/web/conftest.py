@@ -67,7 +67,7 @@ class Feed:
         self.fleet = fleet
         self.pipeline = Pipeline(pack or builtin_pack())
         self.store = store if store is not None else MemoryFleetStore()
-        self.writer = FleetWriter(self.store, lambda st: summary_of(st, self.pipeline.processor),
+        self.writer = FleetWriter(self.store, summary_of,
                                   local=fleet, clock=clock or fleet.clock, writer="test-worker")
         self.alerts = []
 
@@ -92,4 +92,4 @@ class Feed:
         self.fleet.set_records(_now(self.store.all()))
 
     def summary(self, run_id: str) -> dict:
-        return summary_of(self.pipeline.state(run_id), self.pipeline.processor)
+        return summary_of(self.pipeline.state(run_id))

@@ -21,27 +21,27 @@
   const raw = (m, label, color, extra) => Object.assign({ m, kind: "raw", label, stroke: color || C.raw, width: 1 }, extra);
   const ema = (m, label, color, extra) => Object.assign({ m, kind: "ema", label, stroke: color || C.ema, width: 2 }, extra);
   const SPECS = [
-    { id: "reward", row: 1, title: "Reward (mean)", series: [raw("reward/mean", "raw"), ema("reward/mean", "EMA")] },
+    { id: "reward", row: 1, title: "Reward (mean)", series: [raw("reward/mean", "raw"), ema("reward/mean", "smoothed")] },
     { id: "kl", row: 1, title: "KL divergence (policy vs reference)", kl: true,
-      series: [raw("kl/mean", "raw"), ema("kl/mean", "EMA")] },
-    { id: "entropy", row: 1, title: "Policy entropy", series: [raw("entropy/mean", "raw"), ema("entropy/mean", "EMA")] },
+      series: [raw("kl/mean", "raw"), ema("kl/mean", "smoothed")] },
+    { id: "entropy", row: 1, title: "Policy entropy", series: [raw("entropy/mean", "raw"), ema("entropy/mean", "smoothed")] },
     { id: "loss", row: 1, title: "Actor / critic loss",
-      series: [raw("loss/policy", "actor", "rgba(94,161,255,0.35)"), ema("loss/policy", "actor EMA", C.a),
+      series: [raw("loss/policy", "actor", "rgba(94,161,255,0.35)"), ema("loss/policy", "actor smoothed", C.a),
                raw("loss/value", "critic", "rgba(255,136,51,0.35)", { scale: "v" }),
-               ema("loss/value", "critic EMA", C.b, { scale: "v" })], twoAxes: true },
+               ema("loss/value", "critic smoothed", C.b, { scale: "v" })], twoAxes: true },
     { id: "length", row: 2, title: "Response length (tokens)",
-      series: [raw("response/length_mean", "mean"), ema("response/length_mean", "EMA"),
-               ema("response/length_max", "max (EMA)", "rgba(255,136,51,0.8)", { width: 1, dash: [4, 3] })] },
+      series: [raw("response/length_mean", "mean"), ema("response/length_mean", "smoothed"),
+               ema("response/length_max", "max (smoothed)", "rgba(255,136,51,0.8)", { width: 1, dash: [4, 3] })] },
     { id: "clip", row: 2, title: "Clip fraction",
-      series: [raw("ppo/clip_frac", "policy", "rgba(94,161,255,0.45)"), ema("ppo/clip_frac", "policy EMA", C.a),
-               raw("value/clip_frac", "value", "rgba(255,136,51,0.45)"), ema("value/clip_frac", "value EMA", C.b)] },
+      series: [raw("ppo/clip_frac", "policy", "rgba(94,161,255,0.45)"), ema("ppo/clip_frac", "policy smoothed", C.a),
+               raw("value/clip_frac", "value", "rgba(255,136,51,0.45)"), ema("value/clip_frac", "value smoothed", C.b)] },
     { id: "eos", row: 2, title: "EOS / truncation ratio",
-      series: [raw("response/eos_frac", "EOS", "rgba(86,194,107,0.5)"), ema("response/eos_frac", "EOS EMA", C.c),
+      series: [raw("response/eos_frac", "EOS", "rgba(86,194,107,0.5)"), ema("response/eos_frac", "EOS smoothed", C.c),
                raw("response/truncated_frac", "truncated", "rgba(242,73,92,0.45)"),
-               ema("response/truncated_frac", "truncated EMA", "#f2495c")] },
+               ema("response/truncated_frac", "truncated smoothed", "#f2495c")] },
     { id: "grad", row: 2, title: "Gradient norm",
-      series: [raw("grad_norm/actor", "actor", "rgba(94,161,255,0.45)"), ema("grad_norm/actor", "actor EMA", C.a),
-               raw("grad_norm/critic", "critic", "rgba(255,136,51,0.45)"), ema("grad_norm/critic", "critic EMA", C.b)] },
+      series: [raw("grad_norm/actor", "actor", "rgba(94,161,255,0.45)"), ema("grad_norm/actor", "actor smoothed", C.a),
+               raw("grad_norm/critic", "critic", "rgba(255,136,51,0.45)"), ema("grad_norm/critic", "critic smoothed", C.b)] },
   ];
   const KL_LINES = [["target", "target", "#8b94a3", [2, 4]], ["yellow", "yellow", "#f2cc0c", [6, 4]],
                     ["orange", "orange", "#ff8833", [6, 4]], ["red", "red", "#f2495c", [6, 4]],
@@ -306,8 +306,7 @@
     const series = [];
     cats.forEach((c, i) => {
       const col = CAT_COLORS[i % CAT_COLORS.length];
-      series.push(ema(`${metric}@${c}`, `${c} (EMA)`, col));
-      series.push(raw(`${metric}@${c}`, c, col + "55"));
+      series.push(raw(`${metric}@${c}`, c, col, { width: 1.5 }));
     });
     return { id: "groups", row: 3, wide: true, kind: "line", series, title: `${metric || "reward/mean"} per prompt category` };
   }
@@ -361,11 +360,12 @@
     if (S.zoom) u.setScale("x", S.zoom);
     const none = !hasData(spec);
     setNoData(c, none, S.data.step.length ? "not logged by this run" : "no data yet");
+    // the smoothed value the rules read where a rule smooths the metric, else the last value
+    const lastOf = a => { if (a) for (let i = a.length - 1; i >= 0; i--) if (a[i] != null) return a[i]; return null; };
     const first = spec.series.find(s => s.kind === "ema") || spec.series[0];
-    const arr = first && (first.kind === "ema" ? S.data.ema : S.data.raw)[first.m];
-    let cur = null;
-    if (arr) for (let i = arr.length - 1; i >= 0; i--) if (arr[i] != null) { cur = arr[i]; break; }
-    c.panel.querySelector(".cur").textContent = cur == null ? "" : `EMA ${RW.num(cur)}`;
+    let cur = first ? lastOf(S.data.ema[first.m]) : null, what = "smoothed";
+    if (cur == null && spec.series[0]) { cur = lastOf(S.data.raw[spec.series[0].m]); what = "last"; }
+    c.panel.querySelector(".cur").textContent = cur == null ? "" : `${what} ${RW.num(cur)}`;
   }
 
   function refreshDist(c) {

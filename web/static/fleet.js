@@ -173,6 +173,11 @@
       `${c.state.paused ? `, ${c.state.paused} paused` : ""}${c.status.finished ? `, ${c.status.finished} finished` : ""}</span> ${tiers}</th></tr>`;
   }
 
+  // Only the rows near the viewport are in the DOM (every row has the same height), so a fleet
+  // of hundreds of runs renders as fast as a few dozen; spacer rows keep the scroll height.
+  const GROUP_H = 30, OVERSCAN = 600;
+  let ROW_H = 47;                    // measured after the first rows are drawn
+  let items = [];                    // [{kind: "group"|"run", ...}] in display order
   let pending = false;
   function render() {
     if (pending) return;
@@ -190,23 +195,25 @@
         const c = typeof x === "string" ? x.localeCompare(y) : x - y;
         return (view.desc ? -c : c) || a.run_id.localeCompare(b.run_id);
       });
-      const t = now();
-      let html;
-      if (!shown.length) {
-        html = `<tr><td colspan="${NCOL}" class="empty">${all.length ? "No run matches the filter." : "Waiting for runs…"}</td></tr>`;
-      } else if (view.group) {
+      items = [];
+      if (view.group) {
         const groups = new Map();
         for (const r of shown) {
           const g = groupOf(r);
           if (!groups.has(g)) groups.set(g, []);
           groups.get(g).push(r);
         }
-        html = [...groups.keys()].sort().map(g => groupHeader(g, groups.get(g)) +
-          (view.collapsed.has(g) ? "" : groups.get(g).map(r => rowHtml(r, t)).join(""))).join("");
+        for (const g of [...groups.keys()].sort()) {
+          items.push({ kind: "group", name: g, list: groups.get(g) });
+          if (!view.collapsed.has(g)) for (const r of groups.get(g)) items.push({ kind: "run", r });
+        }
       } else {
-        html = shown.map(r => rowHtml(r, t)).join("");
+        for (const r of shown) items.push({ kind: "run", r });
       }
-      tbody.innerHTML = html;
+      window.rlwatch.fleet.shown = shown.map(r => r.run_id);
+      window.rlwatch.fleet.listed = items.filter(i => i.kind === "run").map(i => i.r.run_id);
+      window.rlwatch.fleet.groups = items.filter(i => i.kind === "group").map(i => i.name);
+      paint();
       renderSummary(all);
       $("count").textContent = `${shown.length} of ${all.length} runs`;
       for (const th of document.querySelectorAll("th[data-sort]")) {
@@ -219,6 +226,38 @@
       stats.maxRenderMs = Math.max(stats.maxRenderMs, ms);
     });
   }
+
+  /** Write the rows of ``items`` that are near the viewport into the table. */
+  function paint() {
+    const total = rows.size;
+    if (!items.length) {
+      tbody.innerHTML = `<tr><td colspan="${NCOL}" class="empty">${total ? "No run matches the filter." : "Waiting for runs…"}</td></tr>`;
+      return;
+    }
+    const top = tbody.getBoundingClientRect().top + window.scrollY;
+    const lo = window.scrollY - top - OVERSCAN, hi = window.scrollY - top + window.innerHeight + OVERSCAN;
+    const t = now();
+    let y = 0, before = 0, after = 0;
+    const html = [];
+    for (const it of items) {
+      const h = it.kind === "group" ? GROUP_H : ROW_H;
+      if (y + h < lo) before += h;
+      else if (y > hi) after += h;
+      else html.push(it.kind === "group" ? groupHeader(it.name, it.list) : rowHtml(it.r, t));
+      y += h;
+    }
+    tbody.innerHTML = (before ? `<tr class="spacer" style="height:${before}px"><td colspan="${NCOL}"></td></tr>` : "") +
+      html.join("") + (after ? `<tr class="spacer" style="height:${after}px"><td colspan="${NCOL}"></td></tr>` : "");
+    const tr = tbody.querySelector("tr.run");
+    if (tr) ROW_H = tr.getBoundingClientRect().height || ROW_H;
+  }
+
+  let scrolling = false;
+  window.addEventListener("scroll", () => {
+    if (scrolling) return;
+    scrolling = true;
+    requestAnimationFrame(() => { scrolling = false; paint(); });
+  }, { passive: true });
 
   function saveView() {
     const p = new URLSearchParams();

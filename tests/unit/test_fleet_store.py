@@ -1,0 +1,146 @@
+"""The fleet view's records (streams/fleet_store.py): sparkline, steps per second, finished,
+relaunch, and the worker's writer (Redis down, a restart that continues a record). The Redis
+store itself is tested on the real Redis in tests/integration/test_fleet_view.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from contract.events import parse_event
+from streams.fleet_store import (
+    SPARK_POINTS,
+    FleetWriter,
+    MemoryFleetStore,
+    make_record,
+    run_status,
+    steps_per_second,
+)
+
+T0 = 1_700_000_000.0
+
+
+def summary(step: int, ts: float | None = None, incarnation: str | None = "a", kl: float = 0.01, **kw) -> dict:
+    out = {"run_id": "r", "incarnation": incarnation, "generation": 0, "last_step": step,
+           "last_event_ts": T0 + step if ts is None else ts, "events": step + 1, "world_size": 1,
+           "tags": {}, "targets": {"kl": 0.05}, "open_alerts": [], "worst": None,
+           "latest": {"kl/mean": kl}, "smoothed": {"kl/mean": kl}}
+    out.update(kw)
+    return out
+
+
+def test_the_sparkline_covers_the_whole_run_in_a_bounded_number_of_points():
+    rec = None
+    for step in range(10_000):
+        rec = make_record(summary(step, kl=step / 10_000), rec, T0 + step)
+    pts = rec["spark"]["points"]["kl/mean"]
+    assert SPARK_POINTS // 2 <= len(pts) <= SPARK_POINTS
+    assert pts[0][0] == 0 and pts[-1][0] >= 9_000          # from the start to (nearly) now
+    assert all(a[0] < b[0] for a, b in zip(pts, pts[1:]))
+    assert pts[-1][1] == pytest.approx(pts[-1][0] / 10_000, rel=1e-3)   # the smoothed value at that step
+
+
+def test_steps_per_second_and_a_run_that_stopped_moving():
+    rec = None
+    for step in range(0, 100, 2):                    # 2 steps per second of event time
+        rec = make_record(summary(step, ts=T0 + step / 2), rec, T0 + step / 2)
+    now = T0 + 49
+    assert steps_per_second(rec, now) == pytest.approx(2.0, rel=0.05)
+    assert steps_per_second(rec, now + 60) == 0.0        # nothing for a minute
+
+
+def test_status_live_silent_finished():
+    rec = make_record(summary(10, ts=T0), None, T0)
+    assert run_status(rec, T0 + 10) == "live"
+    assert run_status(rec, T0 + 301) == "silent"
+    assert run_status(rec, T0 + 3601) == "finished"
+    assert run_status(rec, T0 + 100, finished_after=60) == "finished"
+
+
+def test_a_run_that_closed_is_finished_until_a_newer_event():
+    rec = make_record(summary(10, ts=T0), None, T0, closed={"ts": T0, "step": 10, "reason": "closed"})
+    assert run_status(rec, T0 + 1) == "finished"
+    rec = make_record(summary(10, ts=T0), rec, T0 + 5)             # nothing new: still closed
+    assert rec["closed"] and run_status(rec, T0 + 6) == "finished"
+    rec = make_record(summary(0, ts=T0 + 30, incarnation="b"), rec, T0 + 30)   # relaunched
+    assert rec["closed"] is None and run_status(rec, T0 + 31) == "live"
+
+
+def test_a_new_incarnation_starts_a_fresh_sparkline_and_rate():
+    rec = None
+    for step in range(200):
+        rec = make_record(summary(step, incarnation="a"), rec, T0 + step)
+    rec = make_record(summary(3, incarnation="b", ts=T0 + 300), rec, T0 + 300)
+    assert rec["spark"]["points"]["kl/mean"] == [[3, 0.01]]
+    assert rec["rate"] == [[T0 + 300, 3]]
+
+
+class _State:
+    """What the writer needs of a run state: an id (the summary comes from ``summarise``)."""
+
+    def __init__(self, run_id: str, step: int = 0):
+        self.run_id, self.step = run_id, step
+
+
+def _writer(store, log=None, clock=lambda: T0):
+    return FleetWriter(store, lambda st: {**summary(st.step), "run_id": st.run_id}, clock=clock,
+                       writer="w1", log=log)
+
+
+def test_the_writer_writes_changed_runs_and_marks_a_clean_close():
+    store = MemoryFleetStore()
+    w = _writer(store)
+    w.note(_State("a", 5))
+    w.note(_State("b", 7))
+    assert asyncio.run(w.flush()) == 2
+    assert asyncio.run(w.flush()) == 0                      # nothing changed since
+    final = parse_event({"schema": 1, "kind": "heartbeat", "run_id": "a", "step": 5, "ts": T0 + 5,
+                         "final": True}, T0 + 5)
+    w.note(_State("a", 5), final)
+    assert w.due()                                          # written at once, not in a second
+    asyncio.run(w.flush())
+    rec = asyncio.run(store.get("a"))
+    assert rec["closed"]["step"] == 5 and run_status(rec, T0 + 6) == "finished"
+    assert rec["writer"] == "w1" and not w.states          # states are held only until written
+
+
+def test_a_restarted_writer_continues_the_record_another_one_wrote():
+    store = MemoryFleetStore()
+    first = _writer(store)
+    for step in range(0, 60):
+        first.note(_State("r", step))
+        asyncio.run(first.flush())
+    before = len(asyncio.run(store.get("r"))["spark"]["points"]["kl/mean"])
+    second = _writer(store)                                 # a new process: empty memory
+    second.note(_State("r", 60))
+    asyncio.run(second.flush())
+    after = asyncio.run(store.get("r"))["spark"]["points"]["kl/mean"]
+    assert len(after) >= before and after[0][0] == 0       # the history went on, not restarted
+
+
+class _Down:
+    async def get_many(self, ids):
+        raise ConnectionError("Redis is down")
+
+    async def put(self, records):
+        raise ConnectionError("Redis is down")
+
+
+def test_redis_down_is_said_once_and_the_records_wait(caplog):
+    log = logging.getLogger("test.fleet")
+    down = _Down()
+    w = _writer(down, log=log)
+    with caplog.at_level(logging.INFO, logger="test.fleet"):
+        for step in range(5):
+            w.note(_State("r", step))
+            assert asyncio.run(w.flush()) == 0
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "cannot write the fleet view to Redis" in errors[0].getMessage()
+    store = MemoryFleetStore()
+    w.store = store                                          # Redis is back
+    with caplog.at_level(logging.INFO, logger="test.fleet"):
+        assert asyncio.run(w.flush()) == 1
+    assert asyncio.run(store.get("r"))["summary"]["last_step"] == 4
+    assert "writing the fleet view to Redis again" in caplog.text
