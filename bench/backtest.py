@@ -109,7 +109,7 @@ def sim_section(pack, args, out: dict) -> None:
     print(f"({time.time() - t0:.0f} s)")
 
     print(f"\n{'fault':30s} {'caught':>8s} {'median delay':>13s} {'max delay':>10s} {'reached':>8s}  "
-          f"{'orange+ before onset':22s} missed (seed/log_every/magnitude)")
+          f"{'orange+ before onset':22s} failed runs: seed/every/magnitude:why (miss, alarm before onset)")
     by_fault = defaultdict(list)
     for v in vs:
         if v.kind != "quiet":
@@ -118,9 +118,10 @@ def sim_section(pack, args, out: dict) -> None:
         caught = [v for v in group if v.caught is not None]
         d = [v.delay for v in caught if v.delay is not None]
         reached = Counter(v.reached or "none" for v in group).most_common(1)[0][0]
-        pre = sum(bool(v.false_alarms) for v in group)
+        pre = sum(bool(v.false_alarms) for v in group)   # notify-only: orange+ anywhere
         missed = [f"{v.extra.get('seed')}/{v.extra.get('log_every')}/"
                   f"{'-' if v.extra.get('magnitude') is None else format(v.extra['magnitude'], '.2f')}"
+                  f":{'miss' if v.caught is None else 'alarm'}"
                   for v in group if v.passed is False][:4]
         print(f"{fault[:30]:30s} {len(caught):>3d}/{len(group):<4d} "
               f"{(f'{statistics.median(d):.0f}' if d else '-'):>13s} {(str(max(d)) if d else '-'):>10s} "
