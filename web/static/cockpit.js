@@ -447,10 +447,28 @@
     $("alert-count").textContent = `${S.markers.filter(m => m.state === "firing").length} fired`;
   }
 
-  async function loadAudit() {
+  // The history holds signed commands: the server gives it to operators only. It is fetched
+  // with a token that the server accepted (a command sent, or "show" clicked with the token typed).
+  async function loadAudit(explicit) {
+    const token = explicit ? tokenInput.value : sessionStorage.getItem("rlwatch-token-ok");
+    if (!token) {
+      $("audit-state").innerHTML = `operators only: type the operator token above, then ` +
+        `<button type="button" id="audit-show">show</button>`;
+      $("audit-show").addEventListener("click", () => loadAudit(true));
+      return;
+    }
     let a;
-    try { a = await RW.getJSON(`/api/run/audit?run=${encodeURIComponent(runId)}`); }
-    catch (e) { $("audit-state").textContent = e.message; return; }
+    try {
+      const r = await fetch(`/api/run/audit?run=${encodeURIComponent(runId)}`,
+                            { headers: { Accept: "application/json", "X-RLWatch-Token": token } });
+      a = await r.json();
+      if (!r.ok) throw new Error(a.error || `HTTP ${r.status}`);
+    } catch (e) {
+      if (!explicit) sessionStorage.removeItem("rlwatch-token-ok");
+      $("audit-state").textContent = e.message;
+      return;
+    }
+    sessionStorage.setItem("rlwatch-token-ok", token);
     $("audit-state").textContent = a.state ? `control state: ${a.state}` : (a.error || "");
     $("audit").querySelector("tbody").innerHTML = (a.history || []).slice().reverse().map(e => {
       const ack = e.type === "ack";
@@ -537,6 +555,7 @@
     if (!r.ok) { say(body.error || `HTTP ${r.status}`, false); return; }
     say(`${action} sent (command ${body.command.id.slice(0, 8)}); run is now ${body.state}`, true);
     $("reason").value = "";
+    sessionStorage.setItem("rlwatch-token-ok", tokenInput.value);
     if (S.row) renderRow(Object.assign({}, S.row, { state: body.state }));
     loadAudit();
   }
