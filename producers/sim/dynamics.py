@@ -91,7 +91,7 @@ def latent(f: Frame, st: State, bg: Background, nz: Noise) -> None:
 def spikes(f: Frame, bg: Background, nz: Noise) -> None:
     """One-step excursions of a healthy run (after any fault's effect on the latent state)."""
     if f.grpo and nz.u() < 0.004:     # GRPO: a rare single-step KL spike, < 1.8 x target
-        f.kl = min(f.kl * (2.0 + 1.5 * nz.u()), 1.8 * f.T)
+        f.kl = max(f.kl, min(f.kl * (2.0 + 1.5 * nz.u()), 1.8 * f.T))   # never lowers a KL fault
         f.token_mult *= 2.0
         f.token_cap = 9.5
     k = bg.spike("kl", f.step)
