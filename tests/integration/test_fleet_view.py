@@ -94,6 +94,26 @@ def test_status_shows_every_run_finished_or_live_and_after_the_worker_stopped(se
         text = rlwatch("status", env=env).stdout
         assert f"{done}: running  [step 29, finished (closed its monitor)" in text
         assert f"{live}: running  [step 29, live" in text
+        # relaunched under the same id (a new Monitor: a new incarnation): live again, afresh
+        first = runs[done]["summary"]["incarnation"]
+        a = Monitor(done, kafka=services["kafka"], redis=False, topic=env["RLWATCH_EVENTS_TOPIC"],
+                    heartbeat_seconds=0)
+        for step in range(3):
+            a.log(step, {"kl/mean": 0.01, "reward/mean": 1.0})
+        a.flush(10)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            runs = _status(env)
+            if runs[done]["summary"]["incarnation"] != first and runs[done]["summary"]["last_step"] == 2:
+                break
+            time.sleep(0.5)
+        assert runs[done]["status"] == "live" and runs[done]["closed"] is None
+        assert runs[done]["summary"]["incarnation"] not in (None, first)
+        assert runs[done]["summary"]["last_step"] == 2
+        a.close(10)
+        deadline = time.time() + 30
+        while _status(env)[done]["status"] != "finished" and time.time() < deadline:
+            time.sleep(0.5)
         # another application sees none of them
         other = _status({**env, "RLWATCH_APP_ID": f"other-{sid}"})
         assert done not in other and live not in other
