@@ -30,12 +30,15 @@ if [ "$managed" = 0 ] && [ -z "${RLWATCH_VENV_ISOLATED:-}" ]; then
 fi
 if [ ! -x "$venv/bin/python" ]; then
   echo "install.sh: creating the virtualenv $venv ..."
-  if ! "$py" -m venv "${venv_args[@]}" "$venv" >/dev/null 2>&1; then
+  if ! out="$("$py" -m venv "${venv_args[@]}" "$venv" 2>&1)"; then
+    case "$out" in
+      *ensurepip*) ;;   # Debian ships venv's pip bootstrap in a separate package: install it below
+      *) die "'$py -m venv $venv' failed: $out" ;;
+    esac
     rm -rf "$venv"
-    # Debian ships venv's pip bootstrap in a separate package
     pkg="python3-venv"
     ver="$("$py" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
-    command -v apt-get >/dev/null 2>&1 || die "'$py -m venv' failed: install the venv module of your Python"
+    command -v apt-get >/dev/null 2>&1 || die "'$py -m venv' needs the venv module's pip bootstrap (ensurepip): install it for your Python"
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     echo "install.sh: '$py -m venv' needs Debian's $pkg (python$ver-venv); installing it ..."
     $SUDO apt-get update -qq >/dev/null
