@@ -99,7 +99,7 @@ def test_the_readme_quick_start_on_a_clean_clone(services):
     assert "\nrlwatch 0." in r.stdout and "published" in r.stdout
 
     # 2. the test command resolves and starts; pytest is asked only to collect one file
-    r = shell(f"{test_suite} --collect-only -q tests/unit/test_cli.py", clone, env, timeout=1200)
+    r = shell(f"{test_suite} --collect-only tests/unit/test_cli.py", clone, env, timeout=1200)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
-    assert re.search(r"\d+ tests? collected", out), out[-2000:]
+    assert "tests/unit/test_cli.py::test_version" in out, out[-2000:]          # pytest listed the tests
