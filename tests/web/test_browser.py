@@ -208,7 +208,7 @@ def test_one_fleet_view_from_two_workers_and_after_their_restart_in_chromium():
 
     from producers.monitor import Monitor
     from producers.simulator import SimConfig, Simulator
-    from tests.integration.conftest import WorkerProcess, services as _services, worker_env  # noqa: F401
+    from tests.integration.conftest import WorkerProcess, worker_env
 
     node = _require_browser()
     svc = {"kafka": os.environ.get("RLWATCH_TEST_KAFKA", "127.0.0.1:9092"),
