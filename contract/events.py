@@ -91,6 +91,7 @@ class EventError(ValueError):
     """An event that cannot be accepted. ``reason`` is one human-readable line."""
 
     def __init__(self, reason: str):
+        reason = reason.replace("\r", "\\r").replace("\n", "\\n")   # always one line
         super().__init__(reason)
         self.reason = reason
 

@@ -1,0 +1,213 @@
+"""RunState, the one owner of per-run state: relaunch (incarnation), limits with one-line
+dead-letter reasons, and the run summary the dashboard and /metrics read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from contract.events import MAX_STEP, EventError, parse_event
+from streams.processor import Pipeline, Processor
+from streams.run import MAX_RUN_TAGS, MAX_STEP_JUMP, MAX_TS_AGE
+from tests.unit._core import T0, feed_series, firing, only_rules, resolved, rlhf_pack
+
+
+def ev(run, step, metrics, ts=None, **extra):
+    raw = {"schema": 1, "kind": "step", "run_id": run, "step": step,
+           "ts": T0 + step if ts is None else ts, "metrics": metrics}
+    raw.update(extra)
+    return parse_event(raw, T0)
+
+
+def feed(p, events, now=None):
+    out = []
+    for e in events:
+        out += p.feed(e, e.ts if now is None else now)
+    return out
+
+
+# -- relaunch ----------------------------------------------------------------------------------
+
+def test_a_new_incarnation_closes_the_open_alerts_and_watches_the_run_afresh():
+    p = Pipeline(only_rules("kl_above_target"))
+    first = feed(p, [ev("r", s, {"kl/mean": 0.02 if s < 20 else 0.5}, incarnation="a1")
+                     for s in range(25)])
+    opened = firing(first, "kl_above_target")
+    assert {a.severity for a in opened} == {"yellow", "red", "black"}
+    # the program restarts from step 0 (a checkpoint of step 0) with a new incarnation
+    again = feed(p, [ev("r", s, {"kl/mean": 0.02}, ts=T0 + 100 + s, incarnation="b2")
+                     for s in range(5)])
+    closed = resolved(again, "kl_above_target")
+    assert {a.fingerprint for a in closed} == {a.fingerprint for a in opened}
+    assert all("relaunched" in a.summary for a in closed)
+    st = p.runs["r"]
+    assert st.incarnation == "b2" and st.last_step[0] == 4 and not st.alerts
+    # steps 0..4 were watched (not dropped as old steps), and the windows started over:
+    # the 3-step median of KL does not remember the 0.5 of the old incarnation
+    after = feed(p, [ev("r", s, {"kl/mean": 0.02}, ts=T0 + 100 + s, incarnation="b2")
+                     for s in range(5, 8)])
+    assert after == []
+    blowup = feed(p, [ev("r", s, {"kl/mean": 0.5}, ts=T0 + 100 + s, incarnation="b2")
+                      for s in range(8, 10)])
+    assert {a.severity for a in firing(blowup)} == {"red", "black"}
+
+
+def test_the_same_incarnation_keeps_treating_old_steps_as_duplicates():
+    p = Pipeline(only_rules("nan_inf"))
+    feed(p, [ev("r", s, {"x": 1.0}, incarnation="a") for s in range(50)])
+    late = feed(p, [ev("r", 3, {"x": "NaN"}, incarnation="a")])
+    assert late == [] and p.runs["r"].duplicates == 1
+
+
+def test_without_incarnation_a_step_far_back_with_a_newer_time_is_a_relaunch():
+    p = Pipeline(only_rules("nan_inf"))
+    before = feed(p, [ev("r", s, {"x": 1.0 if s < 40 else "NaN"}) for s in range(50)])
+    assert firing(before, "nan_inf")
+    # restarted program: step 0 again, a time after every event seen so far
+    again = feed(p, [ev("r", s, {"x": 1.0 if s != 3 else "NaN"}, ts=T0 + 1000 + s)
+                     for s in range(5)])
+    assert [a.state for a in again] == ["resolved", "firing", "resolved"]
+    assert "relaunched" in again[0].summary and again[1].step == 3
+
+
+def test_without_incarnation_a_redelivered_old_step_is_not_a_relaunch():
+    p = Pipeline(only_rules("nan_inf"))
+    feed(p, [ev("r", s, {"x": 1.0}) for s in range(50)])
+    # Kafka re-delivers step 5 after a worker restart: its time is the old one
+    assert feed(p, [ev("r", 5, {"x": "NaN"})]) == []
+    assert p.runs["r"].last_step[0] == 49
+
+
+def test_a_relaunch_survives_a_state_round_trip():
+    proc = Processor(rlhf_pack())
+    st = proc.new_state("r")
+    for s in range(10):
+        proc.process(st, ev("r", s, {"kl/mean": 0.02}, incarnation="one"), T0 + s)
+    st2 = proc.load_state(json.loads(json.dumps(st.to_state())))
+    assert st2.incarnation == "one"
+    assert proc.process(st2, ev("r", 10, {"kl/mean": 0.02}, incarnation="one"), T0 + 10) == []
+    assert st2.last_step[0] == 10
+
+
+# -- limits ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("step", [2**53 + 1, 2**63, 10**308])
+def test_a_step_beyond_2_53_is_rejected_with_a_reason(step):
+    with pytest.raises(EventError) as info:
+        parse_event(json.dumps({"schema": 1, "kind": "step", "run_id": "r", "step": step}), T0)
+    assert "step" in info.value.reason and "\n" not in info.value.reason
+
+
+def test_a_poisoned_step_far_ahead_is_rejected_and_does_not_blind_the_run():
+    p = Pipeline(only_rules("kl_above_target"))
+    feed(p, [ev("r", s, {"kl/mean": 0.02}) for s in range(20)])
+    with pytest.raises(EventError) as info:
+        p.feed(ev("r", MAX_STEP, {"kl/mean": 0.02}), T0 + 20)
+    assert "ahead" in info.value.reason and str(MAX_STEP_JUMP) in info.value.reason
+    # a real KL blow-up right after it is still seen
+    blowup = feed(p, [ev("r", s, {"kl/mean": 0.5}) for s in range(20, 23)])
+    assert {a.severity for a in firing(blowup)} >= {"red", "black"}
+
+
+def test_a_first_event_with_a_huge_step_does_not_blind_the_run_either():
+    p = Pipeline(only_rules("kl_above_target"))
+    feed(p, [ev("r", MAX_STEP - 1, {"kl/mean": 0.02}, ts=T0)])
+    # the real steps come afterwards with later times: the run started over
+    out = feed(p, [ev("r", s, {"kl/mean": 0.5}, ts=T0 + 10 + s) for s in range(3)])
+    assert {a.severity for a in firing(out)} >= {"red", "black"}
+
+
+def test_a_timestamp_that_is_not_epoch_seconds_is_replaced_by_the_receive_time():
+    p = Pipeline(rlhf_pack())
+    now = T0 + 5000
+    # relative seconds since the start of training, not epoch seconds
+    for s in range(3):
+        p.feed(ev("rel", s, {"kl/mean": 0.02}, ts=12.5 + s), now + s)
+    st = p.runs["rel"]
+    assert st.last_event_ts == now + 2 and st.ts_replaced == 3
+    # the liveness rule sees a live run, not one silent for 55 years
+    assert p.tick(now + 60) == []
+    stalled = p.tick(now + 2 + 301)
+    assert [a.rule for a in firing(stalled)] == ["run_stalled"]
+    # a timestamp within the limits is kept
+    p.feed(ev("rel", 3, {"kl/mean": 0.02}, ts=now - MAX_TS_AGE / 2), now)
+    assert st.ts_replaced == 3
+
+
+def test_tags_per_run_are_bounded():
+    p = Pipeline(only_rules("nan_inf"))
+    for s in range(20):
+        p.feed(ev("t", s, {"x": 1.0}, tags={f"k{s}-{i}": "v" for i in range(10)}), T0 + s)
+    assert len(p.runs["t"].tags) == MAX_RUN_TAGS
+
+
+@pytest.mark.parametrize("raw, word", [
+    ({"metrics": {f"m{i}": 1.0 for i in range(5000)}}, "metrics"),
+    ({"metrics": {"x" * 300: 1.0}}, "longer"),
+    ({"tags": {f"t{i}": "v" for i in range(100)}}, "tags"),
+    ({"tags": {"t": "v" * 2000}}, "longer"),
+    ({"incarnation": "has space"}, "incarnation"),
+    ({"incarnation": "x" * 65}, "incarnation"),
+])
+def test_oversized_parts_of_an_event_are_rejected_with_a_one_line_reason(raw, word):
+    with pytest.raises(EventError) as info:
+        parse_event({"schema": 1, "kind": "step", "run_id": "r", "step": 1, **raw}, T0)
+    assert word in info.value.reason and "\n" not in info.value.reason
+
+
+def test_a_rank_beyond_the_limit_is_rejected():
+    p = Pipeline(only_rules("nan_inf"))
+    with pytest.raises(EventError, match="ranks per run"):
+        p.feed(ev("r", 1, {"x": 1.0}, rank=50_000, world_size=60_000), T0)
+
+
+# -- summary ------------------------------------------------------------------------------------
+
+def test_summary_shape_and_numbers():
+    p = Pipeline(rlhf_pack())
+    values = [0.02] * 30 + [0.5] * 3
+    for s, v in enumerate(values):
+        p.feed(ev("sum", s, {"kl/mean": v, "ppo/clip_frac": 0.2, "reward/mean": 1.0},
+                  tags={"algo": "ppo", "target.kl": "0.04"}, incarnation="inc-1",
+                  world_size=1), T0 + s)
+    s = p.runs["sum"].summary()
+    assert len(json.dumps(s)) < 4096
+    assert {"run_id", "incarnation", "generation", "last_step", "last_event_ts", "events",
+            "world_size", "tags", "targets", "kl_lines", "open_alerts", "worst", "latest",
+            "smoothed"} <= set(s)
+    assert s["run_id"] == "sum" and s["incarnation"] == "inc-1" and s["last_step"] == 32
+    assert s["events"] == 33 and s["tags"] == {"algo": "ppo"}
+    assert s["targets"]["kl"] == 0.04                       # reported by the run
+    assert s["kl_lines"] == pytest.approx({"yellow": 0.06, "red": 0.1, "black": 0.2})
+    assert s["worst"] == "black"
+    rules = {(a["rule"], a["severity"]) for a in s["open_alerts"]}
+    assert ("kl_above_target", "black") in rules
+    black = next(a for a in s["open_alerts"] if a["severity"] == "black")
+    assert black["onset_step"] == 31 and black["threshold"] == pytest.approx(0.2)
+    assert black["summary"] and "{" not in black["summary"]
+    assert s["latest"]["kl/mean"] == 0.5
+
+
+def test_summary_smoothed_values_are_the_ema_the_rules_read():
+    p = Pipeline(only_rules("clip_frac_high"))
+    for s in range(20):
+        p.feed(ev("ema", s, {"ppo/clip_frac": 0.1 if s < 10 else 0.9}), T0 + s)
+    st = p.runs["ema"]
+    smoothed = st.summary()["smoothed"]["ppo/clip_frac"]
+    track = st.banks[0].tracks[("ppo/clip_frac", 5)]      # smooth: 5 in clip_frac_high
+    assert smoothed == track.smoothed() == track.values[-1]
+    assert 0.1 < smoothed < 0.9
+    # the orange tier compares that same number
+    orange = firing(feed_series(Pipeline(only_rules("clip_frac_high")), "e2", "ppo/clip_frac",
+                                [0.1] * 10 + [0.9] * 10), "clip_frac_high", "orange")[0]
+    p2 = Pipeline(only_rules("clip_frac_high"))
+    feed_series(p2, "e3", "ppo/clip_frac", ([0.1] * 10 + [0.9] * 10)[:orange.step + 1])
+    assert orange.value == pytest.approx(p2.runs["e3"].summary()["smoothed"]["ppo/clip_frac"])
+
+
+def test_summary_of_a_run_without_kl_rule_omits_the_kl_lines():
+    p = Pipeline(only_rules("nan_inf"))
+    p.feed(ev("n", 0, {"x": 1.0}), T0)
+    s = p.runs["n"].summary()
+    assert "kl_lines" not in s and s["worst"] is None and s["open_alerts"] == []
