@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from types import FunctionType
 from typing import Any, ClassVar
 
 __all__ = ["Stateful", "Statistic", "registered_types", "stat_from_state"]
@@ -77,27 +76,6 @@ def as_float(x: Any) -> float:
         return math.nan
 
 
-def _own_copy(func: FunctionType) -> FunctionType:
-    """``func`` with a code object of its own.
-
-    CPython's specialising interpreter caches attribute and method look-ups inside the code
-    object, for one receiver type at a time: a hot method inherited by several statistics that
-    are updated in turn (the usual case: many metrics, several statistics each) would keep
-    missing those caches, at a cost of tens of ns per call. Giving each class its own copy of
-    the few hot shared methods keeps the shared code in one place and the caches monomorphic.
-    """
-    copy = FunctionType(
-        func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__, func.__closure__
-    )
-    copy.__kwdefaults__ = func.__kwdefaults__
-    copy.__qualname__ = func.__qualname__
-    copy.__doc__ = func.__doc__
-    copy.__module__ = func.__module__
-    copy.__annotations__ = func.__annotations__
-    copy.__dict__.update(func.__dict__)
-    return copy
-
-
 class Stateful:
     """Anything whose state is plain data: registered by class name for :func:`stat_from_state`.
 
@@ -110,17 +88,10 @@ class Stateful:
     #: Whether the class is stored in the registry (private helpers set this to False).
     _register: ClassVar[bool] = True
 
-    #: Hot methods every subclass gets its own copy of (see :func:`_own_copy`).
-    _per_class: ClassVar[tuple[str, ...]] = ()
-
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.__dict__.get("_register", True) and not cls.__name__.startswith("_"):
             _REGISTRY[cls.__name__] = cls
-        for name in cls._per_class:
-            func = getattr(cls, name, None)
-            if name not in cls.__dict__ and isinstance(func, FunctionType):
-                setattr(cls, name, _own_copy(func))
 
     # -- to be provided by subclasses ---------------------------------------------------------
     def _params(self) -> dict[str, Any]:
@@ -176,7 +147,6 @@ class Statistic(Stateful):
     """
 
     __slots__ = ()
-    _per_class = ("update", "_add", "get")
 
     def update(self, x: float) -> None:
         if type(x) is not float:

@@ -27,60 +27,15 @@ from streams.stats.base import Stateful, Statistic, registered_types, stat_from_
 
 #: class name -> (constructor kwargs, [extra read-outs compared after round trips])
 EXAMPLES: dict[str, tuple[dict, list]] = {
-    "EMA": ({"alpha": 0.3}, ["n"]),
-    "RollingMean": ({"window": 5}, ["n"]),
-    "RollingVar": ({"window": 5}, ["mean"]),
-    "RollingStd": ({"window": 5}, ["mean"]),
-    "RollingMin": ({"window": 4}, ["n"]),
-    "RollingMax": ({"window": 4}, ["n"]),
-    "RollingMedian": ({"window": 5}, ["n"]),
-    "RollingQuantile": ({"window": 6, "q": 0.25}, []),
-    "RollingMAD": ({"window": 6, "scaled": True}, ["median"]),
-    "RobustZ": ({"window": 6, "min_periods": 3}, ["median", "mad", "last"]),
-    "ZScore": ({"window": 6, "min_periods": 3}, ["std", "mean", "last"]),
-    "WarmupBaseline": ({"warmup": 4}, ["mean", "std", "median", "frozen", "n_after"]),
-    "DDSketch": (
-        {"relative_accuracy": 0.02, "max_bins": 8},
-        ["count", "num_bins", ("quantile", 0.1), ("quantile", 0.9)],
-    ),
-    "MannKendall": ({"window": 7}, ["tau", "p_value", "slope", "s", "var_s"]),
     "PageHinkley": (
         {"delta": 0.01, "threshold": 3.0, "min_instances": 3},
         ["detected", "change_count", "last_direction"],
     ),
     "Cusum": ({"k": 0.5, "h": 2.0, "warmup": 3}, ["detected", "change_count", "statistic"]),
-    "RelativeDrop": ({"window": 5}, ["peak", "last"]),
-    "RelativeRise": ({"window": 5}, ["trough", "last"]),
-    "Flatline": ({"window": 5, "rel_tol": 1e-3}, ["is_flat", "range", "max", "min"]),
-    "Autocorrelation": ({"window": 8, "max_lag": 3}, ["lag"]),
-    "SignFlipRate": ({"window": 6}, ["diff_std_ratio"]),
 }
 
 #: invalid constructor arguments that must raise ValueError
 BAD_ARGS: dict[str, list[dict]] = {
-    "EMA": [
-        {},
-        {"alpha": 0.5, "span": 3},
-        {"alpha": 0.0},
-        {"alpha": 1.5},
-        {"span": 0.5},
-        {"alpha": math.nan},
-        {"alpha": "x"},
-        {"alpha": 1e-20},
-    ],
-    "RollingMean": [{"window": 0}, {"window": 2.5}, {"window": "3"}, {"window": True}],
-    "RollingVar": [{"window": 1}, {"window": -3}],
-    "RollingStd": [{"window": 1}],
-    "RollingMin": [{"window": 0}],
-    "RollingMax": [{"window": 0}],
-    "RollingMedian": [{"window": 0}],
-    "RollingQuantile": [{"window": 5, "q": 1.5}, {"window": 5, "q": -0.1}, {"window": 0, "q": 0.5}],
-    "RollingMAD": [{"window": 0}, {"window": 5, "scaled": "yes"}],
-    "RobustZ": [{"window": 0}, {"window": 5, "min_periods": 6}, {"window": 5, "min_periods": 0}],
-    "ZScore": [{"window": 1}, {"window": 5, "min_periods": 1}, {"window": 5, "min_periods": 9}],
-    "WarmupBaseline": [{"warmup": 0}],
-    "DDSketch": [{"relative_accuracy": 0.0}, {"relative_accuracy": 1.0}, {"max_bins": 1}],
-    "MannKendall": [{"window": 2}, {"window": 5, "continuity": 1}],
     "PageHinkley": [
         {"threshold": 0.0},
         {"delta": -1.0},
@@ -88,11 +43,6 @@ BAD_ARGS: dict[str, list[dict]] = {
         {"min_instances": 0},
     ],
     "Cusum": [{"h": 0.0}, {"k": -0.1}, {"warmup": 1}],
-    "RelativeDrop": [{"window": 0}],
-    "RelativeRise": [{"window": 0}],
-    "Flatline": [{"window": 1}, {"window": 5, "rel_tol": -1.0}],
-    "Autocorrelation": [{"window": 4}, {"window": 10, "max_lag": 9}, {"window": 10, "max_lag": 1}],
-    "SignFlipRate": [{"window": 2}],
 }
 
 
@@ -135,7 +85,6 @@ def same_readouts(a: list, b: list) -> bool:
 
 def test_every_statistic_is_in_the_tables():
     names = {c.__name__ for c in CLASSES}
-    assert len(names) >= 20
     assert names == set(EXAMPLES), "add new statistics to EXAMPLES (and BAD_ARGS)"
     assert names == set(BAD_ARGS)
     for name in names:
@@ -211,7 +160,7 @@ def test_answers_do_not_depend_on_when_they_are_read(cls, data, every):
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
 def test_from_state_rejects_other_types(cls):
-    other = "EMA" if cls.__name__ != "EMA" else "RollingMean"
+    other = "Cusum" if cls.__name__ != "Cusum" else "PageHinkley"
     state = make(other).to_state()
     with pytest.raises(ValueError):
         cls.from_state(state)
@@ -298,46 +247,6 @@ def test_memory_is_bounded(cls):
                 stat.get()
         sizes.append(len(pickle.dumps(stat)))
     assert sizes[1] <= sizes[0] * 1.2 + 200, sizes
-
-
-def test_ddsketch_bins_are_bounded_under_a_wide_range():
-    sk = S.DDSketch(relative_accuracy=0.01, max_bins=64)
-    for e in range(-300, 300):
-        sk.update(10.0**e)
-        sk.update(-(10.0**e))
-    assert len(sk._pos) <= 64 and len(sk._neg) <= 64
-    assert sk.count == 1200
-    # the largest magnitudes keep their accuracy (collapsing only hits the smallest ones)
-    data = sorted([10.0**e for e in range(-300, 300)] + [-(10.0**e) for e in range(-300, 300)])
-    for q in (0.0, 0.001, 0.01, 0.99, 0.999, 1.0):
-        want = data[int(q * (len(data) - 1))]
-        assert abs(sk.quantile(q) - want) <= 0.01 * abs(want) * (1 + 1e-12), q
-    # ... while the values nearest to zero were folded together
-    assert sk.quantile(0.5) != pytest.approx(data[599], rel=0.01)
-
-
-# ---- the non-scalar stateful classes ---------------------------------------------------------
-
-
-def test_stateful_non_statistics_round_trip():
-    rc = S.RollingCorrelation(window=5)
-    gt = S.GroupTrends(window=6, alpha=0.5)
-    rnd = random.Random(1)
-    for i in range(20):
-        rc.update_pair(rnd.random(), rnd.random() if i % 7 else math.nan)
-        gt.update({"a": rnd.random(), "b": i * 0.1, 3: math.inf if i == 4 else 1.0})
-    for obj in (rc, gt):
-        assert isinstance(obj, Stateful) and not isinstance(obj, Statistic)
-        state = json.loads(json.dumps(obj.to_state(), allow_nan=False))
-        back = stat_from_state(state)
-        assert same(back.get(), obj.get())
-        assert back.n_skipped == obj.n_skipped
-        twin = pickle.loads(pickle.dumps(obj))
-        assert same(twin.get(), obj.get())
-    back = stat_from_state(json.loads(json.dumps(gt.to_state())))
-    assert back.slopes() == pytest.approx(gt.slopes(), nan_ok=True)
-    assert set(back.slopes()) == {"a", "b", 3}
-    assert back.gap_trend() == gt.gap_trend()
 
 
 # ---- the docstring examples run ---------------------------------------------------------------
