@@ -380,7 +380,10 @@ def cmd_status(args) -> int:
         now = time.time()
         try:
             records, channel_runs = await _known_runs(control, settings)
-            runs = sorted(set(records) | set(channel_runs))
+            # the control channel is shared by every application on this Redis: by default list
+            # this application's runs (its fleet view), and say how many others there are
+            others = sorted(set(channel_runs) - set(records))
+            runs = sorted(set(records) | set(others)) if (args.all or args.run) else sorted(records)
             if args.run:
                 if args.run not in runs:
                     msg = f"no run {args.run!r} is known to app {settings.app_id!r}"
@@ -409,8 +412,7 @@ def cmd_status(args) -> int:
                 print(json.dumps(out[0] if args.run else out))
                 return
             if not out:
-                print(f"no runs known to app {settings.app_id!r} yet (no worker has seen an event, "
-                      "no command was sent)")
+                print(f"no runs known to app {settings.app_id!r} yet (no worker of it has seen an event)")
             for item in out:
                 cmd = item["command"]
                 how = f" by {cmd['issuer']}: {cmd['reason']}" if cmd else ""
@@ -432,6 +434,9 @@ def cmd_status(args) -> int:
                         print(f"  {when} ack   {e['action']:8s} {e['status']} (rank {e.get('rank')}) {e.get('detail', '')}")
                     else:
                         print(f"  {when} {e['action']:14s} {e.get('issuer', '')}: {e.get('reason', '')}")
+            if not args.run and not args.all and others:
+                print(f"(and {len(others)} run(s) known only to the control channel: other applications, "
+                      "or runs no worker has seen; --all lists them)")
         finally:
             await control.close()
 
@@ -612,6 +617,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("run", nargs="?")
     s.add_argument("--redis")
     s.add_argument("--json", action="store_true", help="one JSON document (a list, or one run)")
+    s.add_argument("--all", action="store_true",
+                   help="also the runs known only to the control channel (other applications)")
     s.set_defaults(fn=cmd_status)
 
     si = sub.add_parser("silence", help="mute notifications of matching alerts for a while (commands still go)")
