@@ -11,6 +11,7 @@ Routes
 ``GET /api/run/dists?run=ID``     latest histograms and histograms over steps (heatmaps)
 ``GET /api/run/samples?run=ID``   latest samples (``category``, ``step``, ``limit``)
 ``GET /api/run/audit?run=ID``     control state and command/ack history (operator token required)
+``GET /api/run/incidents?run=ID`` the run's incident snapshots kept in Redis (ids and summaries)
 ``POST /api/run/command?run=ID``  pause / resume / stop with a reason (operator token required)
 ``GET /api/stream[?run=ID]``      server-sent events: fleet rows, or a run's new steps and alerts
 ``GET /metrics``                  Prometheus text format (see :mod:`web.metrics`)
@@ -221,6 +222,24 @@ async def api_audit(request: web.Request) -> web.Response:
     return _json(request, {"run_id": run, "state": st.state,
                            "command": st.command.model_dump(exclude_none=True) if st.command else None,
                            "history": hist})
+
+
+async def api_incidents(request: web.Request) -> web.Response:
+    """The run's incidents (what `rlwatch incidents list --run` shows); the snapshots themselves
+    stay behind `rlwatch incidents show ID`."""
+    run = _run_param(request)
+    redis = getattr(request.app[K_STATE].get("store"), "redis", None)
+    if redis is None:
+        return _json(request, {"run_id": run, "incidents": [],
+                               "note": "no incident store here (the embedded demo keeps none)"})
+    from alerts.incidents import RedisIncidents
+
+    try:
+        items = await RedisIncidents(redis).list(run, _int(request, "limit", 20, 1, 200))
+    except Exception as exc:  # noqa: BLE001 - Redis down: say so, keep the page alive
+        return _json(request, {"run_id": run, "incidents": [], "error": f"Redis unreachable: {exc}"},
+                     status=503)
+    return _json(request, {"run_id": run, "incidents": items})
 
 
 def _given_token(request: web.Request, body: dict) -> str | None:
@@ -542,6 +561,7 @@ def build_web_app(fleet: Fleet, control=None, *, control_factory: Callable[[], A
     r.add_get("/api/run/dists", api_dists)
     r.add_get("/api/run/samples", api_samples)
     r.add_get("/api/run/audit", api_audit)
+    r.add_get("/api/run/incidents", api_incidents)
     r.add_post("/api/run/command", api_command)
     r.add_get("/api/stream", api_stream)
     r.add_get("/metrics", api_metrics)

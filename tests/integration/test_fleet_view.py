@@ -165,3 +165,42 @@ def test_a_wrong_kafka_address_is_one_line_not_client_logging(services):
     out = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
     assert len(out) == 1, out                           # no client logging, no traceback
     assert out[0].startswith("rlwatch worker: cannot reach Kafka at 127.0.0.1:1")
+
+
+def test_the_cockpit_lists_the_runs_incidents_from_redis(services):
+    """`GET /api/run/incidents` of a dashboard on Redis: what `rlwatch incidents list --run` shows."""
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from alerts.control import RedisControl
+    from alerts.incidents import RedisIncidents, make_incident
+    from contract.alert import Alert
+    from web.fleet import Fleet
+    from web.server import build_web_app
+
+    run = f"inc-{uuid.uuid4().hex[:6]}"
+
+    async def go():
+        store = FleetStore.from_url(services["redis"], f"inc-app-{uuid.uuid4().hex[:6]}")
+        now = time.time()
+        await store.put([make_record(_summary(run, 40, now), None, now)])
+        alert = Alert(rule="kl_above_target", severity="red", state="firing", run_id=run, step=40,
+                      onset_step=38, summary="KL high")
+        await RedisIncidents(store.redis).save(make_incident(alert, None, now, ["pause"]))
+        app = build_web_app(Fleet(), RedisControl(services["redis"]), store=store, store_poll=0.05)
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.get(str(server.make_url(f"/api/run/incidents?run={run}"))) as r:
+                    data = await r.json()
+        finally:
+            await server.close()
+            await store.delete(run)
+            await store.close()
+        return data
+
+    data = asyncio.run(go())
+    [inc] = data["incidents"]
+    assert inc["rule"] == "kl_above_target" and inc["severity"] == "red" and inc["step"] == 40
+    assert inc["id"].startswith("inc-")

@@ -480,6 +480,17 @@
   }
   const loadAuditSoon = throttle(loadAudit, 1000);
 
+  async function loadIncidents() {
+    let d;
+    try { d = await RW.getJSON(`/api/run/incidents?run=${encodeURIComponent(runId)}`); } catch (e) { return; }
+    $("incident-note").textContent = d.note || d.error || (d.incidents.length ? "rlwatch incidents show ID" : "");
+    $("incidents").querySelector("tbody").innerHTML = d.incidents.map(i =>
+      `<tr data-incident="${RW.esc(i.id)}"><td class="mono">${RW.esc(i.id)}</td><td>${RW.clock(i.created)}</td>` +
+      `<td>${RW.sevBadge(i.severity)}</td><td class="mono">${RW.esc(i.rule)}</td><td class="num">${RW.esc(i.step)}</td></tr>`
+    ).join("") || `<tr><td colspan="5" class="muted">no incident recorded</td></tr>`;
+  }
+  const loadIncidentsSoon = throttle(loadIncidents, 2000);
+
   async function loadDists() {
     try {
       const d = await RW.getJSON(`/api/run/dists?run=${encodeURIComponent(runId)}`);
@@ -622,6 +633,7 @@
         S.active = msg.active;
         if (msg.kl_lines && JSON.stringify(msg.kl_lines) !== JSON.stringify(S.kl)) { S.kl = msg.kl_lines; build(); }
         renderAlerts();
+        loadIncidentsSoon();
         for (const { u } of charts.values()) placeMarkers(u);
       },
       row(row) { renderRow(row); },
@@ -664,6 +676,7 @@
     loadDists();
     loadSamples();
     loadAudit();
+    loadIncidents();
     startLive();
     setInterval(() => { if (S.row) $("age").textContent = RW.age(Date.now() / 1000 + S.clockOffset - S.row.last_seen); }, 1000);
     setInterval(loadAudit, 5000);      // worker acknowledgements arrive without a command event
