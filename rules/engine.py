@@ -76,11 +76,12 @@ def evaluate(run_id: str, rules: Iterable[CompiledRule], targets: dict[str, floa
     place and keeps only alerts that are pending or firing."""
     out: list[Alert] = []
     keyed = rank is not None
+    get = states.get
     for cr in rules:
         for ct in cr.tiers:
             holds = ct.test()
             key = f"{ct.key}{rank}" if keyed else ct.key
-            st = states.get(key)
+            st = get(key)
             if st is None:
                 if not holds:
                     continue

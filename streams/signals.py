@@ -45,6 +45,62 @@ def median_of(sorted_values: list[float]) -> float:
     return sorted_values[h] if n % 2 else 0.5 * (sorted_values[h - 1] + sorted_values[h])
 
 
+#: 1.4826 x MAD estimates the standard deviation of normal data
+MAD_SCALE = 1.4826
+#: points of the reference a change-point signal (shift_z, level_ratio) needs before it
+SPLIT_REF_POINTS = 5
+
+
+def robust_scale(sorted_values: list[float], med: float) -> float:
+    """1.4826 x the median absolute deviation from ``med``."""
+    return MAD_SCALE * median_of(sorted(abs(v - med) for v in sorted_values))
+
+
+def _frozen_baseline(pts: list[float]) -> tuple[float, float]:
+    """(median, robust scale) of a run's first points."""
+    srt = sorted(pts)
+    med = median_of(srt)
+    return med, robust_scale(srt, med)
+
+
+def split_level(steps, values, level_steps: int = 5, level_points: int = 3,
+                ref_points: int = SPLIT_REF_POINTS) -> tuple[float, float, float]:
+    """A change point at the end of a window: ``(level, reference median, reference scale)``.
+
+    The *level* is the median of the window's points of the last ``level_steps`` steps (at
+    least ``level_points`` of them), so one outlying point never moves it and a shift shows
+    once it has held for most of them; the *reference* is every earlier point of the window,
+    summarised by its median and robust scale (1.4826 x MAD). NaNs when the reference has fewer
+    than ``ref_points`` points."""
+    n = len(values)
+    if n == 0:
+        return NAN, NAN, NAN
+    edge = steps[-1] - level_steps
+    k = 0
+    while k < n and steps[n - 1 - k] > edge:
+        k += 1
+    k = max(k, level_points)
+    if n - k < ref_points:
+        return NAN, NAN, NAN
+    v = list(values)
+    ref = sorted(v[:n - k])
+    med = median_of(ref)
+    return median_of(sorted(v[n - k:])), med, robust_scale(ref, med)
+
+
+def _zscore(x: float, center: float, scale: float) -> float:
+    """(x - center) / scale; +-inf when the scale is 0 and x differs (a change from a constant)."""
+    if x != x or center != center or scale != scale:
+        return NAN
+    floor = 1e-9 * abs(center)
+    if scale > floor:
+        return (x - center) / scale
+    d = x - center
+    if abs(d) <= floor:
+        return 0.0
+    return math.copysign(math.inf, d)
+
+
 def _ratio(x: float, base: float) -> float:
     if base != base:
         return NAN
@@ -117,8 +173,8 @@ class Track:
                 if len(pts) != 1 or not isinstance(pts[0], tuple):
                     if step < self.first_step + window or len(pts) < BASELINE_POINTS:
                         pts.append(x)
-                    else:   # frozen: the median of the run's first points
-                        pts[:] = [(median_of(sorted(pts)),)]
+                    else:   # frozen: the median (and MAD scale) of the run's first points
+                        pts[:] = [_frozen_baseline(pts)]
         steps = self.steps
         steps.append(step)
         self.values.append(x)
@@ -143,12 +199,20 @@ class Track:
             return pts[0][0]
         return NAN
 
+    def baseline_scale(self, window: int) -> float:
+        """Robust scale (1.4826 x MAD) of the run's first ``window`` steps; NaN until then."""
+        pts = self.baselines.get(window)
+        if pts and len(pts) == 1 and isinstance(pts[0], tuple) and len(pts[0]) > 1:
+            return pts[0][1]
+        return NAN
+
     def to_state(self) -> dict:
         return {"steps": list(self.steps), "values": [_enc(v) for v in self.values],
                 "total": self.total, "first": self.first_step, "n": self.n,
                 "last": self.last_step, "cur": _enc(self.cur), "num": self.num, "den": self.den,
                 "prev": self.prev_step,
-                "base": {str(w): ([{"m": p[0][0]}] if len(p) == 1 and isinstance(p[0], tuple) else p)
+                "base": {str(w): ([{"m": p[0][0], "s": _enc(p[0][1] if len(p[0]) > 1 else NAN)}] if len(p) == 1
+                                  and isinstance(p[0], tuple) else p)
                          for w, p in self.baselines.items()},
                 "emas": {str(k): v for k, v in self.emas.items()}}
 
@@ -160,8 +224,8 @@ class Track:
         self.num, self.den, self.prev_step = st["num"], st["den"], st["prev"]
         for w, p in st.get("base", {}).items():
             if int(w) in self.baselines:
-                self.baselines[int(w)] = ([(p[0]["m"],)] if len(p) == 1 and isinstance(p[0], dict)
-                                          else list(p))
+                self.baselines[int(w)] = ([(p[0]["m"], _dec(p[0].get("s")))]
+                                          if len(p) == 1 and isinstance(p[0], dict) else list(p))
         for k, v in st.get("emas", {}).items():
             self.emas[int(k)] = list(v)
 
@@ -206,20 +270,24 @@ class Window:
         """Catch up with the track (only the points pushed since the last read)."""
         trk = self.track
         pending = trk.total - self.synced
-        if pending == 0:
+        if not pending:
             return self
-        if pending > len(trk.steps) or self.synced == 0:
-            self.st.clear()
-            self.xs.clear()
-            if self.sorted is not None:
-                self.sorted = []
-            self.s = self.tv = self.tp = 0
-            pending = len(trk.steps)
-        steps, values = trk.steps, trk.values
-        for i in range(len(steps) - pending, len(steps)):
-            self._add(steps[i], values[i])
+        if pending == 1 and self.synced:
+            self._add(trk.steps[-1], trk.values[-1])
+        else:
+            steps, values = trk.steps, trk.values
+            have = len(steps)
+            if pending > have or not self.synced:
+                self.st.clear()
+                self.xs.clear()
+                if self.sorted is not None:
+                    self.sorted = []
+                self.s = self.tv = self.tp = 0
+                pending = have
+            for i in range(have - pending, have):
+                self._add(steps[i], values[i])
         self.synced = trk.total
-        if self.sums and (pending > 1 or trk.total % 128 == 0):
+        if self.sums and (pending > 1 or not trk.total & 127):
             self._resum()   # from scratch now and then: rounding never builds up
         return self
 
@@ -239,7 +307,7 @@ class Window:
         st, xs, srt = self.st, self.xs, self.sorted
         edge = step - self.steps_w
         sums = self.sums
-        while len(st) >= self.points and st and st[0] <= edge:
+        while st and st[0] <= edge and len(st) >= self.points:
             ot = st.popleft()
             old = xs.popleft()
             if sums:
@@ -356,8 +424,41 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
             level.sync()
             return _ratio(level.median(), trk.baseline(window))
         return f
+    if sig == "start_z":
+        def f():
+            level.sync()
+            return _zscore(level.median(), trk.baseline(window), trk.baseline_scale(window))
+        return f
     if sig == "delta":
         return lambda: trk.values[-1] - trk.values[-2] if len(trk.values) >= 2 else NAN
+    if sig in ("shift_z", "level_ratio", "ratio_to_typical"):
+        def split() -> tuple[float, float, float]:
+            """(level, reference median, reference scale), once per new point."""
+            w = win.sync()
+            hit = w.cache.get("split")
+            if hit is not None and hit[0] == trk.total:
+                return hit[1]
+            out = split_level(w.st, w.xs, LEVEL_STEPS, LEVEL_POINTS)
+            w.cache["split"] = (trk.total, out)
+            return out
+        if sig == "shift_z":
+            def f():
+                lv, med, scale = split()
+                return _zscore(lv, med, scale)
+            return f
+        if sig == "level_ratio":
+            def f():
+                lv, med, _ = split()
+                return _ratio(lv, med)
+            return f
+
+        def f():
+            w = win.sync()
+            rest = [abs(v) for v in islice(w.xs, 0, len(w.xs) - 1) if v != 0.0]
+            if len(rest) < 3:
+                return NAN
+            return _ratio(abs(w.xs[-1]), median_of(sorted(rest)))
+        return f
     sync = win.sync
     if sig == "median":
         return lambda: sync().median()
@@ -549,7 +650,7 @@ class Bank:
         if signal == "ema":
             if window not in trk.ema_spans:
                 trk.ema_spans.append(window)
-        elif signal == "ratio_to_start":
+        elif signal in ("ratio_to_start", "start_z"):
             trk.baselines.setdefault(window, [])
             level = self.window(trk, LEVEL_STEPS, LEVEL_POINTS)
             level.need_sorted()
