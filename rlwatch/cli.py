@@ -416,7 +416,9 @@ def cmd_status(args) -> int:
             for item in out:
                 cmd = item["command"]
                 how = f" by {cmd['issuer']}: {cmd['reason']}" if cmd else ""
-                print(f"{item['run_id']}: {item['state']}{how}  "
+                # a finished run is no longer "running"; paused or stopped stay what they are
+                shown = "finished" if item["status"] == "finished" and item["state"] == "running" else item["state"]
+                print(f"{item['run_id']}: {shown}{how}  "
                       f"[{_fleet_line(records.get(item['run_id']), now, settings.finished_after)}]")
                 if not args.run:
                     continue

@@ -92,7 +92,7 @@ def test_status_shows_every_run_finished_or_live_and_after_the_worker_stopped(se
         assert s["targets"]["kl"] == 0.03 and s["kl_lines"]["red"] == pytest.approx(0.075)
         assert s["tags"]["team"] == "rl"
         text = rlwatch("status", env=env).stdout
-        assert f"{done}: running  [step 29, finished (closed its monitor)" in text
+        assert f"{done}: finished  [step 29, finished (closed its monitor)" in text   # not "running"
         assert f"{live}: running  [step 29, live" in text
         # relaunched under the same id (a new Monitor: a new incarnation): live again, afresh
         first = runs[done]["summary"]["incarnation"]

@@ -408,7 +408,7 @@
     S.row = row;
     $("run-id").textContent = row.run_id;
     document.title = `rlwatch · ${row.run_id}`;
-    $("state").innerHTML = RW.stateBadge(row.state) +
+    $("state").innerHTML = RW.stateBadge(row.status === "finished" && row.state === "running" ? "finished" : row.state) +
       (row.state !== "running" && row.state_reason ? ` <span class="muted">${RW.esc(row.state_issuer)}: ${RW.esc(row.state_reason)}</span>` : "");
     $("state").dataset.state = row.state;
     $("last-step").textContent = row.last_step == null ? "–" : row.last_step;

@@ -96,7 +96,7 @@
     const tags = Object.entries(r.tags).map(([k, v]) => `<span class="tag">${RW.esc(k)}=${RW.esc(v)}</span>`).join("");
     return `<tr class="run${cls}" data-run="${RW.esc(r.run_id)}" data-state="${r.state}" data-status="${RW.esc(r.status)}">` +
       `<td><a class="mono" href="${href}">${RW.esc(r.run_id)}</a></td>` +
-      `<td>${RW.stateBadge(r.state)}${status}${why}</td>` +
+      `<td>${r.status === "finished" && r.state === "running" ? RW.stateBadge("finished") : RW.stateBadge(r.state) + status}${why}</td>` +
       `<td class="worst">${worst}</td>` +
       `<td class="num">${r.last_step == null ? "–" : r.last_step}</td>` +
       `<td class="num">${r.steps_per_s ? r.steps_per_s.toFixed(1) : "0"}</td>` +
