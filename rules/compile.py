@@ -95,6 +95,13 @@ class Program:
     _memo: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        #: every rule read on every step only asks "is any metric not finite?" (the rules of
+        #: ranks other than 0 in the built-in pack): a step whose metrics are all finite, with
+        #: no alert open, has nothing to evaluate
+        self.finite_gate = all(
+            cr.trigger != "step" or (cr.inputs is None and all(
+                leaf.nonfinite == "any" for t in cr.rule.tiers for leaf in leaves(t.when)))
+            for cr in self.rules)
         for cr in self.rules:
             if cr.trigger != "step":
                 self.by_trigger.setdefault(cr.trigger, []).append(cr)

@@ -449,6 +449,10 @@ class RunState:
         else:
             rules = program.every_step if not program.by_input else program.step_rules(metrics)
             shown = rank
+            if program.finite_gate and rules:
+                total = sum(metrics.values())
+                if total - total == 0.0 and not any(k.endswith(f"/{rank}") for k in self.alerts):
+                    rules = ()     # all finite, nothing open on this rank: nothing can change
         if rules:
             out = evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
                            rank=shown, checkpoint_before=self.checkpoint_before)
