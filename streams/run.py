@@ -126,17 +126,18 @@ class _Moments:
 def spearman(x: list[float], y: list[float]) -> float:
     """Spearman's rank correlation of two per-sample arrays (ties ranked in order of
     appearance, which keeps it to two sorts per array)."""
-    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if a.size != b.size:
+    if len(x) != len(y):
         return NAN
-    keep = np.isfinite(a) & np.isfinite(b)
-    if not keep.all():
-        a, b = a[keep], b[keep]
-    n = a.size
-    if n < 3 or a.min() == a.max() or b.min() == b.max():
+    arr = np.array((x, y), dtype=float)
+    if not np.isfinite(arr).all():
+        keep = np.isfinite(arr).all(axis=0)
+        arr = arr[:, keep]
+    n = arr.shape[1]
+    if n < 3 or not np.ptp(arr, axis=1).all():
         return NAN
-    d = a.argsort(kind="stable").argsort() - b.argsort(kind="stable").argsort()
-    return 1.0 - 6.0 * float(np.dot(d, d)) / (n * (n * n - 1.0))
+    r = arr.argsort(axis=1, kind="stable").argsort(axis=1, kind="stable")
+    d = r[0] - r[1]
+    return 1.0 - 6.0 * float(d @ d) / (n * (n * n - 1.0))
 
 
 def _ls_slope(steps: list[int], xs: list[float]) -> float:
