@@ -134,7 +134,13 @@ def _alert(run_id: str, cr: CompiledRule, tier, severity: str, st: AlertState, t
               "value": st.value, "threshold": st.threshold, "onset_step": st.onset_step,
               "step": step, "run_id": run_id, "rank": rank, "tier": severity,
               "metric": st.metric, "detail": st.detail or "", "rule": rule.id}
-    summary = render(rule.summary, **fields)
+    if state == "resolved":
+        # the firing text ("... is above the red threshold") would now be false
+        name = rule.title or rule.id
+        summary = render("{name}: back under the {tier} threshold at step {step} (fired at step "
+                         "{onset_step} with {metric} {value:.4g})", name=name, **fields)
+    else:
+        summary = render(rule.summary, **fields)
     if st.detail and state == "firing":
         summary = f"{summary} ({st.detail})"
     if escalated:

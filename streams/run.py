@@ -311,6 +311,7 @@ class RunState:
         self._tags_seen: dict = {}
         self._tags_obj: dict | None = None
         self.newest = -1                # the newest step of any rank (limits, relaunch)
+        self.closed = False             # the training script closed its monitor (final heartbeat)
         self.cross_rank = False         # a rule compares ranks: buffer their values per step
 
     # -- compiled rules ------------------------------------------------------------------------
@@ -376,6 +377,8 @@ class RunState:
         self.now = ts
         self.events += 1
         self.last_seen[rank] = ts
+        # a run that speaks after closing its monitor is running again
+        self.closed = kind == "heartbeat" and getattr(event, "final", False) is True
         if not ts <= self.last_event_ts:     # (NaN before the first event)
             self.last_event_ts = ts
         if kind == "step":
@@ -479,7 +482,10 @@ class RunState:
         return out
 
     def tick(self, now: float) -> list[Alert]:
-        """Evaluate the liveness rules at wall time ``now``."""
+        """Evaluate the liveness rules at wall time ``now`` (not for a run that closed its
+        monitor: a finished run is silent, not stalled)."""
+        if self.closed:
+            return []
         self.now = now
         step = max(self.last_step.values(), default=0)
         return evaluate(self.run_id, self.program(0).by_trigger.get("tick", ()),
@@ -730,6 +736,7 @@ class RunState:
             "events": self.events,
             "duplicates": self.duplicates,
             "ts_replaced": self.ts_replaced,
+            "closed": self.closed,
             "pending": {str(s): {str(r): e for r, e in ranks.items()} for s, ranks in self.pending.items()},
             "dist_bases": {k: ([{"m": v[0][0]}] if v and isinstance(v[0], tuple) else v)
                            for k, v in self.dist_bases.items()},
@@ -764,6 +771,7 @@ class RunState:
         rs.events = state.get("events", 0)
         rs.duplicates = state.get("duplicates", 0)
         rs.ts_replaced = state.get("ts_replaced", 0)
+        rs.closed = state.get("closed", False)
         rs.pending = {int(s): {int(r): e for r, e in ranks.items()}
                       for s, ranks in state.get("pending", {}).items()}
         for k, v in state.get("dist_bases", {}).items():

@@ -1,0 +1,58 @@
+"""A run's end and an alert's end read true: a run that closed its monitor is finished, not
+stalled; a resolved alert does not repeat its firing text."""
+
+from __future__ import annotations
+
+from contract.events import parse_event
+from streams.processor import Pipeline
+from tests.unit._core import T0, only_rules
+
+
+def ev(run, step, kind="step", ts=None, **extra):
+    raw = {"schema": 1, "kind": kind, "run_id": run, "step": step,
+           "ts": T0 + step if ts is None else ts}
+    raw.update(extra)
+    return parse_event(raw, T0)
+
+
+def test_a_run_that_closed_its_monitor_is_not_reported_stalled():
+    p = Pipeline(only_rules("run_stalled"))
+    for s in range(5):
+        p.feed(ev("done", s, metrics={"kl/mean": 0.01}), T0 + s)
+    p.feed(ev("done", 4, kind="heartbeat", final=True), T0 + 5)
+    assert p.tick(T0 + 5 + 3600) == []
+    # a stalled run (no final heartbeat) still is
+    for s in range(5):
+        p.feed(ev("hung", s, metrics={"kl/mean": 0.01}), T0 + s)
+    stalled = p.tick(T0 + 5 + 3600)
+    assert [(a.run_id, a.rule, a.state) for a in stalled] == [("hung", "run_stalled", "firing")]
+
+
+def test_a_closed_run_that_speaks_again_is_watched_again():
+    p = Pipeline(only_rules("run_stalled"))
+    p.feed(ev("r", 1, metrics={"kl/mean": 0.01}), T0 + 1)
+    p.feed(ev("r", 1, kind="heartbeat", final=True), T0 + 2)
+    p.feed(ev("r", 2, metrics={"kl/mean": 0.01}), T0 + 3)
+    assert [a.rule for a in p.tick(T0 + 3 + 3600)] == ["run_stalled"]
+
+
+def test_the_closed_flag_survives_a_worker_restart():
+    p = Pipeline(only_rules("run_stalled"))
+    p.feed(ev("r", 1, metrics={"kl/mean": 0.01}), T0 + 1)
+    p.feed(ev("r", 1, kind="heartbeat", final=True), T0 + 2)
+    restored = p.processor.load_state(p.runs["r"].to_state())
+    assert p.processor.tick(restored, T0 + 3600) == []
+
+
+def test_a_resolved_alert_says_it_is_back_under_its_threshold():
+    p = Pipeline(only_rules("run_stalled"))
+    p.feed(ev("r", 1, metrics={"kl/mean": 0.01}), T0 + 1)
+    fired = p.tick(T0 + 3600)
+    assert [a.state for a in fired] == ["firing"]
+    back = p.feed(ev("r", 2, metrics={"kl/mean": 0.01}, ts=T0 + 3601), T0 + 3601)
+    back += p.tick(T0 + 3602)
+    resolved = [a for a in back if a.state == "resolved"]
+    assert resolved, back
+    text = resolved[0].summary
+    assert "back under the orange threshold" in text and "fired at step" in text
+    assert "above" not in text and text != fired[0].summary
