@@ -94,7 +94,7 @@ def iter_records(path: Path) -> Iterator[tuple[int, dict | str]]:
     events or logged dicts, trainer_state.json, TensorBoard, W&B exports, console logs."""
     from producers.recorded import iter_json_lines, iter_recorded
 
-    if path.suffix == ".jsonl":   # whatever _kind() would guess from its content
+    if path.suffix == ".jsonl":   # whatever detect_kind() would guess from its content
         yield from iter_json_lines(path.read_text(encoding="utf-8", errors="replace"))
     else:
         yield from iter_recorded(path)
@@ -235,7 +235,9 @@ def replay(paths: list[str | Path], pack: Pack, preset: Preset | None = None,
     def pipeline_for(p: Preset | None, detected: bool) -> Pipeline:
         key = p.name if (p is not None and detected) else None
         if key not in pipelines:
-            pipelines[key] = Pipeline(with_preset(pack, p) if detected else pack)
+            # replay maps names itself (or, without detect, deliberately not at all)
+            pipelines[key] = Pipeline(with_preset(pack, p) if detected else pack,
+                                      detect_presets=False)
         return pipelines[key]
 
     for p in paths:

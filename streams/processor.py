@@ -17,8 +17,10 @@ import gc
 from typing import Iterable
 
 from contract.alert import Alert
+from contract.presets import get_preset
 from rules.compile import rule_inputs, rule_trigger
 from rules.engine import RuleEngine, RunRules
+from rules.loader import with_preset
 from rules.schema import Pack
 from streams.run import MAX_LATEST_METRICS, TARGET_TAG_PREFIX, RunState
 
@@ -40,34 +42,43 @@ def tune_gc() -> None:
 class Processor:
     """A rule pack, applied to runs. Holds no run state itself."""
 
-    def __init__(self, pack: Pack):
+    def __init__(self, pack: Pack, *, detect_presets: bool = True):
         self.pack = pack
+        #: map runs that log a framework's own names onto the canonical ones (RunState)
+        self.detect_presets = detect_presets
         self.engine = RuleEngine(pack)
         self.triggers = {r.id: rule_trigger(r) for r in self.engine.rules}
         self.inputs = {r.id: rule_inputs(r) for r in self.engine.rules}
         self._run_rules: dict[tuple, RunRules] = {}
+        self._engines: dict[str | None, RuleEngine] = {None: self.engine}
 
-    def resolve(self, run_id: str, targets: dict[str, float]) -> RunRules:
-        """The pack as it applies to a run with these reported targets (cached)."""
-        key = (run_id, tuple(sorted(targets.items())))
+    def resolve(self, run_id: str, targets: dict[str, float], preset: str | None = None) -> RunRules:
+        """The pack as it applies to a run with these reported targets, and the scales of the
+        framework its metric names came from (a preset found in its events), cached."""
+        key = (run_id, tuple(sorted(targets.items())), preset)
         rr = self._run_rules.get(key)
         if rr is None:
             if len(self._run_rules) > MAX_CACHED_RULES:
                 self._run_rules.clear()
-            rr = self._run_rules[key] = self.engine.for_run(run_id, targets)
+            engine = self._engines.get(preset)
+            if engine is None:
+                engine = self._engines[preset] = RuleEngine(with_preset(self.pack, get_preset(preset)))
+            rr = self._run_rules[key] = engine.for_run(run_id, targets)
         return rr
 
     def rules_for(self, state: RunState) -> RunRules:
-        return state.rules if state.rules is not None else self.resolve(state.run_id, state.targets)
+        if state.rules is not None:
+            return state.rules
+        return self.resolve(state.run_id, state.targets, state.preset)
 
     # -- state ----------------------------------------------------------------------------------
     def new_state(self, run_id: str) -> RunState:
-        st = RunState(run_id, self.resolve)
+        st = RunState(run_id, self.resolve, detect_preset=self.detect_presets)
         st.bind()
         return st
 
     def load_state(self, data: dict) -> RunState:
-        return RunState.from_state(data, self.resolve)
+        return RunState.from_state(data, self.resolve, detect_preset=self.detect_presets)
 
     # -- events ---------------------------------------------------------------------------------
     def process(self, state: RunState, event, now: float) -> list[Alert]:
@@ -82,8 +93,8 @@ class Processor:
 class Pipeline:
     """A :class:`Processor` with the run states kept in memory (demo and replay)."""
 
-    def __init__(self, pack: Pack):
-        self.processor = Processor(pack)
+    def __init__(self, pack: Pack, *, detect_presets: bool = True):
+        self.processor = Processor(pack, detect_presets=detect_presets)
         self.runs: dict[str, RunState] = {}
 
     def state(self, run_id: str) -> RunState:

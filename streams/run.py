@@ -35,6 +35,7 @@ import numpy as np
 
 from contract.alert import SEVERITIES, Alert, severity_rank
 from contract.events import EventError, StepEvent
+from contract.presets import PRESETS, Preset, guess_preset
 from rules.compile import Program, resolve_threshold
 from rules.engine import RunRules, evaluate
 from rules.state import AlertState
@@ -53,6 +54,7 @@ MAX_STEP_JUMP = 1_000_000
 MAX_TS_AGE = 30 * 86400.0
 MAX_TS_AHEAD = 3600.0
 RELAUNCH_STEPS_BACK = 10
+PRESET_TRIES = 5           # first step events read to find the framework of unmapped names
 GROUP_TREND_EVERY = 10
 #: Events may carry per-run targets as tags, e.g. {"target.kl": "0.03"} (the SDK's targets=).
 TARGET_TAG_PREFIX = "target."
@@ -270,7 +272,8 @@ def _ratio_pos(x: float, base: float) -> float:
 
 
 class RunState:
-    def __init__(self, run_id: str, resolve: Callable[[str, dict], RunRules] | None = None):
+    def __init__(self, run_id: str, resolve: Callable[..., RunRules] | None = None, *,
+                 detect_preset: bool = True):
         self.run_id = run_id
         #: (run_id, reported targets) -> the pack as it applies to this run
         self.resolve = resolve
@@ -312,6 +315,9 @@ class RunState:
         self._tags_obj: dict | None = None
         self.newest = -1                # the newest step of any rank (limits, relaunch)
         self.closed = False             # the training script closed its monitor (final heartbeat)
+        self.preset: str | None = None  # the framework its metric names came from (found)
+        self._renamer: Preset | None = None
+        self._preset_tries = 0 if detect_preset else PRESET_TRIES
         self.cross_rank = False         # a rule compares ranks: buffer their values per step
 
     # -- compiled rules ------------------------------------------------------------------------
@@ -319,7 +325,7 @@ class RunState:
         """Compile ``rules`` (by default: resolved for this run's targets) against this run's
         statistics, keeping the values already held."""
         if rules is None:
-            rules = self.resolve(self.run_id, dict(self.targets))
+            rules = self.resolve(self.run_id, dict(self.targets), self.preset)
         kept = {r: b.to_state() for r, b in self.banks.items()} if self.banks else {}
         self.rules = rules
         self.banks, self.programs = {}, {}
@@ -382,6 +388,10 @@ class RunState:
         if not ts <= self.last_event_ts:     # (NaN before the first event)
             self.last_event_ts = ts
         if kind == "step":
+            if self._renamer is not None:
+                event.metrics = self._renamer.map_metrics(event.metrics)
+            elif self._preset_tries < PRESET_TRIES and event.metrics:
+                self._find_preset(event)
             last = self.last_step.get(rank)
             if last is not None and step <= last:
                 self.duplicates += 1
@@ -412,6 +422,21 @@ class RunState:
                 and ts > self.last_event_ts):
             return "the run was relaunched (its steps started over)"
         return None
+
+    def _find_preset(self, event) -> None:
+        """Runs that log a framework's own names (no SDK mapping, no --preset) are mapped onto
+        the canonical names, with that framework's scales, from the first step events whose
+        names say which framework it is (``contract.presets.guess_preset``; a ``preset`` tag
+        names it outright)."""
+        self._preset_tries += 1
+        named = self.tags.get("preset") or (event.tags or {}).get("preset")
+        preset = PRESETS.get(named) if named else guess_preset(event.metrics).preset
+        if preset is None:
+            return
+        self.preset, self._renamer = preset.name, preset
+        self._preset_tries = PRESET_TRIES
+        self.bind(self.resolve(self.run_id, dict(self.targets), self.preset))
+        event.metrics = preset.map_metrics(event.metrics)
 
     def reset(self, incarnation: str | None) -> None:
         """Start the run afresh (a relaunch): steps, windows, baselines and alerts go."""
@@ -737,6 +762,7 @@ class RunState:
             "duplicates": self.duplicates,
             "ts_replaced": self.ts_replaced,
             "closed": self.closed,
+            "preset": self.preset,
             "pending": {str(s): {str(r): e for r, e in ranks.items()} for s, ranks in self.pending.items()},
             "dist_bases": {k: ([{"m": v[0][0]}] if v and isinstance(v[0], tuple) else v)
                            for k, v in self.dist_bases.items()},
@@ -747,9 +773,13 @@ class RunState:
         }
 
     @classmethod
-    def from_state(cls, state: dict, resolve: Callable[[str, dict], RunRules]) -> "RunState":
-        rs = cls(state["run_id"], resolve)
+    def from_state(cls, state: dict, resolve: Callable[..., RunRules], *,
+                   detect_preset: bool = True) -> "RunState":
+        rs = cls(state["run_id"], resolve, detect_preset=detect_preset)
         rs.incarnation = state.get("incarnation")
+        rs.preset = state.get("preset")
+        if rs.preset in PRESETS:
+            rs._renamer, rs._preset_tries = PRESETS[rs.preset], PRESET_TRIES
         rs.targets = state.get("targets", {})
         rs.bind()
         for r, b in state.get("banks", {}).items():

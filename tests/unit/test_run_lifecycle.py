@@ -56,3 +56,34 @@ def test_a_resolved_alert_says_it_is_back_under_its_threshold():
     text = resolved[0].summary
     assert "back under the orange threshold" in text and "fired at step" in text
     assert "above" not in text and text != fired[0].summary
+
+
+# -- runs that log their framework's own names ---------------------------------------------------
+
+def _grpo_step(run, step, kl):
+    # TRL GRPOTrainer's names, as a training script logs them without the SDK's mapping
+    return ev(run, step, metrics={"kl": kl, "reward": 0.5, "reward_std": 0.3,
+                                  "frac_reward_zero_std": 0.1, "entropy": 0.4,
+                                  "completions/clipped_ratio": 0.02})
+
+
+def test_a_run_logging_trl_grpo_names_is_watched_with_that_preset():
+    p = Pipeline(only_rules("kl_above_target"))
+    alerts = []
+    for s in range(40):
+        alerts += p.feed(_grpo_step("g", s, 0.02 if s < 20 else 3.0), T0 + s)
+    st = p.runs["g"]
+    assert st.preset == "trl-grpo"
+    assert "kl/mean" in st.latest_metrics and "kl" not in st.latest_metrics
+    # the preset's scale applies: its black cap, not the pack default
+    black = [a for a in alerts if a.rule == "kl_above_target" and a.severity == "black"]
+    assert black and black[0].threshold == 0.5
+    restored = p.processor.load_state(st.to_state())
+    assert restored.preset == "trl-grpo"
+
+
+def test_canonical_names_are_left_alone():
+    p = Pipeline(only_rules("kl_above_target"))
+    for s in range(10):
+        p.feed(ev("c", s, metrics={"kl/mean": 0.01, "reward/mean": 0.3}), T0 + s)
+    assert p.runs["c"].preset is None
