@@ -8,7 +8,8 @@ five metrics), in CPU microseconds per event:
 * pydantic ``model_validate_json`` of the contract's models (its strict validators included);
 * msgspec ``decode`` into typed structs (when msgspec is installed; NaN spellings as strings
   need a union type, and the contract's reasons would have to be reworded);
-* ``parse_event``: orjson + type checks, pydantic only for what the checks do not pass.
+* ``parse_event``: msgspec's checked decode of plain step events (orjson + type checks for the
+  other plain events), pydantic only for what those do not pass.
 
     python bench/bench_parse.py [--steps N]
 """
@@ -64,7 +65,7 @@ def main() -> None:
         rows.append(("msgspec typed decode", decoder.decode))
     except ImportError:
         rows.append(("msgspec typed decode", None))
-    rows.append(("parse_event (orjson + checks)", lambda r: parse_event(r, 0.0)))
+    rows.append(("parse_event (msgspec + checks)", lambda r: parse_event(r, 0.0)))
     print(f"{len(lines)} step events, {sum(map(len, lines)) / len(lines):.0f} bytes on average")
     for name, fn in rows:
         print(f"{name:32s} " + ("not installed" if fn is None else f"{per_event(fn, lines):8.1f} us"))

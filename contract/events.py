@@ -26,6 +26,10 @@ try:   # the fast path of parse_event; the standard library reads everything it 
     import orjson as _orjson
 except ImportError:  # pragma: no cover - orjson is a dependency
     _orjson = None
+try:   # the fastest path of parse_event: plain step events decoded and checked in C
+    import msgspec as _msgspec
+except ImportError:  # pragma: no cover - msgspec is a dependency; without it orjson's path serves
+    _msgspec = None
 
 __all__ = [
     "CANONICAL_METRICS",
@@ -458,12 +462,54 @@ def _fast_step(d: dict, received_at: float) -> StepEvent | None:
 
 
 
+if _msgspec is not None:
+    # Plain step events, decoded and checked in C: every check of the contract's step event
+    # that msgspec can make (types, ranges, lengths, counts, the run id's pattern, no unknown
+    # key). It accepts only what the pydantic models accept, with the same values; anything
+    # else (a non-finite spelling, an integral float, an extra key, any error) fails here and
+    # takes the slower paths, which word the reason.
+    _Name = Annotated[str, _msgspec.Meta(max_length=MAX_NAME_LEN)]
+    _Ident = Annotated[str, _msgspec.Meta(min_length=1, pattern=r"^[^\s]+\Z")]
+    _RunId = Annotated[_Ident, _msgspec.Meta(max_length=256)]
+    _Incarnation = Annotated[_Ident, _msgspec.Meta(max_length=MAX_INCARNATION_LEN)]
+    _Numbers = Annotated[dict[_Name, float], _msgspec.Meta(max_length=MAX_METRICS)]
+    _Strings = Annotated[dict[_Name, Annotated[str, _msgspec.Meta(max_length=MAX_TAG_VALUE_LEN)]],
+                         _msgspec.Meta(max_length=MAX_TAGS)]
+    _Dist = Annotated[list[float], _msgspec.Meta(max_length=MAX_DIST_LEN)]
+    _Step = Annotated[int, _msgspec.Meta(ge=0, le=MAX_STEP)]
+    _Rank = Annotated[int, _msgspec.Meta(ge=0, le=1_000_000)]
+    _World = Annotated[int, _msgspec.Meta(ge=1, le=1_000_000)]
+
+    class _WireStep(_msgspec.Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
+        # in the order of StepEvent's fields (the order model_dump and dump_event write)
+        schema_: Literal[1] = _msgspec.field(name="schema")
+        run_id: _RunId
+        step: _Step
+        rank: _Rank = 0
+        world_size: Union[_World, None] = None
+        ts: Union[float, None] = None
+        tags: _Strings = {}
+        incarnation: Union[_Incarnation, None] = None
+        kind: Literal["step"]
+        metrics: _Numbers = {}
+        dists: dict[_Name, _Dist] = {}
+        groups: dict[_Name, _Numbers] = {}
+        hashes: _Strings = {}
+        batch_ids: list[str] = []
+
+    _WIRE_STEP = _msgspec.json.Decoder(_WireStep)
+    _WIRE_ERRORS = (_msgspec.ValidationError, _msgspec.DecodeError)
+    _asdict = _msgspec.structs.asdict
+
+
 def parse_event(raw: bytes | str | dict, received_at: float) -> StepEvent | SamplesEvent | CheckpointEvent | HeartbeatEvent:
     """Validate one event. ``received_at`` fills ``ts`` when the event has none.
 
     Raises :class:`EventError` with a one-line reason for anything malformed. Plain step
-    events (numbers as numbers) take a fast path (orjson and type checks); anything else, and
-    every rejection, goes through the pydantic models, which word the reasons.
+    events (numbers as numbers, no extra keys) are decoded and checked in C by msgspec; the
+    other plain events take orjson and type checks; anything else, and every rejection, goes
+    through the pydantic models, which word the reasons. Each path accepts only what the
+    models accept, with the same values.
     """
     data = raw if type(raw) is dict else None
     if isinstance(raw, (bytes, bytearray)):
@@ -472,6 +518,15 @@ def parse_event(raw: bytes | str | dict, received_at: float) -> StepEvent | Samp
     elif isinstance(raw, str):
         if len(raw) > MAX_EVENT_BYTES // 4 and len(raw.encode()) > MAX_EVENT_BYTES:
             raise EventError(f"event is {len(raw)} bytes, over the {MAX_EVENT_BYTES}-byte limit")
+    if data is None and _msgspec is not None and isinstance(raw, (bytes, bytearray, str)):
+        try:
+            values = _asdict(_WIRE_STEP.decode(raw))
+        except _WIRE_ERRORS:
+            pass     # not a plain step event: the paths below decide (and word any reason)
+        else:
+            if values["ts"] is None:
+                values["ts"] = received_at
+            return _construct(StepEvent, values)
     if data is None and _orjson is not None and isinstance(raw, (bytes, bytearray, str)):
         try:
             data = _orjson.loads(raw)

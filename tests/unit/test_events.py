@@ -248,3 +248,63 @@ def test_dump_event_accepts_a_plain_dict():
     out = dump_event({"schema": 1, "kind": "step", "run_id": "r", "step": 1,
                       "metrics": {"x": math.inf}})
     assert json.loads(out)["metrics"]["x"] == "Infinity"
+
+
+# -- the fast paths accept and reject exactly what the models do ------------------------------
+
+_EDGE_CHANGES = [
+    {}, {"schema": True}, {"schema": 1.0}, {"schema": 2}, {"run_id": ""}, {"run_id": "a b"},
+    {"run_id": "abc\n"}, {"run_id": "x" * 257}, {"run_id": "x" * 256}, {"run_id": "r\u00a0x"},
+    {"step": -1}, {"step": 2**53}, {"step": 2**53 + 1}, {"step": 1.0}, {"step": 1.5},
+    {"step": True}, {"step": "3"}, {"rank": 1_000_000}, {"rank": 1_000_001}, {"rank": None},
+    {"world_size": 0}, {"world_size": None}, {"world_size": 8}, {"ts": None}, {"ts": 5},
+    {"ts": 1e308}, {"ts": True}, {"ts": "1"}, {"tags": {"a": "b"}}, {"tags": {"a": 1}},
+    {"tags": {str(i): "v" for i in range(65)}}, {"tags": {"k" * 257: "v"}},
+    {"tags": {"k": "v" * 1025}}, {"tags": {"k": "v" * 1024}}, {"incarnation": None},
+    {"incarnation": ""}, {"incarnation": "a b"}, {"incarnation": "x" * 65},
+    {"incarnation": "x" * 64}, {"kind": "heartbeat"}, {"kind": "samples"}, {"kind": None},
+    {"kind": "nope"}, {"metrics": {"a": "NaN"}}, {"metrics": {"a": True}}, {"metrics": {"a": None}},
+    {"metrics": {"a": 10**30}}, {"metrics": {"a": 10**400}}, {"metrics": {"k" * 257: 1}},
+    {"metrics": {"k" * 256: 1}}, {"metrics": {str(i): 1.0 for i in range(4097)}},
+    {"metrics": []}, {"metrics": None}, {"dists": {"d": [1, 2.5, 3]}},
+    {"dists": {"d": [1, "NaN"]}}, {"dists": {"d": 1}}, {"dists": {"d": [True]}},
+    {"groups": {"g": {"a": 1, "b": 2.0}}}, {"groups": {"g": {"a": "Infinity"}}}, {"groups": {"g": 1}},
+    {"hashes": {"actor": "x"}}, {"hashes": {"actor": 1}}, {"batch_ids": ["a"]}, {"batch_ids": [1]},
+    {"batch_ids": "a"}, {"extra_field": 1}, {"final": True, "kind": "heartbeat"},
+]
+
+
+def _outcome(raw):
+    try:
+        ev = parse_event(raw, 7.0)
+    except EventError as exc:
+        return "rejected", exc.reason
+    return type(ev).__name__, ev.model_dump(by_alias=True), list(ev.__dict__)
+
+
+@pytest.mark.parametrize("form", ["bytes", "str"])
+def test_the_fast_decoders_agree_with_the_models_on_every_edge(form, monkeypatch):
+    """The C decoder of plain step events (msgspec) and orjson's path give the same event, or
+    the same reason, as the path below them for every edge of the contract."""
+    import contract.events as ce
+
+    cases = []
+    for change in _EDGE_CHANGES:
+        d = dict(BASE, **change)
+        cases.append(json.dumps(d) if form == "str" else json.dumps(d).encode())
+    for key in BASE:
+        cases.append(json.dumps({k: v for k, v in BASE.items() if k != key}))
+    cases += [b'{"schema":1,"kind":"step","run_id":"r","step":3,"metrics":{"a":NaN}}',
+              b'{"schema":1,"kind":"step","run_id":"r","step":3,"step":4}',
+              b'{"schema":1,"kind":"step","run_id":"r","step":3,"metrics":{"a":1,"a":2}}',
+              b'{"schema":1,"kind":"step","run_id":"r","step":3,"metrics":{"a":12345678901234567890123}}',
+              b'{"schema":1,"kind":"step","run_id":"r","step":3,"metrics":{"a":1e-400}}',
+              b'\xff', b'[]', b'', b'{"schema":1,"kind":"step","run_id":"r","step":3} x']
+    fast = [_outcome(raw) for raw in cases]
+    monkeypatch.setattr(ce, "_msgspec", None)
+    no_msgspec = [_outcome(raw) for raw in cases]
+    monkeypatch.setattr(ce, "_orjson", None)
+    models_only = [_outcome(raw) for raw in cases]
+    assert sum(o[0] == "StepEvent" for o in fast) > 20 and sum(o[0] == "rejected" for o in fast) > 20
+    for raw, a, b, c in zip(cases, fast, no_msgspec, models_only):
+        assert a == b == c, raw[:120]
