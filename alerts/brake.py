@@ -6,13 +6,18 @@ idempotent per command id, so a crash anywhere before the caller marks the alert
 it is sent again) and registers each pause or stop with the acknowledgement tracker
 (:mod:`alerts.escalation`). While the control channel (Redis) is unreachable it keeps trying,
 after the delays of the retry policy (:mod:`alerts.retry`): it never drops a brake. It says so
-once in the log, and when a brake has waited ``unreachable_after`` seconds it raises the alarm
+once in the log, and when a pause or stop has waited ``unreachable_after`` seconds it raises the alarm
 through ``on_unreachable`` (the dispatcher pages the receivers directly, without Redis); when the
 brake finally lands, ``on_recovered`` is called.
 
 :meth:`BrakeLane.resend` (on the worker's timer) publishes again, with a new signed ``sent``
 time, every brake no worker has acknowledged yet: a worker that missed it (its subscription was
 reconnecting) gets it, one that applied it acknowledges it again.
+
+:meth:`BrakeLane.submit` runs a pull in the background: brakes of different runs proceed side by
+side (one run waiting for Redis holds back no other run's alarm), those of one run in order. The
+worker acknowledges the alert to Kafka only from ``on_done``, so a worker that dies first leaves
+it to its successor.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from alerts.control import ControlChannel
-from alerts.escalation import AckTracker
+from alerts.escalation import BRAKES, AckTracker
 from alerts.retry import RetryPolicy
 from contract.commands import Command
 
@@ -48,6 +53,41 @@ class BrakeLane:
         self.on_unreachable, self.on_recovered, self.safe, self.sleep = on_unreachable, on_recovered, safe, sleep
         self.failures = 0
         self._resent: dict[str, float] = {}
+        self._tails: dict[str, asyncio.Task] = {}      # run id -> its latest brake in progress
+
+    def submit(self, run_id: str, commands: list[Command], on_done: Callable[[], None] | None = None) -> None:
+        """Pull these brakes in the background, after any earlier ones of the same run; call
+        ``on_done`` once the control channel took every command."""
+        before = self._tails.get(run_id)
+
+        async def go() -> None:
+            if before is not None:
+                await asyncio.wait([before])
+            await self.pull(commands)
+            if on_done is not None:
+                on_done()
+
+        task = asyncio.get_running_loop().create_task(go())
+        self._tails[run_id] = task
+
+        def forget(t: asyncio.Task) -> None:
+            if self._tails.get(run_id) is t:
+                del self._tails[run_id]
+            if not t.cancelled() and t.exception() is not None:
+                log.error("rlwatch: the brake of run %s failed: %s", run_id, self.safe(t.exception()))
+
+        task.add_done_callback(forget)
+
+    @property
+    def in_progress(self) -> int:
+        return len(self._tails)
+
+    async def close(self) -> None:
+        """Stop the brakes still waiting for Redis (their alerts were not acknowledged: the
+        next worker pulls them)."""
+        for t in list(self._tails.values()):
+            t.cancel()
+        await asyncio.gather(*self._tails.values(), return_exceptions=True)
 
     async def pull(self, commands: list[Command]) -> list[Command]:
         """Send ``commands`` in order; returns those applied for the first time (the others had
@@ -75,7 +115,8 @@ class BrakeLane:
                 if attempts == 1:
                     log.error("rlwatch: cannot send %s to run %s (%s); retrying until the control "
                               "channel takes it", cmd.action, cmd.run_id, err)
-                if not alarmed and now - since >= self.unreachable_after and self.on_unreachable:
+                if not alarmed and now - since >= self.unreachable_after and self.on_unreachable \
+                        and cmd.action in BRAKES:      # an adjust or a snapshot waits quietly
                     alarmed = True
                     await self.on_unreachable(cmd, err, now - since)
                 await self.sleep(self.retry.delay(attempts))

@@ -29,7 +29,7 @@ from alerts.inhibition import inhibited_by
 from alerts.silences import SilenceStore, silenced_by
 from contract.alert import Alert
 
-__all__ = ["Drainer", "delivery_key"]
+__all__ = ["Drainer", "StoreHealth", "delivery_key"]
 
 log = logging.getLogger("rlwatch.alerts")
 
@@ -41,12 +41,42 @@ def delivery_key(alert: Alert) -> str:
     return f"{alert.fingerprint}:{alert.state}:{alert.onset_step}"
 
 
+class StoreHealth:
+    """One log line when the delivery store (Redis) starts failing, one when it works again,
+    however many operations fail in between."""
+
+    def __init__(self, safe: Callable[[object], str] = str):
+        self.safe = safe
+        self.down_since: float | None = None
+        self.failures = 0
+
+    def failed(self, exc: BaseException, doing: str, now: float) -> None:
+        self.failures += 1
+        if self.down_since is None:
+            self.down_since = now
+            log.error("rlwatch: delivery store unreachable while %s (%s); notifications go straight to "
+                      "their receivers and the outbox waits until it is back (said once)", doing,
+                      self.safe(f"{type(exc).__name__}: {exc}"))
+
+    def ok(self, now: float) -> None:
+        if self.down_since is not None:
+            log.warning("rlwatch: delivery store reachable again after %.0fs (%d failed operations)",
+                        now - self.down_since, self.failures)
+            self.down_since, self.failures = None, 0
+
+    @property
+    def down(self) -> bool:
+        return self.down_since is not None
+
+
 class Drainer:
     def __init__(self, notifiers: dict[str, Notifier], outbox: Outbox, routing: Routing, *,
                  clock: Callable[[], float], retry: RetryPolicy, lease: float = 30.0,
-                 silences: SilenceStore | None = None, safe: Callable[[object], str] = str):
+                 silences: SilenceStore | None = None, safe: Callable[[object], str] = str,
+                 health: StoreHealth | None = None):
         self.notifiers, self.outbox, self.routing = notifiers, outbox, routing
         self.clock, self.retry, self.lease, self.silences, self.safe = clock, retry, lease, silences, safe
+        self.health = health or StoreHealth(safe)
         self.down_until: dict[str, float] = {}
         self.failures = 0
         self._lanes: dict[str, asyncio.Task] = {}
@@ -70,9 +100,9 @@ class Drainer:
             try:
                 await self.drain(receivers=[name])
             except Exception as exc:  # noqa: BLE001 - the store failed: the timer kicks again
-                log.error("rlwatch: outbox drain of %s failed (the timer retries): %s", name,
-                          self.safe(f"{type(exc).__name__}: {exc}"))
+                self.health.failed(exc, f"draining the outbox of {name}", self.clock())
                 return
+            self.health.ok(self.clock())
             if name not in self._again:
                 return
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from alerts.actions import COMMAND_ACTIONS, Enforcement, commands_for
 from alerts.brake import BRAKE_RETRY, BrakeLane
 from alerts.control import ControlChannel
-from alerts.delivery import Drainer, delivery_key
+from alerts.delivery import Drainer, StoreHealth, delivery_key
 from alerts.escalation import AckTracker, escalation_alert, unreachable_alert
 from alerts.grouping import GroupClock, due, group_key, repeat_due
 from alerts.incidents import IncidentStore, make_incident
@@ -92,14 +92,14 @@ class Dispatcher:
         if secret:
             self.secrets.append(secret)
         self.retry = retry or RetryPolicy(retry_base, retry_cap, give_up_after)
+        self.health = StoreHealth(self._safe)
         self.drainer = Drainer(self.notifiers, self.outbox, self.routing, clock=clock, retry=self.retry,
-                               lease=lease, silences=silences, safe=self._safe)
+                               lease=lease, silences=silences, safe=self._safe, health=self.health)
         self.brakes = BrakeLane(control, acks, clock=clock, secret=secret, retry=brake_retry,
                                 unreachable_after=unreachable_after, resend_every=resend_every,
                                 on_unreachable=self._unreachable, on_recovered=self._recovered,
                                 safe=self._safe) if control is not None else None
         self._direct_tasks: set[asyncio.Task] = set()
-        self._store_down = False
         self.direct_failures = 0
 
     @property
@@ -146,6 +146,16 @@ class Dispatcher:
             return []
         return await self.brakes.pull(planned)
 
+    def brake_later(self, alert: Alert, on_done: Callable[[], None]) -> None:
+        """The brake lane of the worker: pull the brake in the background (after the run's
+        earlier brakes, beside other runs'), then ``on_done``."""
+        alert, _ = self._split(alert)
+        planned = self._planned(alert, self.clock(), self.secret)
+        if self.brakes is None or not planned:
+            on_done()
+            return
+        self.brakes.submit(alert.run_id, planned, on_done)
+
     async def notify(self, alert: Alert, out: Delivery | None = None, *, snapshot: dict | None = None,
                      wait: bool = False, brake_done: bool | None = None) -> Delivery:
         """The notification lane: incident, outbox, then the sends (awaited with ``wait``, else
@@ -161,9 +171,7 @@ class Dispatcher:
         try:
             note = await self._incident(alert, snapshot, now, done, out)
             touched, new = await self._enqueue(alert.model_copy(update=note), key, now, done, out)
-            if self._store_down:
-                self._store_down = False
-                log.warning("rlwatch: delivery store reachable again; notifications go through the outbox")
+            self.health.ok(now)
         except Exception as exc:  # noqa: BLE001 - Redis is down: page anyway, straight to the receivers
             await self._direct(alert, done, out, exc, wait)
             return out
@@ -236,13 +244,9 @@ class Dispatcher:
         or be lost; better than a silent monitor. Never blocks the caller unless ``wait``."""
         self.direct_failures += 1
         if exc is not None:
-            msg = self._safe(f"{type(exc).__name__}: {exc}")
-            if not self._store_down:
-                log.error("rlwatch: delivery store unreachable (%s); sending alerts straight to their "
-                          "receivers, without the outbox's retries, until it is back", msg)
-            self._store_down = True
+            self.health.failed(exc, f"queueing {alert.rule}/{alert.severity} for {alert.run_id}", self.clock())
             if out is not None:
-                out.failed["store"] = msg
+                out.failed["store"] = self._safe(f"{type(exc).__name__}: {exc}")
         targets = [name for _, name in self.routing.targets(alert)]
         if wait:
             await self._send_direct(alert, done, targets, out)
@@ -287,15 +291,18 @@ class Dispatcher:
             if self.brakes is not None:
                 await self.brakes.resend(now)
         except Exception as exc:  # noqa: BLE001 - Redis down: the next tick tries again
-            log.error("rlwatch: delivery timer: %s", self._safe(f"{type(exc).__name__}: {exc}"))
+            self.health.failed(exc, "checking repeats and acknowledgements", now)
+            return 0
         if not wait:
             self.drainer.kick()
             return 0
         try:
-            return await self.drainer.drain(now)
+            n = await self.drainer.drain(now)
         except Exception as exc:  # noqa: BLE001
-            log.error("rlwatch: outbox drain: %s", self._safe(f"{type(exc).__name__}: {exc}"))
+            self.health.failed(exc, "draining the outbox", now)
             return 0
+        self.health.ok(now)
+        return n
 
     async def drain(self, now: float | None = None, receivers=None, out: Delivery | None = None) -> int:
         return await self.drainer.drain(now, receivers, out)
@@ -349,6 +356,8 @@ class Dispatcher:
             await asyncio.wait(list(self._direct_tasks), timeout=timeout)
 
     async def close(self) -> None:
+        if self.brakes is not None:
+            await self.brakes.close()
         await self.drainer.close()
         for t in list(self._direct_tasks):
             t.cancel()

@@ -115,7 +115,7 @@ class SlackBotNotifier:
 
         fallback, blocks, attachments = slack_blocks(alert, done)
         key = self.thread_key(alert)
-        thread = await self.threads.get(key)
+        thread = await self._thread(key)
         kwargs: dict = {}
         escalation = False
         if thread:
@@ -139,10 +139,21 @@ class SlackBotNotifier:
         except Exception as exc:  # noqa: BLE001 - network errors and timeouts
             raise DeliveryError(redact(f"Slack API unreachable: {type(exc).__name__}: {exc}",
                                        self.secrets)) from None
-        if thread is None and resp.get("ts"):
-            await self.threads.set(key, {"ts": resp["ts"], "severity": alert.severity})
-        elif thread is not None and escalation:
-            await self.threads.set(key, {**thread, "severity": alert.severity})
+        try:
+            if thread is None and resp.get("ts"):
+                await self.threads.set(key, {"ts": resp["ts"], "severity": alert.severity})
+            elif thread is not None and escalation:
+                await self.threads.set(key, {**thread, "severity": alert.severity})
+        except Exception:  # noqa: BLE001 - posted: a thread not remembered must not make it fail
+            pass
+
+    async def _thread(self, key: str) -> dict | None:
+        """The alert's thread, or None; with the thread store (Redis) down the message still
+        goes out, outside its thread."""
+        try:
+            return await self.threads.get(key)
+        except Exception:  # noqa: BLE001
+            return None
 
     async def close(self) -> None:
         return None

@@ -239,6 +239,9 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         # only the runs this worker owns
         table_standby_replicas=0,
         # quick restarts: a stable instance id per worker (static membership) and a short session
+        # a brake waiting for Redis must not hold up a rebalance or a shutdown: its alert is not
+        # acknowledged, so whoever owns the partition next pulls it
+        stream_wait_empty=False,
         broker_session_timeout=settings.session_timeout,
         broker_heartbeat_interval=max(0.5, min(3.0, settings.session_timeout / 4)),
         consumer_group_instance_id=worker_instance_id(settings),
@@ -314,13 +317,20 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
 
     @app.agent(alerts_topic)
     async def brake_lane(stream):
-        """Commands first, on their own: done when the control channel took them."""
-        async for raw in stream:
-            alert = read_alert(raw)
-            if alert is not None and alert.state == "firing":
-                _crash_point("brake")
-                await dispatcher().brake(alert)
+        """Commands first, on their own, each run's in order and runs side by side; an alert is
+        acknowledged to Kafka only when the control channel took its commands."""
+        async for event in stream.noack().events():
+            alert = read_alert(event.value)
+            if alert is None or alert.state != "firing":
+                event.ack()
+                continue
+            _crash_point("brake")
+
+            def done(event=event) -> None:
                 _crash_point("braked")
+                event.ack()
+
+            dispatcher().brake_later(alert, done)
 
     @app.agent(alerts_topic)
     async def notify_lane(stream):
@@ -330,6 +340,11 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
             if alert is not None:
                 await dispatcher().notify(alert)
                 _crash_point("notified")
+
+    @app.task
+    async def gate_broker_logs():
+        """The worker has set its logging up by now: put the gate on its handlers."""
+        gate.install()
 
     @app.timer(interval=settings.delivery_tick_seconds)
     async def deliver_due():
@@ -375,8 +390,12 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     async def on_shutdown(app_, **kwargs):
         states.flush()
         await fleet.flush()
-        if dispatcher_box:
-            await dispatcher_box[0].idle(timeout=5.0)
+        if dispatcher_box:   # sends in flight get a moment; the rest wait in the outbox (and the
+            d = dispatcher_box[0]   # brakes' alerts, unacknowledged, in Kafka) for the next worker
+            await d.idle(timeout=2.0)
+            if d.brakes is not None:
+                await d.brakes.close()
+            await d.drainer.close()
 
     app.rlwatch_counters = counters
     app.rlwatch_states = states

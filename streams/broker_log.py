@@ -28,22 +28,25 @@ class BrokerLogGate(logging.Filter):
         self.trouble_since: float | None = None
         self.last_seen = 0.0
         self.held = 0
-        self._installed: list[logging.Logger] = []
+        self._installed: list[logging.Handler] = []
 
-    def install(self, names: tuple[str, ...] = BROKER_LOGGERS) -> BrokerLogGate:
-        for name in names:
-            lg = logging.getLogger(name)
-            lg.addFilter(self)
-            self._installed.append(lg)
+    def install(self) -> BrokerLogGate:
+        """Sit on every handler of the root logger (records of the clients' many child loggers
+        all pass there). Idempotent: call it again after logging was set up anew (Faust's
+        worker does that when it starts)."""
+        for h in logging.getLogger().handlers:
+            if self not in h.filters:
+                h.addFilter(self)
+                self._installed.append(h)
         return self
 
     def uninstall(self) -> None:
-        for lg in self._installed:
-            lg.removeFilter(self)
+        for h in self._installed:
+            h.removeFilter(self)
         self._installed.clear()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
+        if record.levelno < logging.WARNING or record.name.split(".", 1)[0] not in BROKER_LOGGERS:
             return True
         now = self.clock()
         self.last_seen = now
@@ -57,6 +60,7 @@ class BrokerLogGate(logging.Filter):
 
     def check(self) -> bool:
         """Call now and then: True (and one line logged) when the trouble just ended."""
+        self.install()
         if self.trouble_since is None or self.clock() - self.last_seen < self.quiet:
             return False
         self.log.warning("rlwatch: the Kafka clients have been quiet for %.0fs; %d line(s) held back "
