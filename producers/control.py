@@ -74,6 +74,7 @@ class CommandInbox:
         self.state = "running"
         self.state_command: Command | None = None
         self.changed = False              # the training thread's fast-path flag
+        self.closed = False
         self.connected = True
         self.rejected = 0
         self.refusals: dict[str, int] = {}
@@ -203,6 +204,8 @@ class CommandInbox:
         return self._resumed.wait(timeout)
 
     def close(self) -> None:
+        """Release a training thread blocked in a pause (it returns from ``step_boundary``)."""
+        self.closed = True
         self._resumed.set()
 
 

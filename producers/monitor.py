@@ -178,6 +178,8 @@ class Monitor:
                 c.ack(cmd, "timeout", f"pause timed out after {self.pause_timeout}s; continuing")
                 log.warning("rlwatch: pause timed out after %ss; continuing", self.pause_timeout)
                 return
+            if c.closed:          # the monitor is closing: let the training thread go
+                return
             c.changed = False
             self._apply_one_shots(c)
             if c.state == "running":

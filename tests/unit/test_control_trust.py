@@ -132,3 +132,21 @@ def test_a_flood_of_forgeries_logs_a_few_lines_only(caplog):
         box.deliver_command(cmd("stop", clock.t + 1, secret=f"guess-{i}"))
     assert box.rejected == 500 and box.state == "running"
     assert len([r for r in caplog.records if r.name == "rlwatch.producers"]) <= 3
+
+
+def test_closing_a_paused_monitor_lets_the_training_thread_go():
+    import threading
+
+    from producers import Monitor
+    from tests.support.transports import RecordingTransport
+
+    box, _, clock = inbox()
+    mon = Monitor(RUN, redis=False, transport=RecordingTransport(), inbox=box, heartbeat_seconds=0, clock=clock)
+    box.deliver_command(cmd("pause", clock.t + 1))
+    th = threading.Thread(target=mon.step_boundary, daemon=True)
+    th.start()
+    th.join(0.3)
+    assert th.is_alive()                          # paused
+    mon.close(1)
+    th.join(2)
+    assert not th.is_alive(), "step_boundary kept the thread after the monitor closed"
