@@ -36,6 +36,19 @@ def services():
     return {"kafka": KAFKA, "redis": REDIS}
 
 
+@pytest.fixture(scope="session")
+def broker(services, tmp_path_factory):
+    """A Kafka broker of the tests' own (tests stop and start it: never the shared one)."""
+    from tests.support.kafka_broker import Broker
+
+    b = Broker(tmp_path_factory.mktemp("kafka-private"))
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
 @pytest.fixture
 def recorder():
     rec, server = start_recorder()

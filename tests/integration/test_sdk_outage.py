@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
-import subprocess
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
@@ -28,63 +24,8 @@ from kafka import KafkaConsumer, TopicPartition
 from alerts.control import RedisControl
 from producers import Monitor
 from contract.commands import Command
-from tests.integration.conftest import ROOT
 
 pytestmark = pytest.mark.integration
-
-KAFKA_SH = str(ROOT / "scripts" / "kafka.sh")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-class Broker:
-    """An Apache Kafka broker (KRaft) of this test, driven by scripts/kafka.sh."""
-
-    def __init__(self, home: Path):
-        self.port = free_port()
-        self.env = dict(os.environ, RLWATCH_KAFKA_HOME=str(home), RLWATCH_KAFKA_PORT=str(self.port),
-                        RLWATCH_KAFKA_CONTROLLER_PORT=str(free_port()))
-        self.bootstrap = f"127.0.0.1:{self.port}"
-
-    def _sh(self, cmd: str) -> None:
-        proc = subprocess.run([KAFKA_SH, cmd], check=False, env=self.env, capture_output=True, text=True, timeout=180)
-        assert proc.returncode == 0, f"kafka.sh {cmd} failed:\n{proc.stdout}\n{proc.stderr}"
-
-    def start(self) -> None:
-        self._sh("start")
-        assert port_open(self.port), "the broker did not come back"
-
-    def stop(self) -> None:
-        self._sh("stop")
-        deadline = time.time() + 30
-        while port_open(self.port) and time.time() < deadline:
-            time.sleep(0.1)
-        assert not port_open(self.port), "the broker is still listening after kafka.sh stop"
-
-
-@pytest.fixture(scope="module")
-def broker(services, tmp_path_factory):
-    home = tmp_path_factory.mktemp("kafka-outage")
-    # reuse the jars that services.sh resolved for the shared broker (no second Maven run)
-    libs = Path(os.environ.get("RLWATCH_KAFKA_HOME", ROOT / ".local" / "kafka")) / "libs"
-    if (libs / ".complete").exists():
-        (home / "libs").symlink_to(libs)
-    b = Broker(home)
-    b.start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def consume(bootstrap: str, topic: str, idle_ms: int = 3000) -> list[dict]:

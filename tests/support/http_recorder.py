@@ -1,5 +1,6 @@
 """A local HTTP server that records what it receives: stands in for Slack, webhook receivers,
-Alertmanager and PagerDuty in tests. It can be told to answer errors (429/500) for a while."""
+Alertmanager and PagerDuty in tests. It can be told to answer errors (429/500) for a while, or
+to hang (read the request, answer nothing) on some paths until released."""
 
 from __future__ import annotations
 
@@ -34,6 +35,14 @@ class Recorder:
     requests: list[Request] = field(default_factory=list)
     fail_next: list[int] = field(default_factory=list)   # status codes to answer, in order
     port: int = 0
+    hang: tuple[str, ...] = ()                            # path prefixes that hang until released
+    hung: list[Request] = field(default_factory=list)     # requests held by a hang
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def release(self) -> None:
+        """End the hang: held requests get their answer, new ones go through."""
+        self.hang = ()
+        self.released.set()
 
     @property
     def url(self) -> str:
@@ -63,6 +72,12 @@ def start_recorder() -> tuple[Recorder, ThreadingHTTPServer]:
         def do_POST(self):
             n = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(n)
+            if any(self.path.startswith(p) for p in rec.hang):
+                rec.hung.append(Request("POST", self.path, dict(self.headers), body))
+                rec.released.wait(300)
+                self.send_response(503)
+                self.end_headers()
+                return
             if rec.fail_next:
                 code = rec.fail_next.pop(0)
                 self.send_response(code)
