@@ -1,0 +1,301 @@
+"""`rlwatch worker` through real Kafka, beside a bare aiokafka consume-and-parse loop.
+
+Writes the fleet of ``bench_fleet_replay.py`` (interleaved 8-rank PPO/GRPO runs, run ids made
+unique to this bench, timestamps moved to now) to a fresh events topic on the local broker
+(``scripts/services.sh start``), then times, over that same topic on the same broker:
+
+* a bare consumer: aiokafka in a fresh consumer group, from the beginning, ``json.loads`` of
+  every message and nothing else (the floor of any Python consumer of the topic);
+* ``rlwatch worker`` as a user runs it (a subprocess with its own application id and topics
+  through ``RLWATCH_*``), from the beginning, with Redis for the fleet store and the brakes.
+
+Both rates are steady-state rates in events per wall second: the bare loop's from its first
+batch to its last message; the worker's from the first to the last change of its consumer
+group's committed offsets (Faust commits every few seconds; start-up, the rebalance and the
+final commit wait are left out). Prints both and the ratio. The machine's other processes
+(the broker among them) run as they do; compare the two figures of one run.
+
+    python bench/bench_worker_kafka.py [--runs 12] [--steps 400] [--kafka 127.0.0.1:9092]
+
+Topics and consumer groups it created are deleted at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_fleet_replay import fleet_lines  # noqa: E402
+
+PARTITIONS = 4   # as streams.app.PARTITIONS: the worker's table is co-partitioned with events
+
+
+def services_up(kafka: str, redis_url: str) -> None:
+    import socket
+
+    def open_(host, port):
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            return s.connect_ex((host, port)) == 0
+
+    host, port = kafka.rsplit(":", 1)
+    if not open_(host, int(port)) or not open_("127.0.0.1", 6379):
+        subprocess.run([str(ROOT / "scripts" / "services.sh"), "start"], check=True, timeout=300)
+
+
+def fleet(runs: int, steps: int, sid: str) -> list[tuple[bytes, bytes]]:
+    """(key, value) of every event: run ids unique to this bench, the last event at now."""
+    lines = fleet_lines(runs, steps)
+    events = [json.loads(x) for x in lines]
+    shift = time.time() - max(e["ts"] for e in events)
+    out = []
+    for e in events:
+        e["run_id"] = f"bench-{sid}-{e['run_id']}"
+        e["ts"] = round(e["ts"] + shift, 3)
+        out.append((e["run_id"].encode(), json.dumps(e, separators=(",", ":")).encode()))
+    return out
+
+
+def create_topics(kafka: str, topics: list[str]) -> None:
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka, client_id="rlwatch-bench")
+    try:
+        admin.create_topics([NewTopic(t, num_partitions=PARTITIONS, replication_factor=1) for t in topics])
+    finally:
+        admin.close()
+
+
+def cleanup(kafka: str, topics: list[str], groups: list[str]) -> None:
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka, client_id="rlwatch-bench")
+    try:
+        existing = set(admin.list_topics())
+        gone = [t for t in topics if t in existing]
+        # the worker's own internal topics (changelog, repartition) carry its app id
+        gone += [t for t in existing if any(t.startswith(g + "-") for g in groups)]
+        if gone:
+            admin.delete_topics(gone)
+        delete_groups(admin, groups)
+    finally:
+        admin.close()
+
+
+async def produce(kafka: str, topic: str, events: list[tuple[bytes, bytes]]) -> float:
+    from aiokafka import AIOKafkaProducer
+
+    prod = AIOKafkaProducer(bootstrap_servers=kafka, linger_ms=20, max_batch_size=512 * 1024,
+                            acks=1)
+    await prod.start()
+    try:
+        t = time.perf_counter()
+        futs = [await prod.send(topic, value=v, key=k) for k, v in events]
+        await prod.flush()
+        for f in futs:
+            await f
+        return time.perf_counter() - t
+    finally:
+        await prod.stop()
+
+
+async def bare_consume(kafka: str, topic: str, group: str, n: int) -> tuple[float, int]:
+    """(seconds, messages) from the first batch's arrival to the last message parsed: the
+    messages of the first batch are not counted (its wait includes the group's start-up)."""
+    from aiokafka import AIOKafkaConsumer
+
+    cons = AIOKafkaConsumer(topic, bootstrap_servers=kafka, group_id=group,
+                            auto_offset_reset="earliest", enable_auto_commit=False)
+    await cons.start()
+    try:
+        seen = 0
+        first_at, first_n = None, 0
+        loads = json.loads
+        while seen < n:
+            batches = await cons.getmany(timeout_ms=1000, max_records=10_000)
+            for records in batches.values():
+                for msg in records:
+                    loads(msg.value)
+                seen += len(records)
+            if first_at is None and seen:
+                first_at, first_n = time.perf_counter(), seen
+        await cons.commit()
+        return time.perf_counter() - first_at, seen - first_n
+    finally:
+        await cons.stop()
+
+
+def committed(admin, group: str, topic: str) -> int:
+    """Offsets the group committed on ``topic``, summed over partitions (0 before any)."""
+    if hasattr(admin, "list_group_offsets"):          # kafka-python 3
+        offsets = admin.list_group_offsets(group).get(group, {})
+    else:
+        offsets = admin.list_consumer_group_offsets(group)
+    return sum(o.offset for tp, o in offsets.items() if tp.topic == topic and o.offset >= 0)
+
+
+def delete_groups(admin, groups: list[str]) -> None:
+    if hasattr(admin, "delete_groups"):               # kafka-python 3: errors per group
+        for _ in range(30):     # a stopped static member holds its group until its session ends
+            left = [g for g, err in admin.delete_groups(groups).items() if "NonEmpty" in str(err)]
+            if not left:
+                return
+            groups = left
+            time.sleep(1.0)
+        return
+    try:
+        admin.delete_consumer_groups(groups)
+    except Exception:  # noqa: BLE001 - a group that never committed does not exist
+        pass
+
+
+def spy_report(path: str, top: int = 25) -> str:
+    """The top functions of a py-spy record (raw, collapsed stacks), by samples on the CPU
+    in the function itself and in it or below."""
+    from collections import Counter
+
+    own: Counter = Counter()
+    below: Counter = Counter()
+    total = 0
+    with open(path) as f:
+        for line in f:
+            stack, _, count = line.rstrip().rpartition(" ")
+            if not stack:
+                continue
+            n = int(count)
+            total += n
+            frames = stack.split(";")
+            own[frames[-1]] += n
+            for fr in set(frames):
+                below[fr] += n
+    out = [f"py-spy: {total} samples of the worker (active threads only)", "  own %  function"]
+    out += [f"  {100 * c / total:5.1f}  {fr[:150]}" for fr, c in own.most_common(top)]
+    out += ["  incl % function"]
+    out += [f"  {100 * c / total:5.1f}  {fr[:150]}" for fr, c in below.most_common(top)]
+    return "\n".join(out)
+
+
+def run_worker(kafka: str, redis_url: str, sid: str, topics: dict[str, str], n: int,
+               timeout: float, loglevel: str, spy: str | None = None) -> tuple[float, int, list[str]]:
+    """(seconds, events) between the first and the last change of the worker's committed
+    offsets (events = the offsets committed in between); and its output."""
+    from kafka.admin import KafkaAdminClient
+
+    env = dict(os.environ)
+    env.update({
+        "RLWATCH_KAFKA": kafka, "RLWATCH_REDIS": redis_url, "RLWATCH_APP_ID": topics["app"],
+        "RLWATCH_EVENTS_TOPIC": topics["events"], "RLWATCH_ALERTS_TOPIC": topics["alerts"],
+        "RLWATCH_DLQ_TOPIC": topics["dlq"], "RLWATCH_WORKER_ID": f"bench-{sid}",
+        "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    })
+    lines: list[str] = []
+    with tempfile.TemporaryDirectory() as cwd:   # Faust's data directory goes there
+        proc = subprocess.Popen([sys.executable, "-m", "rlwatch", "worker", "--loglevel", loglevel],
+                                cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, bufsize=1)
+
+        def pump():
+            for line in proc.stdout:
+                lines.append(line.rstrip())
+        threading.Thread(target=pump, daemon=True).start()
+        admin = KafkaAdminClient(bootstrap_servers=kafka, client_id="rlwatch-bench")
+        marks: list[tuple[float, int]] = []
+        spying = None
+        if spy:   # a sampled profile of the worker while it works (py-spy, when installed)
+            spying = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--format", "raw",
+                                       "--rate", "200", "--output", spy, "--nonblocking"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + timeout
+            last = 0
+            while time.time() < deadline:
+                if proc.poll() is not None:
+                    raise SystemExit("the worker exited:\n" + "\n".join(lines[-40:]))
+                now_off = committed(admin, topics["app"], topics["events"])
+                if now_off != last:
+                    marks.append((time.perf_counter(), now_off))
+                    last = now_off
+                if now_off >= n:
+                    break
+                time.sleep(0.1)
+            else:
+                raise SystemExit(f"the worker committed {last} of {n} events in {timeout:.0f} s:\n"
+                                 + "\n".join(lines[-40:]))
+        finally:
+            admin.close()
+            if spying is not None:
+                spying.send_signal(2)     # py-spy writes its file on SIGINT
+                try:
+                    spying.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    spying.kill()
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    if len(marks) < 2:
+        raise SystemExit("the worker committed everything at once: use more --steps to measure it")
+    (t0, o0), (t1, o1) = marks[0], marks[-1]
+    return t1 - t0, o1 - o0, lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--kafka", default=os.environ.get("RLWATCH_TEST_KAFKA", "127.0.0.1:9092"))
+    ap.add_argument("--redis", default=os.environ.get("RLWATCH_TEST_REDIS", "redis://127.0.0.1:6379/0"))
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds the worker may take")
+    ap.add_argument("--loglevel", default="warn", choices=("crit", "error", "warn", "info", "debug"))
+    ap.add_argument("--keep", action="store_true", help="keep the topics (to look at them)")
+    ap.add_argument("--spy", metavar="FILE", help="record the worker with py-spy into FILE and "
+                    "print its top functions")
+    args = ap.parse_args()
+
+    services_up(args.kafka, args.redis)
+    sid = uuid.uuid4().hex[:8]
+    topics = {"app": f"rlwatch-bench-{sid}", "events": f"rlwatch.bench.events.{sid}",
+              "alerts": f"rlwatch.bench.alerts.{sid}", "dlq": f"rlwatch.bench.dlq.{sid}"}
+    bare_group = f"rlwatch-bench-bare-{sid}"
+    events = fleet(args.runs, args.steps, sid)
+    n = len(events)
+    create_topics(args.kafka, [topics["events"], topics["alerts"], topics["dlq"]])
+    try:
+        secs = asyncio.run(produce(args.kafka, topics["events"], events))
+        print(f"fleet: {args.runs} runs x {args.steps} steps x 8 ranks: {n} events, "
+              f"{sum(len(v) for _, v in events) / n:.0f} bytes on average; produced in {secs:.1f} s")
+        bare_s, bare_n = asyncio.run(bare_consume(args.kafka, topics["events"], bare_group, n))
+        bare = bare_n / bare_s
+        print(f"bare aiokafka + json.loads: {bare:10,.0f} events/s ({bare_n} events in {bare_s:.2f} s)")
+        w_s, w_n, out = run_worker(args.kafka, args.redis, sid, topics, n, args.timeout, args.loglevel,
+                                   args.spy)
+        worker = w_n / w_s
+        print(f"rlwatch worker:             {worker:10,.0f} events/s ({w_n} events in {w_s:.2f} s "
+              "between its first and last offset commits)")
+        print(f"worker / bare consumer:     {worker / bare:.2f}")
+        errors = [x for x in out if "Traceback" in x or " ERROR " in x or "rejected an event" in x]
+        if errors:
+            print(f"worker output had {len(errors)} error lines, first: {errors[0][:200]}")
+        if args.spy and os.path.exists(args.spy):
+            print(spy_report(args.spy))
+    finally:
+        if not args.keep:
+            cleanup(args.kafka, list(topics.values())[1:], [topics["app"], bare_group])
+
+
+if __name__ == "__main__":
+    main()
