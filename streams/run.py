@@ -265,6 +265,41 @@ class _Source:
         return lambda: (run.now - run.last_event_ts) if run.last_event_ts == run.last_event_ts else NAN
 
 
+def _when_finite(cond) -> bool | None:
+    """What a condition made only of ``nonfinite`` checks gives on a step whose metrics are all
+    finite (every check then finds nothing), in the compiled conditions' three-valued logic;
+    ``"other"`` when it reads anything else."""
+    if cond.all is not None:
+        parts = [_when_finite(c) for c in cond.all]
+        if "other" in parts:
+            return "other"
+        return False if False in parts else None if None in parts else True
+    if cond.any is not None:
+        parts = [_when_finite(c) for c in cond.any]
+        if "other" in parts:
+            return "other"
+        return True if True in parts else False if False in parts else None
+    if cond.not_ is not None:
+        inner = _when_finite(cond.not_)
+        return inner if inner in (None, "other") else not inner
+    if cond.nonfinite is not None and cond.metric is None:
+        return False
+    return "other"
+
+
+def quiet_when_finite(program: Program) -> bool:
+    """True when no step rule of ``program`` can hold on a step whose metrics are all finite
+    (e.g. the rules every rank evaluates: NaN/Inf checks): such a step, with no alert open on
+    the rank, changes nothing and need not be evaluated."""
+    for cr in program.rules:
+        if cr.trigger != "step":
+            continue
+        for tier in cr.rule.tiers:
+            if _when_finite(tier.when) in (True, "other"):
+                return False
+    return True
+
+
 def _ratio_pos(x: float, base: float) -> float:
     if base == 0:
         return math.inf if x > 0 else NAN
@@ -283,6 +318,7 @@ class RunState:
         self.programs: dict[int, Program] = {}
         self.rules: RunRules | None = None
         self.alerts: dict[str, AlertState] = {}
+        self._ranks_open: set[int] = set()   # ranks (other than 0) with an alert state of their own
         self.checkpoints: list[tuple[int, str]] = []
         self.last_step: dict[int, int] = {}
         self.last_other: dict[str, dict[int, int]] = {}   # samples etc.: rank -> last step
@@ -340,6 +376,7 @@ class RunState:
             self.banks[rank] = Bank()
             keep = (lambda r: True) if rank == 0 else (lambda r: r.scope == "each_rank")
             p = self.programs[rank] = self.rules.compile(_Source(self, rank), keep)
+            p.finite_gate = p.finite_gate or quiet_when_finite(p)
         return p
 
     # -- one event -----------------------------------------------------------------------------
@@ -374,8 +411,9 @@ class RunState:
                 self.last_other.clear()
                 self.pending.clear()
                 self.alerts.clear()
+                self._ranks_open.clear()
                 self.newest = -1
-            if tags is not self._tags_obj:
+            if tags is not self._tags_obj and tags != self._tags_seen:
                 self._take_tags(tags)
         if self.newest >= 0 and step - self.newest > MAX_STEP_JUMP:
             raise EventError(f"step {step} is more than {MAX_STEP_JUMP} steps ahead of the "
@@ -447,6 +485,7 @@ class RunState:
         self.last_other.clear()
         self.pending.clear()
         self.alerts.clear()
+        self._ranks_open.clear()
         self.dist_bases = {k: [] for k in self.dist_bases}
         self.corr_ema = {k: [0.0, 0.0, None] for k in self.corr_ema}
         self.groups = {k: {"points": {}, "gap": []} for k in self.groups}
@@ -458,43 +497,70 @@ class RunState:
 
     def _step(self, event: StepEvent, ts: float) -> list[Alert]:
         rank, step, metrics = event.rank, event.step, event.metrics
+        if rank:
+            return self._rank_step(event, ts)
+        program = self.programs.get(0) or self.program(0)
+        self.metrics = metrics
+        out: list[Alert] = []
+        bank = self.banks[0]
+        if bank.by_metric:
+            bank.update(step, metrics)
+        dists, groups = event.dists, event.groups
+        self.dists, self.groups_step = dists, groups
+        self._moments = {}
+        self._remember(metrics)
+        if dists or groups:
+            self._update_dists(event)
+            rules = program.step_rules([*metrics, *dists, *groups])
+        else:
+            rules = program.step_rules(metrics)
+        if rules:
+            out = evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
+                           rank=None, checkpoint_before=self.checkpoint_before)
+        if self.cross_rank and (event.world_size or self.world_size) > 1:
+            out += self._ranks_in(event, ts)
+        self.metrics = {}
+        self.dists, self.groups_step = {}, {}
+        return out
+
+    def _rank_step(self, event: StepEvent, ts: float) -> list[Alert]:
+        """A step of a rank other than 0: the rules every rank evaluates (in the built-in pack,
+        checks for non-finite values, skipped when they cannot hold), then the buffer of what
+        the cross-rank rules compare."""
+        rank, step, metrics = event.rank, event.step, event.metrics
         program = self.programs.get(rank) or self.program(rank)
         self.metrics = metrics
         out: list[Alert] = []
         bank = self.banks[rank]
         if bank.by_metric:
             bank.update(step, metrics)
-        if rank == 0:
-            dists, groups = event.dists, event.groups
-            self.dists, self.groups_step = dists, groups
-            self._moments = {}
-            self._remember(metrics)
-            if dists or groups:
-                self._update_dists(event)
-                rules = program.step_rules([*metrics, *dists, *groups])
-            else:
-                rules = program.step_rules(metrics)
-            shown = None
-        else:
-            rules = program.every_step if not program.by_input else program.step_rules(metrics)
-            shown = rank
-            if program.finite_gate and rules:
-                total = sum(metrics.values())
-                if total - total == 0.0 and not any(k.endswith(f"/{rank}") for k in self.alerts):
-                    rules = ()     # all finite, nothing open on this rank: nothing can change
+        rules = program.every_step if not program.by_input else program.step_rules(metrics)
+        if rules and program.finite_gate and rank not in self._ranks_open:
+            total = sum(metrics.values())
+            if total - total == 0.0:
+                rules = ()     # all finite, nothing open on this rank: nothing can change
         if rules:
             out = evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
-                           rank=shown, checkpoint_before=self.checkpoint_before)
+                           rank=rank, checkpoint_before=self.checkpoint_before)
+            suffix = f"/{rank}"
+            if any(k.endswith(suffix) for k in self.alerts):
+                self._ranks_open.add(rank)
+            else:
+                self._ranks_open.discard(rank)
         if self.cross_rank and (event.world_size or self.world_size) > 1:
-            for done in self._take_rank_values(event):
-                self.rank_step = self.pending.pop(done, {})
-                out += evaluate(self.run_id, self.programs[0].by_trigger.get("ranks", ()),
-                                self.rules.targets, self.alerts, step=done, ts=ts, rank=None,
-                                checkpoint_before=self.checkpoint_before)
-            self.rank_step = {}
+            out += self._ranks_in(event, ts)
         self.metrics = {}
-        if rank == 0:
-            self.dists, self.groups_step = {}, {}
+        return out
+
+    def _ranks_in(self, event: StepEvent, ts: float) -> list[Alert]:
+        """Buffer this rank's values; evaluate the cross-rank rules of the steps now complete."""
+        out: list[Alert] = []
+        for done in self._take_rank_values(event):
+            self.rank_step = self.pending.pop(done, {})
+            out += evaluate(self.run_id, self.programs[0].by_trigger.get("ranks", ()),
+                            self.rules.targets, self.alerts, step=done, ts=ts, rank=None,
+                            checkpoint_before=self.checkpoint_before)
+        self.rank_step = {}
         return out
 
     def _samples(self, event, ts: float) -> list[Alert]:
@@ -586,16 +652,20 @@ class RunState:
         if self.world_size <= 1:
             return []
         m = event.metrics
+        step = event.step
         entry = {"m": {k: m[k] for k in self.rank_metrics if k in m}, "h": event.hashes}
-        ranks = self.pending.setdefault(event.step, {})
+        pending = self.pending
+        ranks = pending.get(step)
+        if ranks is None:
+            ranks = pending[step] = {}
         ranks[event.rank] = entry
-        done = [event.step] if len(ranks) >= self.world_size else []
+        complete = len(ranks) >= self.world_size
         # steps that will never complete (a rank missed them): give up on the oldest
-        if len(self.pending) > MAX_PENDING_STEPS:
-            oldest = min(self.pending)
-            if oldest not in done:
-                done.append(oldest)
-        return sorted(done)
+        if len(pending) > MAX_PENDING_STEPS:
+            oldest = min(pending)
+            if oldest != step:
+                return sorted([step, oldest]) if complete else [oldest]
+        return [step] if complete else []
 
     # -- dists, groups, samples ----------------------------------------------------------------
     def moments(self, name: str) -> _Moments | None:
@@ -787,6 +857,7 @@ class RunState:
             if r == 0 or rs.program(r).rules:
                 rs.banks[r].load(b)
         rs.alerts = {k: AlertState.from_state(v) for k, v in state.get("alerts", {}).items()}
+        rs._ranks_open = {int(r) for r in (k.rsplit("/", 1)[1] for k in rs.alerts) if r.isdigit()}
         rs.checkpoints = [tuple(c) for c in state.get("checkpoints", [])]
         rs.last_step = {int(k): v for k, v in state.get("last_step", {}).items()}
         rs.newest = max(rs.last_step.values(), default=-1)

@@ -1,0 +1,80 @@
+"""The core's fast paths change nothing a user sees: a fixed simulated fleet gives the same
+alerts (rule, severity, state, step, rank) through them as through the straightforward path
+(every rule of every rank evaluated on every step)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import streams.run as run_mod
+from contract.events import dump_event, parse_event
+from producers.simulator import SimConfig, simulate
+from streams.processor import Pipeline
+from tests.unit._core import rlhf_pack
+
+FAULTS = ("nan_inf", "rank_outlier", "param_hash_mismatch", "grad_norm_anomaly", "healthy")
+
+
+def _fleet() -> list[bytes]:
+    events = []
+    for i, fault in enumerate(FAULTS):
+        cfg = SimConfig(run_id=f"fast-{i}", fault=fault, onset=60, seed=7 + i, world_size=4,
+                        samples_every=10, checkpoint_every=40)
+        for ev in simulate(cfg, 140):
+            if ev["kind"] == "step" and ev.get("rank") and ev["step"] in (70, 71, 72, 95):
+                # non-finite values on ranks other than 0, which then recover
+                name = next(iter(ev["metrics"]))
+                ev["metrics"][name] = math.nan if ev["step"] < 90 else math.inf
+            ev["ts"] += 0.01 * i
+            events.append(ev)
+    events.sort(key=lambda e: e["ts"])
+    return [dump_event(e) for e in events]
+
+
+def _replay(lines: list[bytes]) -> list[tuple]:
+    pipe = Pipeline(rlhf_pack())
+    out = []
+    for raw in lines:
+        ev = parse_event(raw, 0.0)
+        for a in pipe.feed(ev, ev.ts):
+            out.append((a.run_id, a.rule, a.severity, a.state, a.step, a.rank))
+    return out
+
+
+def test_the_fast_paths_fire_the_same_alerts_as_evaluating_everything(monkeypatch):
+    lines = _fleet()
+    fast = _replay(lines)
+
+    program = run_mod.RunState.program
+
+    def every_rule_every_step(self, rank):
+        p = program(self, rank)
+        p.finite_gate = False        # no step is skipped
+        return p
+
+    monkeypatch.setattr(run_mod, "quiet_when_finite", lambda p: False)
+    monkeypatch.setattr(run_mod.RunState, "program", every_rule_every_step)
+    slow = _replay(lines)
+    assert any(a[5] not in (None, 0) for a in slow), "the fleet must raise alerts on other ranks"
+    assert any(a[3] == "resolved" for a in slow)
+    assert fast == slow
+
+
+@pytest.mark.parametrize("tiers, expected", [
+    ([{"nonfinite": "any"}], True),
+    ([{"all": [{"nonfinite": "any"}, {"not": {"nonfinite": ["a"]}}]}], True),
+    ([{"not": {"nonfinite": ["a"]}}], False),           # holds when everything is finite
+    ([{"any": [{"nonfinite": "any"}, {"metric": "a", "above": 1}]}], False),
+])
+def test_a_rank_step_is_skipped_only_when_no_rule_can_hold_on_finite_values(tiers, expected):
+    from rules.compile import compile_rules
+    from rules.schema import Condition, Rule
+
+    rule = Rule.model_validate({"id": "r", "scope": "each_rank", "summary": "s",
+                                "tiers": [{"severity": "yellow", "when": t} for t in tiers]})
+    assert isinstance(rule.tiers[0].when, Condition)
+    state = Pipeline(rlhf_pack()).state("q")
+    program = compile_rules([rule], {}, {}, run_mod._Source(state, 0))
+    assert run_mod.quiet_when_finite(program) is expected
