@@ -144,7 +144,7 @@ def rule_inputs(rule: Rule) -> frozenset[str] | None:
                 if leaf.nonfinite == "any":
                     return None
                 names.update(leaf.nonfinite)
-            for name in (leaf.metric, leaf.dist, leaf.groups):
+            for name in (leaf.metric, leaf.dist, leaf.groups, leaf.versus):
                 if name is not None:
                     names.add(name)
             names.update(leaf.corr or ())
@@ -232,7 +232,8 @@ def _compare_pair(read: Callable[[], tuple], kind: str, thr: float | None, metri
 def _leaf(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
     kind, thr = _comparison(c, targets, params)
     if c.metric is not None:
-        read = src.metric(c.metric, c.signal, c.window, c.smooth, c.cycle_metric, c.min_steps,
+        # a two-metric signal names its second metric where cycle_rise names its cycle metric
+        read = src.metric(c.metric, c.signal, c.window, c.smooth, c.cycle_metric or c.versus, c.min_steps,
                           MIN_POINTS[c.signal], READY_POINTS[c.signal])
         return _compare_value(read, kind, thr, c.metric)
     if c.nonfinite is not None:
@@ -317,14 +318,17 @@ def _node(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
         tests = [p[0] for p in parts]
 
         def test():
-            unknown = False
+            # false as soon as every branch that could be decided at this step is false: a
+            # branch on a metric this run does not log (grad_norm/critic in a GRPO run) must
+            # not hold a pending `for` open or keep a firing alert from resolving
+            decided = False
             for t in tests:
                 h = t()
                 if h:
                     return True
-                if h is None:
-                    unknown = True
-            return None if unknown else False
+                if h is not None:
+                    decided = True
+            return False if decided else None
 
         def explain():
             got = [e() for _, e in parts]

@@ -48,8 +48,14 @@ logging interval of the run:
   across N steps (``step - first_step + 1 >= N``) and at least ``min(N, 5)`` points.
 * ``smooth: N`` and ``signal: ema`` with ``window: N`` -- an EMA with a span of N steps; a gap of
   k steps between two points decays the average as k single steps would.
-* baselines (``ratio_to_start``) -- the points of the run's first ``window`` steps, but at least
-  3 of them.
+* baselines (``ratio_to_start``, ``start_z``, ``gain_t``, ``noise_ratio``) -- the points of the
+  run's first ``window`` steps, but at least 3 of them: the run's own warm-up.
+* change points (``shift_z``, ``level_ratio``, ``shift_rel``, ``over_max_z``, ``level_to_max``,
+  ``range_pos``) -- the *level* is the median of the points of the last 5 steps (at least 3
+  points), so one outlying point never moves it; it is compared with the window's earlier points
+  (at least 12 of them), in their robust scale (1.4826 x MAD, never below 1.2533 x the mean
+  absolute deviation, so mostly-constant data does not make every change infinite).
+* two metrics: ``{metric: reward/mean, signal: follow_z, versus: judge/score, window: 100}``.
 
 A condition (``when``) is one of:
 
@@ -99,6 +105,7 @@ SIGNALS = {
     "median": "rolling median over the window",
     "min": "rolling minimum over the window",
     "max": "rolling maximum over the window",
+    "range": "rolling maximum - minimum over the window (exactly 0 for a constant)",
     "zscore": "newest value against the mean and std of the window before it",
     "robust_z": "newest value against the median and MAD of the window before it",
     "ratio_to_median": "newest value / median of the window before it",
@@ -116,6 +123,31 @@ SIGNALS = {
     "cycle_rise": "rise since the start of the update cycle (see cycle_metric)",
     "rel_trend": "least-squares slope x window / |median|: relative change across the window",
     "level_change": "median of the window's last points / median of its first points - 1",
+    "shift_z": "change point: current level (median of the last few points) against the median "
+               "and robust scale (1.4826 x MAD) of the window's earlier points",
+    "level_ratio": "change point: current level (median of the last few points) / median of "
+                   "the window's earlier points",
+    "shift_rel": "change point: (current level - median of the window's earlier points) / |that "
+                 "median|",
+    "range_pos": "where the current level (median of the last few points) lies in the window's "
+                 "range: 0 at its minimum, 1 at its maximum",
+    "start_z": "current level against the median and robust scale (1.4826 x MAD) of the run's "
+               "first `window` steps (its warm-up)",
+    "ratio_to_max": "|newest value| / the largest |value| of the window before it (a spike above "
+                    "everything seen lately)",
+    "level_to_max": "change point: current level (median of the last few points) / the largest "
+                    "of the window's earlier points",
+    "ratio_to_start_max": "current level / the largest value of the run's first `window` steps",
+    "over_max_z": "change point: how far the current level (median of the last few points) lies "
+                  "above the largest of the window's earlier points, in units of their "
+                  "point-to-point noise (robust scale of their changes)",
+    "noise_ratio": "robust scale of the point-to-point changes over the window / that of the "
+                   "run's first `window` steps (the noise grew: oscillation, instability)",
+    "follow_z": "how much of the metric's trend `versus` follows: Mann-Kendall z of `versus` / "
+                "that of the metric, over the same window (about 1 when both move alike, ~0 when "
+                "`versus` stays flat)",
+    "gain_t": "the window's median against the median of the run's first `window` steps, in "
+              "standard errors (robust scales of both blocks): has the run moved since its start?",
 }
 
 #: The fewest points a signal's window holds: on a sparsely logged run it reaches further back
@@ -126,6 +158,10 @@ MIN_POINTS = {
     "trend_z": 16, "trend_tau": 16, "slope": 8, "flat_range": 5, "autocorr": 24,
     "sign_flip_rate": 12, "diff_ratio": 12, "delta": 2, "cycle_rise": 1, "rel_trend": 10,
     "level_change": 12,
+    # change points, warm-up baselines, spikes (the detection pack's signals)
+    "shift_z": 16, "level_ratio": 16, "shift_rel": 16, "range_pos": 16, "level_to_max": 16,
+    "over_max_z": 16, "ratio_to_max": 10, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 3,
+    "follow_z": 16, "range": 2, "noise_ratio": 12,
 }
 #: The fewest points a signal needs before it is defined at all (besides `min_steps`).
 READY_POINTS = {
@@ -134,6 +170,9 @@ READY_POINTS = {
     "trend_z": 3, "trend_tau": 3, "slope": 2, "flat_range": 2, "autocorr": 8,
     "sign_flip_rate": 3, "diff_ratio": 3, "delta": 2, "cycle_rise": 1, "rel_trend": 3,
     "level_change": 10,
+    "shift_z": 15, "level_ratio": 15, "shift_rel": 15, "range_pos": 15, "level_to_max": 15,
+    "over_max_z": 15, "ratio_to_max": 4, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 2,
+    "follow_z": 3, "range": 2, "noise_ratio": 8,
 }
 
 DIST_STATS = ("bimodality", "skewness", "mean", "std", "median", "p99", "max", "tail_mass",
@@ -175,6 +214,8 @@ class Condition(_Strict):
     smooth: int | None = Field(default=None, ge=2, le=10_000,
                                description="EMA span in steps applied to the metric before the signal")
     cycle_metric: str | None = None
+    versus: str | None = Field(default=None, description="the second metric of a two-metric "
+                               "signal (follow_z)")
     # other sources
     nonfinite: Union[Literal["any"], list[str], None] = None
     ranks: str | None = None
@@ -232,7 +273,7 @@ class Condition(_Strict):
         if source == "hashes" and self.mismatch is not True:
             raise ValueError("a hashes condition is written {hashes: NAME, mismatch: true}")
         if source != "metric":
-            for name in ("smooth", "cycle_metric"):
+            for name in ("smooth", "cycle_metric", "versus"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name} belongs to metric conditions")
         if self.cap is not None and source != "dist":
@@ -242,6 +283,8 @@ class Condition(_Strict):
             raise ValueError(f"signal {self.signal} needs a window of at least {least} steps")
         if self.signal == "cycle_rise" and not self.cycle_metric:
             raise ValueError("signal cycle_rise needs cycle_metric (e.g. ppo/epoch)")
+        if (self.signal == "follow_z") != (self.versus is not None):
+            raise ValueError("signal follow_z needs versus: METRIC (and versus belongs to follow_z)")
         return self
 
 

@@ -48,19 +48,41 @@ def median_of(sorted_values: list[float]) -> float:
 #: 1.4826 x MAD estimates the standard deviation of normal data
 MAD_SCALE = 1.4826
 #: points of the reference a change-point signal (shift_z, level_ratio) needs before it
-SPLIT_REF_POINTS = 5
+SPLIT_REF_POINTS = 12
 
 
-def robust_scale(sorted_values: list[float], med: float) -> float:
-    """1.4826 x the median absolute deviation from ``med``."""
-    return MAD_SCALE * median_of(sorted(abs(v - med) for v in sorted_values))
+#: sqrt(pi / 2): the mean absolute deviation of normal data x this is its standard deviation
+MEAN_AD_SCALE = 1.2533
 
 
-def _frozen_baseline(pts: list[float]) -> tuple[float, float]:
-    """(median, robust scale) of a run's first points."""
+def robust_scale(values: list[float], med: float) -> float:
+    """The spread of ``values`` around their median ``med``: 1.4826 x the median absolute
+    deviation, but never less than 1.2533 x the mean absolute deviation (both estimate the
+    standard deviation of normal data). The MAD alone is 0 when more than half the values are
+    equal -- rewards that are mostly exactly 0 with some successes -- and would make any
+    change look infinitely significant."""
+    dev = [abs(v - med) for v in values]
+    if not dev:
+        return NAN
+    return max(MAD_SCALE * median_of(sorted(dev)), MEAN_AD_SCALE * sum(dev) / len(dev))
+
+
+def _frozen_baseline(pts: list[float]) -> tuple[float, float, int, float, float]:
+    """(median, robust scale, points, maximum, robust scale of the point-to-point changes) of a
+    run's first points."""
     srt = sorted(pts)
     med = median_of(srt)
-    return med, robust_scale(srt, med)
+    return med, robust_scale(srt, med), len(srt), srt[-1], diff_scale(pts)
+
+
+def diff_scale(values) -> float:
+    """Robust scale of the point-to-point changes of ``values`` (in order): the noise, without
+    the trend."""
+    v = list(values)
+    d = [b - a for a, b in zip(v, v[1:])]
+    if len(d) < 2:
+        return NAN
+    return robust_scale(d, median_of(sorted(d)))
 
 
 def split_level(steps, values, level_steps: int = 5, level_points: int = 3,
@@ -199,11 +221,12 @@ class Track:
             return pts[0][0]
         return NAN
 
-    def baseline_scale(self, window: int) -> float:
-        """Robust scale (1.4826 x MAD) of the run's first ``window`` steps; NaN until then."""
+    def baseline_stat(self, window: int, i: int) -> float:
+        """Of the run's first ``window`` steps: 1 robust scale, 2 points, 3 maximum, 4 robust
+        scale of the point-to-point changes; NaN until they are known."""
         pts = self.baselines.get(window)
-        if pts and len(pts) == 1 and isinstance(pts[0], tuple) and len(pts[0]) > 1:
-            return pts[0][1]
+        if pts and len(pts) == 1 and isinstance(pts[0], tuple) and len(pts[0]) > i:
+            return pts[0][i]
         return NAN
 
     def to_state(self) -> dict:
@@ -211,7 +234,7 @@ class Track:
                 "total": self.total, "first": self.first_step, "n": self.n,
                 "last": self.last_step, "cur": _enc(self.cur), "num": self.num, "den": self.den,
                 "prev": self.prev_step,
-                "base": {str(w): ([{"m": p[0][0], "s": _enc(p[0][1] if len(p[0]) > 1 else NAN)}] if len(p) == 1
+                "base": {str(w): ([{"m": p[0][0], "s": [_enc(x) for x in p[0][1:]]}] if len(p) == 1
                                   and isinstance(p[0], tuple) else p)
                          for w, p in self.baselines.items()},
                 "emas": {str(k): v for k, v in self.emas.items()}}
@@ -224,7 +247,7 @@ class Track:
         self.num, self.den, self.prev_step = st["num"], st["den"], st["prev"]
         for w, p in st.get("base", {}).items():
             if int(w) in self.baselines:
-                self.baselines[int(w)] = ([(p[0]["m"], _dec(p[0].get("s")))]
+                self.baselines[int(w)] = ([(p[0]["m"], *(_dec(x) for x in p[0].get("s", ())))]
                                           if len(p) == 1 and isinstance(p[0], dict) else list(p))
         for k, v in st.get("emas", {}).items():
             self.emas[int(k)] = list(v)
@@ -419,6 +442,14 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
         return lambda: trk.ema(window)
     if sig == "cycle_rise":
         return lambda: cycle.out
+    if sig == "follow_z":
+        def f():
+            z = win.sync().trend_z()
+            other = cycle.sync()
+            if other.track.last_step != trk.last_step:
+                return NAN      # the second metric was not logged at this step
+            return _ratio(other.trend_z(), z) if z == z and z != 0 else NAN
+        return f
     if sig == "ratio_to_start":
         def f():
             level.sync()
@@ -427,11 +458,41 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
     if sig == "start_z":
         def f():
             level.sync()
-            return _zscore(level.median(), trk.baseline(window), trk.baseline_scale(window))
+            return _zscore(level.median(), trk.baseline(window), trk.baseline_stat(window, 1))
+        return f
+    if sig == "gain_t":
+        def f():
+            w = win.sync()
+            n_r = len(w.xs)
+            n_b = trk.baseline_stat(window, 2)
+            if n_r < 2 or not n_b >= 2:
+                return NAN
+            med_r = w.median()
+            s_r = robust_scale(w.xs, med_r)
+            s_b = trk.baseline_stat(window, 1)
+            # the standard error of a median is ~1.2533 x that of a mean
+            se = MEAN_AD_SCALE * math.sqrt(s_r * s_r / n_r + s_b * s_b / n_b)
+            return _zscore(med_r, trk.baseline(window), se)
+        return f
+    if sig == "noise_ratio":
+        def f():
+            w = win.sync()
+            hit = w.cache.get("noise")
+            if hit is not None and hit[0] == trk.total:
+                return hit[1]
+            out = _ratio(diff_scale(w.xs), trk.baseline_stat(window, 4))
+            w.cache["noise"] = (trk.total, out)
+            return out
+        return f
+    if sig == "ratio_to_start_max":
+        def f():
+            level.sync()
+            return _ratio(level.median(), trk.baseline_stat(window, 3))
         return f
     if sig == "delta":
         return lambda: trk.values[-1] - trk.values[-2] if len(trk.values) >= 2 else NAN
-    if sig in ("shift_z", "level_ratio", "ratio_to_typical"):
+    if sig in ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "ratio_to_max",
+               "over_max_z"):
         def split() -> tuple[float, float, float]:
             """(level, reference median, reference scale), once per new point."""
             w = win.sync()
@@ -451,13 +512,53 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
                 lv, med, _ = split()
                 return _ratio(lv, med)
             return f
+        if sig == "shift_rel":
+            def f():
+                lv, med, _ = split()
+                return _ratio(lv - med, abs(med))
+            return f
+        def ref_points() -> list[float]:
+            """The points of the window before the level's points."""
+            w = win
+            n = len(w.xs)
+            k = 0
+            edge = w.st[-1] - LEVEL_STEPS
+            while k < n and w.st[n - 1 - k] > edge:
+                k += 1
+            k = max(k, LEVEL_POINTS)
+            return list(islice(w.xs, 0, n - k))
+
+        def ref_max() -> float:
+            ref = ref_points()
+            return max(ref) if ref else NAN
+
+        if sig == "level_to_max":
+            def f():
+                lv = split()[0]
+                return NAN if lv != lv else _ratio(lv, ref_max())
+            return f
+        if sig == "over_max_z":
+            def f():
+                lv = split()[0]
+                if lv != lv:
+                    return NAN
+                ref = ref_points()
+                # in units of the reference's point-to-point noise: a trend, however steep,
+                # climbs past the reference's maximum by a step or two of it at a time
+                return _zscore(lv, max(ref), diff_scale(ref))
+            return f
+        if sig == "range_pos":
+            def f():
+                lv = split()[0]
+                lo, hi = min(win.xs), max(win.xs)
+                return (lv - lo) / (hi - lo) if hi > lo else NAN
+            return f
 
         def f():
             w = win.sync()
-            rest = [abs(v) for v in islice(w.xs, 0, len(w.xs) - 1) if v != 0.0]
-            if len(rest) < 3:
+            if len(w.xs) < 2:
                 return NAN
-            return _ratio(abs(w.xs[-1]), median_of(sorted(rest)))
+            return _ratio(abs(w.xs[-1]), max(map(abs, islice(w.xs, 0, len(w.xs) - 1))))
         return f
     sync = win.sync
     if sig == "median":
@@ -466,6 +567,11 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
         return lambda: sync().sorted[0]
     if sig == "max":
         return lambda: sync().sorted[-1]
+    if sig == "range":
+        def f():
+            srt = sync().sorted
+            return srt[-1] - srt[0]
+        return f
     if sig == "mean":
         return lambda: sync().mean_std()[0]
     if sig == "std":
@@ -650,7 +756,17 @@ class Bank:
         if signal == "ema":
             if window not in trk.ema_spans:
                 trk.ema_spans.append(window)
-        elif signal in ("ratio_to_start", "start_z"):
+        elif signal == "follow_z":
+            win = self.window(trk, window, min_points)
+            win.need_mk()
+            other = self.window(self.track(cycle_metric, smooth), window, min_points)
+            other.need_mk()
+            cycle = other     # handed to the reader in the cycle slot
+        elif signal in ("gain_t", "noise_ratio"):
+            trk.baselines.setdefault(window, [])
+            win = self.window(trk, window, min_points)
+            win.need_sorted()
+        elif signal in ("ratio_to_start", "start_z", "ratio_to_start_max"):
             trk.baselines.setdefault(window, [])
             level = self.window(trk, LEVEL_STEPS, LEVEL_POINTS)
             level.need_sorted()
@@ -664,7 +780,7 @@ class Bank:
                 win.need_sums()
             if signal in ("trend_z", "trend_tau"):
                 win.need_mk()
-            elif signal in ("median", "min", "max", "ratio_to_median", "robust_z", "rel_drop",
+            elif signal in ("median", "min", "max", "range", "ratio_to_median", "robust_z", "rel_drop",
                             "rel_rise", "flat_range", "rel_trend"):
                 win.need_sorted()
         value = _signal_reader(signal, win, trk, window, cycle, level)

@@ -62,7 +62,9 @@ class Simulator(Control):
         self.bad_rank = int(self._fp.get("bad_rank", ws - 1)) if ws > 1 else 0
         self.bad_rank = min(max(self.bad_rank, 1 if ws > 1 else 0), ws - 1)
         self._base = seed_int("rlwatch-sim", config.seed, config.run_id)
-        self._tags = {"algo": self.algo, "model": "sim-llama-8b"}
+        # the run reports its KL target as the SDK's targets= does (rules scale with it)
+        self._tags = {"algo": self.algo, "model": "sim-llama-8b",
+                      "target.kl": str(float(config.kl_target))}
         # the draws of this seed: onset, magnitude, healthy background
         lo, hi = self.spec.onset
         self.onset = (int(config.onset) if config.onset is not None

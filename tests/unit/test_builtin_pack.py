@@ -35,7 +35,9 @@ EXPECTED = {
     "stagnation": ("yellow", 150), "gpu_memory_spike": ("orange", 80),
     "run_stalled": ("orange", 0), "rm_overfit": ("orange", 120),
     "dpo_saturation": ("yellow", 120), "grpo_zero_variance": ("yellow", 60),
-    "degenerate_text": ("orange", 150),
+    "degenerate_text": ("orange", 150), "entropy_blowup": ("red", 40),
+    "reward_crash": ("red", 40), "dead_reward": ("orange", 60),
+    "dpo_chosen_decline": ("orange", 120), "proxy_divergence": ("orange", 150),
 }
 
 

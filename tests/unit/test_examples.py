@@ -17,7 +17,7 @@ def rlwatch(*args):
 def test_example_rule_tests_pass():
     out = rlwatch("rules", "test", "examples/rules/tests.yaml")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "3 passed, 0 failed" in out.stdout
+    assert "4 passed, 0 failed" in out.stdout
 
 
 def test_overrides_apply_to_the_builtin_pack(tmp_path):

@@ -57,8 +57,9 @@ def test_nan_on_another_rank_fires_with_that_rank():
                 m["grad_norm/actor"] = "NaN"
             alerts += feed(p, [step_event("multi", s, m, rank=r, world_size=4)])
     nan = firing(alerts, "nan_inf")
-    assert [(a.step, a.rank, a.severity) for a in nan] == [(6, 2, "black")]
-    assert nan[0].metric == "grad_norm/actor"
+    # a non-finite gradient norm with a finite loss: a skipped mixed-precision step, a notice
+    assert [(a.step, a.rank, a.severity) for a in nan] == [(6, 2, "yellow")]
+    assert nan[0].metric == "grad_norm/actor" and nan[0].actions == ["notify"]
     # a per-rank identity: the same rule on rank 3 would be another alert
     assert nan[0].fingerprint != firing(
         feed(Pipeline(rlhf_pack()), [step_event("multi", 0, {"x": "NaN"})]), "nan_inf")[0].fingerprint
@@ -111,8 +112,8 @@ def test_duplicate_and_late_steps_with_bad_values_never_alert_or_crash():
     st = p.runs["r"]
     assert st.duplicates == 5
     # the run goes on normally afterwards
-    after = feed_series(p, "r", "kl/mean", [0.5] * 3, start=20)
-    assert {a.severity for a in firing(after, "kl_above_target")} == {"red", "black"}
+    after = feed_series(p, "r", "kl/mean", [0.5] * 4, start=20)
+    assert {a.severity for a in firing(after, "kl_above_target")} == {"info", "red", "black"}
 
 
 def test_out_of_order_ranks_are_tracked_separately():

@@ -43,29 +43,7 @@ def xfail(reason: str):
 # -- real logs: one verdict per labelled file ----------------------------------------------------
 
 #: What today's pack gets wrong, file by file (the target is the test's assertion).
-REAL_FAILURES = {
-    "tinker_rl_leetcode_3b_easy_llmjudge.jsonl":
-        "proxy reward climbs 0.13 -> 0.27 while the true reward (judge/score) stays ~0: no "
-        "proxy_divergence rule, and reward_quality_divergence needs the true score to fall",
-    "trl_dpo_specgaming_aligned.jsonl":
-        "rewards/chosen falls below -0.1 from step 60 while the margin grows: no "
-        "dpo_chosen_decline rule reads dpo/chosen_reward and dpo/margin",
-    "trl_grpo_nipsgate_rho0.7_s43.jsonl":
-        "one-step KL spike (17.8 vs median 0.09) at step 71 gets kl_above_target red (pause) "
-        "instead of a yellow notice; kl_rising orange at 34 and grad_norm_anomaly orange at 49 "
-        "on single excursions",
-    "trl_ppo_kartik_v2_s2026.jsonl":
-        "objective/scores flat for the whole 100-step run and no stagnation notice: the rule's "
-        "100-step window plus its 10-step `for` do not fit in a 100-step run",
-    "trl_grpo_nipsdyn_dapo_rho1_s42.jsonl":
-        "healthy, but grad_norm_anomaly orange at 190: grad_norm is exactly 0 at a third of the "
-        "logs (skipped updates), so a ratio to the recent median explodes",
-    "trl_grpo_nipsdyn_dapo_rho1_s43.jsonl":
-        "healthy, but grad_norm_anomaly orange at 175 (grad_norm exactly 0 at half the logs) and "
-        "entropy_collapse red (pause) at 185 on a slow -69 % entropy drift while the reward saturates",
-    "trl_grpo_nipsdyn_rho3_s43.jsonl":
-        "healthy, but grad_norm_anomaly orange at 160 (grad_norm exactly 0 at a third of the logs)",
-}
+REAL_FAILURES: dict[str, str] = {}
 
 SCORED = sorted(n for n, lab in LABELS.items() if lab.label == "healthy" or own_rules(lab.label))
 
@@ -78,9 +56,7 @@ def test_real_log_verdict(name):
 
 
 #: Files whose own rules are not all present or watched today.
-WATCH_FAILURES = {
-    "trl_dpo_specgaming_aligned.jsonl": "no rule of the pack reads the DPO metrics (dpo/*)",
-}
+WATCH_FAILURES: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=xfail(WATCH_FAILURES[n])) if n in WATCH_FAILURES
@@ -128,24 +104,17 @@ def test_simulated_recall_is_at_least_95_percent():
     assert s.faults >= len(SIM_FAULTS) and s.recall >= 0.95, f"recall {s.recall:.2f}; missed {_misses()}"
 
 
-@xfail("value_shift red (pause) at steps 75-140 of PPO runs while the value head is still fitting "
-       "(healthy and before onsets), reward_spike orange on healthy one-step reward spikes, nan_inf "
-       "black (stop) on a skipped mixed-precision step")
 def test_simulated_healthy_and_pre_onset_stay_below_orange_and_unbraked():
     bad = [(v.run, [str(h) for h in v.false_alarms + v.wrong_brakes][:4])
            for v in sim().verdicts if v.false_alarms or v.wrong_brakes]
     assert not bad
 
 
-@xfail("2.3 yellow per 1,000 healthy steps today: stagnation on every healthy PG run (1-3 each), "
-       "reward_periodic, category_imbalance, and update_ratio on healthy DPO runs")
 def test_simulated_yellow_notices_at_most_one_per_1000_healthy_steps():
     s = sim().score
     assert s.healthy_steps >= 5000 and s.yellow_per_1k <= 1.0, f"{s.yellow_per_1k:.2f} per 1,000 steps"
 
 
-@xfail("nan_inf is black (stop) on a NaN gradient norm with a finite loss: the catalog's nan_inf "
-       "split (a yellow count for a skipped step) is not in the pack yet")
 def test_skipped_mixed_precision_step_notifies_and_does_not_brake():
     v = next(v for v in sim().verdicts if v.label == "nan_inf:skipped_step")
     assert v.passed, "; ".join(v.problems)

@@ -44,16 +44,16 @@ def lines_of(message: str, source: str = "rules.yaml") -> list[int]:
 
 # -- the built-in pack ------------------------------------------------------------------------
 
-def test_catalog_table_parses_to_37_ids():
+def test_catalog_table_parses_to_42_ids():
     ids = catalog_ids()
-    assert len(ids) == 37 and len(set(ids)) == 37
-    assert ids[0] == "kl_above_target" and ids[-1] == "degenerate_text"
+    assert len(ids) == 42 and len(set(ids)) == 42
+    assert ids[0] == "kl_above_target" and ids[-1] == "proxy_divergence"
 
 
 def test_builtin_pack_has_exactly_the_catalog_rules():
     pack = rlhf_pack()
     assert pack.pack == "rlhf"
-    assert len(pack.rules) == 37
+    assert len(pack.rules) == 42
     assert sorted(r.id for r in pack.rules) == sorted(catalog_ids())
 
 
@@ -62,10 +62,32 @@ def test_builtin_pack_default_kl_target_and_cap():
     assert pack.targets["kl"] == 0.05
     kl = next(r for r in pack.rules if r.id == "kl_above_target")
     assert kl.params["cap"] == 0.2
-    assert [t.severity for t in kl.tiers] == ["yellow", "red", "black"]
-    assert kl.tiers[1].action_names() == ["pause", "snapshot"]
-    assert "stop" in kl.tiers[2].action_names() and "rollback" in kl.tiers[2].action_names()
-    assert kl.tiers[0].adjust_params() == {"beta": 1.5}
+    tiers = {t.severity: t for t in kl.tiers}
+    assert list(tiers) == ["info", "yellow", "red", "black"]
+    # a one-point excursion only notifies; the red and black tiers need the level to hold
+    assert tiers["info"].action_names() == ["notify"]
+    assert tiers["red"].action_names() == ["pause", "snapshot"] and tiers["red"].for_ > 1
+    assert {"stop", "rollback"} <= set(tiers["black"].action_names()) and tiers["black"].for_ > 1
+    assert tiers["yellow"].adjust_params() == {"beta": 1.5}
+
+
+def test_only_unambiguous_or_corroborated_tiers_brake():
+    # severity discipline (failure-modes.md): a brake needs a `for` over several steps, a
+    # level signal (median of the last points), or an absolute condition (non-finite, hashes)
+    from rules.schema import leaves
+
+    brakes = {"pause", "stop", "rollback"}
+    level_signals = {"median", "min", "max", "shift_z", "level_ratio", "shift_rel", "start_z",
+                     "ratio_to_start", "trend_z", "level_to_max", "ratio_to_start_max", "ema"}
+    for r in rlhf_pack().rules:
+        for t in r.tiers:
+            if not brakes & set(t.action_names()):
+                continue
+            metric_leaves = [c for c in leaves(t.when) if c.metric is not None]
+            absolute = any(c.nonfinite is not None or c.hashes is not None for c in leaves(t.when))
+            several = t.for_ > 1 or all(c.signal in level_signals for c in metric_leaves)
+            assert absolute or (metric_leaves and several) or len(metric_leaves) > 1, \
+                f"{r.id}/{t.severity} brakes on a single statistical excursion"
 
 
 def test_every_builtin_rule_has_a_diagnosis_and_a_summary():

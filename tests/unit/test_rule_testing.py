@@ -61,7 +61,7 @@ tests:
     series:
       kl/mean: "0.02x19 0.3x5"
     expect:
-      - {rule: kl_above_target, severity: red, step: 21, within: 1}
+      - {rule: kl_above_target, severity: red, step: 23, within: 1}
       - {rule: kl_above_target, severity: black}
     absent: [nan_inf]
   - name: healthy KL stays quiet (wrongly expects an alert)
@@ -80,7 +80,7 @@ def test_run_rule_tests_reports_pass_and_fail(tmp_path):
                                           "healthy KL stays quiet (wrongly expects an alert)"]
     ok, bad = outcomes
     assert ok.passed and ok.problems == []
-    assert "kl_above_target/red@21" in ok.fired
+    assert "kl_above_target/red@23" in ok.fired
     assert not bad.passed
     assert len(bad.problems) == 1
     assert "kl_above_target/yellow" in bad.problems[0] and "nothing" in bad.problems[0]

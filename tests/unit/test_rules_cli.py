@@ -73,15 +73,15 @@ def test_rules_check_names_targets_without_defaults(tmp_path, capsys):
     assert "kl" in capsys.readouterr().out.split("targets without a default")[1]
 
 
-def test_rules_list_lists_the_37_builtin_rules(capsys):
+def test_rules_list_lists_the_42_builtin_rules(capsys):
     assert main(["rules", "list"]) == 0
     cap = capsys.readouterr()
     lines = [line for line in cap.out.splitlines() if line.strip()]
-    assert len(lines) == 37
+    assert len(lines) == 42
     assert sorted(line.split()[0] for line in lines) == sorted(catalog_ids())
     kl = next(line for line in lines if line.startswith("kl_above_target"))
-    assert "yellow/red/black" in kl
-    assert "37 rules" in cap.err
+    assert "info/yellow/red/black" in kl
+    assert "42 rules" in cap.err
 
 
 def test_rules_test_passing_and_failing_cases(tmp_path, capsys):
@@ -93,7 +93,7 @@ def test_rules_test_passing_and_failing_cases(tmp_path, capsys):
             series:
               kl/mean: "0.02x9 0.3x3"
             expect:
-              - {rule: kl_above_target, severity: red, step: 11}
+              - {rule: kl_above_target, severity: red, step: 13}
           - name: expects black on a calm run
             series:
               kl/mean: "0.02x9"

@@ -33,7 +33,8 @@ def test_a_new_incarnation_closes_the_open_alerts_and_watches_the_run_afresh():
     p = Pipeline(only_rules("kl_above_target"))
     first = feed(p, [ev("r", s, {"kl/mean": 0.02 if s < 20 else 0.5}, incarnation="a1")
                      for s in range(25)])
-    opened = firing(first, "kl_above_target")
+    # (the info notice of the jump itself closed at the next step)
+    opened = [a for a in firing(first, "kl_above_target") if a.severity != "info"]
     assert {a.severity for a in opened} == {"yellow", "red", "black"}
     # the program restarts from step 0 (a checkpoint of step 0) with a new incarnation
     again = feed(p, [ev("r", s, {"kl/mean": 0.02}, ts=T0 + 100 + s, incarnation="b2")
@@ -49,8 +50,8 @@ def test_a_new_incarnation_closes_the_open_alerts_and_watches_the_run_afresh():
                      for s in range(5, 8)])
     assert after == []
     blowup = feed(p, [ev("r", s, {"kl/mean": 0.5}, ts=T0 + 100 + s, incarnation="b2")
-                      for s in range(8, 10)])
-    assert {a.severity for a in firing(blowup)} == {"red", "black"}
+                      for s in range(8, 12)])
+    assert {a.severity for a in firing(blowup)} == {"info", "red", "black"}
 
 
 def test_the_same_incarnation_keeps_treating_old_steps_as_duplicates():
@@ -62,10 +63,10 @@ def test_the_same_incarnation_keeps_treating_old_steps_as_duplicates():
 
 def test_without_incarnation_a_step_far_back_with_a_newer_time_is_a_relaunch():
     p = Pipeline(only_rules("nan_inf"))
-    before = feed(p, [ev("r", s, {"x": 1.0 if s < 40 else "NaN"}) for s in range(50)])
+    before = feed(p, [ev("r", s, {"loss/value": 1.0 if s < 40 else "NaN"}) for s in range(50)])
     assert firing(before, "nan_inf")
     # restarted program: step 0 again, a time after every event seen so far
-    again = feed(p, [ev("r", s, {"x": 1.0 if s != 3 else "NaN"}, ts=T0 + 1000 + s)
+    again = feed(p, [ev("r", s, {"loss/value": 1.0 if s != 3 else "NaN"}, ts=T0 + 1000 + s)
                      for s in range(5)])
     assert [a.state for a in again] == ["resolved", "firing", "resolved"]
     assert "relaunched" in again[0].summary and again[1].step == 3
@@ -106,7 +107,7 @@ def test_a_poisoned_step_far_ahead_is_rejected_and_does_not_blind_the_run():
         p.feed(ev("r", MAX_STEP, {"kl/mean": 0.02}), T0 + 20)
     assert "ahead" in info.value.reason and str(MAX_STEP_JUMP) in info.value.reason
     # a real KL blow-up right after it is still seen
-    blowup = feed(p, [ev("r", s, {"kl/mean": 0.5}) for s in range(20, 23)])
+    blowup = feed(p, [ev("r", s, {"kl/mean": 0.5}) for s in range(20, 24)])
     assert {a.severity for a in firing(blowup)} >= {"red", "black"}
 
 
@@ -166,7 +167,7 @@ def test_a_rank_beyond_the_limit_is_rejected():
 
 def test_summary_shape_and_numbers():
     p = Pipeline(rlhf_pack())
-    values = [0.02] * 30 + [0.5] * 3
+    values = [0.02] * 30 + [0.5] * 5
     for s, v in enumerate(values):
         p.feed(ev("sum", s, {"kl/mean": v, "ppo/clip_frac": 0.2, "reward/mean": 1.0},
                   tags={"algo": "ppo", "target.kl": "0.04"}, incarnation="inc-1",
@@ -176,8 +177,8 @@ def test_summary_shape_and_numbers():
     assert {"run_id", "incarnation", "generation", "last_step", "last_event_ts", "events",
             "world_size", "tags", "targets", "kl_lines", "open_alerts", "worst", "latest",
             "smoothed"} <= set(s)
-    assert s["run_id"] == "sum" and s["incarnation"] == "inc-1" and s["last_step"] == 32
-    assert s["events"] == 33 and s["tags"] == {"algo": "ppo"}
+    assert s["run_id"] == "sum" and s["incarnation"] == "inc-1" and s["last_step"] == 34
+    assert s["events"] == 35 and s["tags"] == {"algo": "ppo"}
     assert s["targets"]["kl"] == 0.04                       # reported by the run
     assert s["kl_lines"] == pytest.approx({"yellow": 0.06, "red": 0.1, "black": 0.2})
     assert s["worst"] == "black"

@@ -19,7 +19,8 @@ ONSET = 300
 
 # fault -> (tier it reaches, steps after the onset) whatever the logging interval
 FAULTS = {
-    "kl_above_target": ("red", 120), "kl_rising": ("orange", 100), "kl_zero": ("black", 30),
+    # kl_rising is orange above the yellow line (1.5 x target), after kl_above_target's yellow
+    "kl_above_target": ("red", 120), "kl_rising": ("orange", 150), "kl_zero": ("black", 30),
     "entropy_collapse": ("red", 160), "reward_collapse": ("red", 120),
     "reward_degradation": ("orange", 200), "length_hacking": ("orange", 120),
     "grad_norm_anomaly": ("orange", 80), "value_shift": ("red", 80),
@@ -132,7 +133,7 @@ def test_a_run_with_40_logged_points_gets_every_metric_rule():
         "loss/value", "value/std", "value/mean", "ppo/clip_frac", "grad_norm/actor",
         "grad_norm/critic", "update_ratio/actor", "update_ratio/critic", "gpu/mem_allocated_gb",
         "rm/train_acc", "rm/val_acc", "dpo/pref_prob", "kl/beta", "returns/abs_max",
-        "returns/std")}
+        "returns/std", "dpo/chosen_reward", "dpo/margin", "dpo/accuracy", "lr/actor")}
     import random
     rng = random.Random(1)
     for i in range(40):
