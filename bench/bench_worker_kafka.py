@@ -6,12 +6,14 @@ unique to this bench, timestamps moved to now) to a fresh events topic on the lo
 
 * a bare consumer: aiokafka in a fresh consumer group, from the beginning, ``json.loads`` of
   every message and nothing else (the floor of any Python consumer of the topic);
+* a trivial Faust agent (``json.loads`` of each message, the worker's Faust settings): the
+  ceiling of any worker built on Faust agents (``--no-faust-floor`` skips it);
 * ``rlwatch worker`` as a user runs it (a subprocess with its own application id and topics
   through ``RLWATCH_*``), from the beginning, with Redis for the fleet store and the brakes.
 
-Both rates are steady-state rates in events per wall second: the bare loop's from its first
-batch to its last message; the worker's from the first to the last change of its consumer
-group's committed offsets (Faust commits every few seconds; start-up, the rebalance and the
+All rates are steady-state rates in events per wall second: the bare loop's from its first
+batch to its last message; the Faust agent's and the worker's from the first to the last change
+of their consumer group's committed offsets (Faust commits every few seconds; start-up, the rebalance and the
 final commit wait are left out). Prints both and the ratio. The machine's other processes
 (the broker among them) run as they do; compare the two figures of one run.
 
@@ -187,10 +189,31 @@ def spy_report(path: str, top: int = 25) -> str:
     return "\n".join(out)
 
 
-def run_worker(kafka: str, redis_url: str, sid: str, topics: dict[str, str], n: int,
-               timeout: float, loglevel: str, spy: str | None = None) -> tuple[float, int, list[str]]:
-    """(seconds, events) between the first and the last change of the worker's committed
-    offsets (events = the offsets committed in between); and its output."""
+def faust_floor_agent() -> None:
+    """The least a Faust application can do per event: an agent over the events topic that
+    parses each message with json.loads, with the worker's Faust settings (partitions, raw
+    serializers, memory store). Its rate is the ceiling of any worker built on Faust agents."""
+    import faust
+
+    app = faust.App(os.environ["BENCH_FAUST_APP"], broker=f"kafka://{os.environ['BENCH_KAFKA']}",
+                    store="memory://", web_enabled=False, topic_partitions=PARTITIONS,
+                    key_serializer="raw", value_serializer="raw")
+    topic = app.topic(os.environ["BENCH_FAUST_TOPIC"], key_type=bytes, value_type=bytes)
+
+    @app.agent(topic)
+    async def parse(stream):
+        async for _key, raw in stream.items():
+            json.loads(raw)
+
+    sys.argv = ["rlwatch-bench-faust", "worker", "-l", "warn", "--without-web"]
+    app.main()
+
+
+def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[str, str], n: int,
+                 timeout: float, loglevel: str, spy: str | None = None) -> tuple[float, int, list[str]]:
+    """Run ``rlwatch worker`` (``kind`` "worker") or the Faust floor agent ("faust") over the
+    events topic: (seconds, events) between the first and the last change of its consumer
+    group's committed offsets (events = the offsets committed in between); and its output."""
     from kafka.admin import KafkaAdminClient
 
     env = dict(os.environ)
@@ -198,13 +221,16 @@ def run_worker(kafka: str, redis_url: str, sid: str, topics: dict[str, str], n: 
         "RLWATCH_KAFKA": kafka, "RLWATCH_REDIS": redis_url, "RLWATCH_APP_ID": topics["app"],
         "RLWATCH_EVENTS_TOPIC": topics["events"], "RLWATCH_ALERTS_TOPIC": topics["alerts"],
         "RLWATCH_DLQ_TOPIC": topics["dlq"], "RLWATCH_WORKER_ID": f"bench-{sid}",
+        "BENCH_FAUST_APP": topics["faust"], "BENCH_FAUST_TOPIC": topics["events"], "BENCH_KAFKA": kafka,
         "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
     })
+    group = topics["app"] if kind == "worker" else topics["faust"]
+    cmd = ([sys.executable, "-m", "rlwatch", "worker", "--loglevel", loglevel] if kind == "worker"
+           else [sys.executable, str(Path(__file__).resolve()), "--faust-floor-agent"])
     lines: list[str] = []
     with tempfile.TemporaryDirectory() as cwd:   # Faust's data directory goes there
-        proc = subprocess.Popen([sys.executable, "-m", "rlwatch", "worker", "--loglevel", loglevel],
-                                cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, bufsize=1)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1)
 
         def pump():
             for line in proc.stdout:
@@ -222,8 +248,8 @@ def run_worker(kafka: str, redis_url: str, sid: str, topics: dict[str, str], n: 
             last = 0
             while time.time() < deadline:
                 if proc.poll() is not None:
-                    raise SystemExit("the worker exited:\n" + "\n".join(lines[-40:]))
-                now_off = committed(admin, topics["app"], topics["events"])
+                    raise SystemExit(f"the {kind} process exited:\n" + "\n".join(lines[-40:]))
+                now_off = committed(admin, group, topics["events"])
                 if now_off != last:
                     marks.append((time.perf_counter(), now_off))
                     last = now_off
@@ -231,7 +257,7 @@ def run_worker(kafka: str, redis_url: str, sid: str, topics: dict[str, str], n: 
                     break
                 time.sleep(0.1)
             else:
-                raise SystemExit(f"the worker committed {last} of {n} events in {timeout:.0f} s:\n"
+                raise SystemExit(f"the {kind} process committed {last} of {n} events in {timeout:.0f} s:\n"
                                  + "\n".join(lines[-40:]))
         finally:
             admin.close()
@@ -248,7 +274,7 @@ def run_worker(kafka: str, redis_url: str, sid: str, topics: dict[str, str], n: 
                 proc.kill()
                 proc.wait()
     if len(marks) < 2:
-        raise SystemExit("the worker committed everything at once: use more --steps to measure it")
+        raise SystemExit(f"the {kind} process committed everything at once: use more --steps")
     (t0, o0), (t1, o1) = marks[0], marks[-1]
     return t1 - t0, o1 - o0, lines
 
@@ -264,12 +290,18 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the topics (to look at them)")
     ap.add_argument("--spy", metavar="FILE", help="record the worker with py-spy into FILE and "
                     "print its top functions")
+    ap.add_argument("--no-faust-floor", action="store_true",
+                    help="skip the trivial Faust agent (the ceiling of any Faust worker)")
+    ap.add_argument("--faust-floor-agent", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.faust_floor_agent:
+        return faust_floor_agent()
 
     services_up(args.kafka, args.redis)
     sid = uuid.uuid4().hex[:8]
     topics = {"app": f"rlwatch-bench-{sid}", "events": f"rlwatch.bench.events.{sid}",
-              "alerts": f"rlwatch.bench.alerts.{sid}", "dlq": f"rlwatch.bench.dlq.{sid}"}
+              "alerts": f"rlwatch.bench.alerts.{sid}", "dlq": f"rlwatch.bench.dlq.{sid}",
+              "faust": f"rlwatch-bench-faust-{sid}"}
     bare_group = f"rlwatch-bench-bare-{sid}"
     events = fleet(args.runs, args.steps, sid)
     n = len(events)
@@ -281,12 +313,21 @@ def main() -> None:
         bare_s, bare_n = asyncio.run(bare_consume(args.kafka, topics["events"], bare_group, n))
         bare = bare_n / bare_s
         print(f"bare aiokafka + json.loads: {bare:10,.0f} events/s ({bare_n} events in {bare_s:.2f} s)")
-        w_s, w_n, out = run_worker(args.kafka, args.redis, sid, topics, n, args.timeout, args.loglevel,
-                                   args.spy)
+        if not args.no_faust_floor:
+            f_s, f_n, _ = run_consumer("faust", args.kafka, args.redis, sid, topics, n, args.timeout,
+                                       args.loglevel)
+            floor = f_n / f_s
+            print(f"Faust agent + json.loads:   {floor:10,.0f} events/s ({f_n} events in {f_s:.2f} s "
+                  "between its first and last offset commits)")
+        w_s, w_n, out = run_consumer("worker", args.kafka, args.redis, sid, topics, n, args.timeout,
+                                     args.loglevel, args.spy)
         worker = w_n / w_s
         print(f"rlwatch worker:             {worker:10,.0f} events/s ({w_n} events in {w_s:.2f} s "
               "between its first and last offset commits)")
         print(f"worker / bare consumer:     {worker / bare:.2f}")
+        if not args.no_faust_floor:
+            print(f"Faust agent / bare consumer: {floor / bare:.2f} (the ceiling of a worker on Faust "
+                  "agents)")
         errors = [x for x in out if "Traceback" in x or " ERROR " in x or "rejected an event" in x]
         if errors:
             print(f"worker output had {len(errors)} error lines, first: {errors[0][:200]}")
@@ -294,7 +335,8 @@ def main() -> None:
             print(spy_report(args.spy))
     finally:
         if not args.keep:
-            cleanup(args.kafka, list(topics.values())[1:], [topics["app"], bare_group])
+            cleanup(args.kafka, [topics["events"], topics["alerts"], topics["dlq"]],
+                    [topics["app"], topics["faust"], bare_group])
 
 
 if __name__ == "__main__":
