@@ -1,0 +1,224 @@
+"""The detection signals the built-in pack reads (streams/signals.py, rules/schema.py SIGNALS):
+change points against the window before, baselines from the run's own warm-up, spikes against
+everything seen lately, and the pack's own rule tests (rules/packs/rlhf.tests.yaml) together
+with what those cannot say (no brake, no resolution while a fault lasts)."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from rlwatch.rule_tests import run_rule_tests
+from rules.schema import MIN_POINTS, READY_POINTS, SIGNALS
+from streams.processor import Pipeline
+from streams.signals import Bank, robust_scale, split_level
+from tests.unit._core import feed_series, firing, resolved, rlhf_pack, step_event
+
+PACKS = Path(__file__).resolve().parents[2] / "rules" / "packs"
+
+NEW = ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "over_max_z",
+       "ratio_to_max", "start_z", "ratio_to_start_max", "gain_t", "follow_z", "range",
+       "noise_ratio")
+
+
+def run(values, signal, window, *, every=1, versus=None, other=None, min_steps=0):
+    """The signal's value after each logged point of ``values`` (one per logged step)."""
+    bank = Bank()
+    read = bank.metric("m", signal, window, None, "v" if versus else None, min_steps,
+                       MIN_POINTS[signal], READY_POINTS[signal])
+    out = []
+    for i, x in enumerate(values):
+        metrics = {"m": x}
+        if versus:
+            metrics["v"] = other[i]
+        bank.update(i * every, metrics)
+        out.append(read())
+    return out
+
+
+def feed_rows(pipeline, run_id, rows, **extra):
+    """Feed {metric: value} rows as consecutive step events from step 0; every alert."""
+    out = []
+    for s, metrics in enumerate(rows):
+        ev = step_event(run_id, s, metrics, **extra)
+        out += pipeline.feed(ev, ev.ts)
+    return out
+
+
+def noisy(n, level=1.0, sd=0.02, seed=0):
+    rng = random.Random(seed)
+    return [level + rng.gauss(0, sd) for _ in range(n)]
+
+
+def test_every_new_signal_is_declared_with_its_point_counts():
+    for sig in NEW:
+        assert sig in SIGNALS and sig in MIN_POINTS and sig in READY_POINTS
+
+
+def test_robust_scale_does_not_collapse_on_mostly_constant_data():
+    # 70 % exact zeros and some successes: the MAD is 0, the spread is not
+    values = [0.0] * 14 + [0.4, 0.9, 0.3, 1.2, 0.8, 0.5]
+    assert robust_scale(values, 0.0) > 0.2
+    assert robust_scale([1.0] * 10, 1.0) == 0.0
+
+
+def test_split_level_is_the_median_of_the_last_steps_against_the_points_before():
+    steps = list(range(20))
+    values = [1.0] * 17 + [5.0, 1.0, 5.0]
+    level, med, scale = split_level(steps, values)
+    assert med == 1.0 and scale == 0.0
+    # the last 5 steps hold 1, 1, 5, 1, 5: two high points of five do not move the level
+    assert level == 1.0
+    assert math.isnan(split_level(steps[:6], values[:6])[0])   # too few reference points
+
+
+def test_shift_z_sees_a_level_that_held_for_two_points_not_one_spike():
+    base = noisy(60)
+    spike = run(base + [3.0] + base[:5], "shift_z", 50)
+    assert max(v for v in spike if v == v) < 3
+    # logged every step the level is the median of the last 5 points: 3 low points move it
+    shift = run(base + [0.2] * 4, "shift_z", 50)
+    assert shift[-2] < -20 and shift[-1] < -20          # the level fell far out of its noise
+    assert shift[-3] > -5 and shift[-4] > -5            # not on one or two low points
+    # logged every 10 steps the last 5 steps hold one point: the level is the last 3 points
+    sparse = run(base + [0.2] * 2, "shift_z", 50, every=10)
+    assert sparse[-1] < -20 and sparse[-2] > -5
+
+
+def test_level_ratio_and_shift_rel_compare_with_the_window_before():
+    vals = [2.0] * 40 + [6.0] * 3
+    assert run(vals, "level_ratio", 50)[-1] == pytest.approx(3.0)
+    assert run(vals, "shift_rel", 50)[-1] == pytest.approx(2.0)
+    assert run([-1.0] * 40 + [-2.0] * 3, "shift_rel", 50)[-1] == pytest.approx(-1.0)
+
+
+def test_over_max_z_tells_a_jump_from_a_steep_learning_curve():
+    ramp = [0.3 + 0.004 * i + random.Random(i).gauss(0, 0.01) for i in range(100)]
+    assert max(v for v in run(ramp, "over_max_z", 50) if v == v) < 4
+    jump = noisy(60, 0.5, 0.01) + [1.0] * 3
+    assert run(jump, "over_max_z", 50)[-1] > 10
+
+
+def test_start_z_and_gain_t_measure_the_run_against_its_own_warm_up():
+    flat = noisy(120, 0.3, 0.1, seed=1)
+    learnt = noisy(40, 0.3, 0.1, seed=2) + noisy(80, 0.8, 0.1, seed=3)
+    assert abs(run(flat, "gain_t", 40)[-1]) < 2.5
+    assert run(learnt, "gain_t", 40)[-1] > 10
+    assert run(learnt, "start_z", 40)[-1] > 3
+    # the baseline is in steps: logged every 10 steps, the first 40 steps are 4 points
+    assert run(learnt[::10], "start_z", 40, every=10)[-1] > 3
+
+
+def test_ratio_to_max_and_level_to_max_ignore_bimodal_norms():
+    # a GRPO-like gradient norm: ~0.0003 when every group had zero advantage, ~0.5 otherwise
+    rng = random.Random(4)
+    bimodal = [0.0003 if rng.random() < 0.6 else 0.5 + 0.2 * rng.random() for _ in range(120)]
+    assert max(v for v in run(bimodal, "ratio_to_max", 50)[20:] if v == v) < 3
+    assert max(v for v in run(bimodal, "level_to_max", 50)[20:] if v == v) < 3
+    spike = bimodal[:100] + [150.0] + bimodal[100:]
+    assert run(spike, "ratio_to_max", 50)[100] > 100
+
+
+def test_ratio_to_start_max_is_against_the_largest_value_of_the_warm_up():
+    vals = [1.0, 3.0, 1.0, 1.0] * 10 + [9.0] * 5
+    assert run(vals, "ratio_to_start_max", 20)[-1] == pytest.approx(3.0)
+
+
+def test_range_is_exactly_zero_for_a_constant_after_any_history():
+    vals = noisy(50, 0.7) + [0.0] * 25
+    r = run(vals, "range", 20)
+    assert r[-1] == 0.0 and r[60] > 0
+
+
+def test_range_pos_says_whether_the_level_sits_at_the_bottom_or_the_top():
+    rng = random.Random(5)
+    fails = [0.0 if rng.random() < 0.8 else 0.125 for _ in range(60)]
+    succeeds = [1.0 if rng.random() < 0.8 else 0.875 for _ in range(60)]
+    assert run(fails, "range_pos", 100)[-1] == 0.0
+    assert run(succeeds, "range_pos", 100)[-1] == 1.0
+
+
+def test_noise_ratio_sees_swings_that_sparse_logging_turns_into_noise():
+    calm = noisy(200, 0.5, 0.02, seed=6)
+    swinging = calm[:150] + [0.5 + (0.3 if i % 2 else -0.3) * random.Random(i).random()
+                             for i in range(50)]
+    assert run(calm, "noise_ratio", 100)[-1] < 2
+    assert run(swinging, "noise_ratio", 100)[-1] > 3
+
+
+def test_follow_z_is_near_one_when_the_second_metric_follows_and_near_zero_when_flat():
+    n = 100
+    reward = [0.1 + 0.004 * i + random.Random(i).gauss(0, 0.01) for i in range(n)]
+    follows = [0.5 + 0.002 * i + random.Random(1000 + i).gauss(0, 0.005) for i in range(n)]
+    flat = [0.5 + random.Random(2000 + i).gauss(0, 0.005) for i in range(n)]
+    assert run(reward, "follow_z", 100, versus=True, other=follows)[-1] > 0.6
+    assert abs(run(reward, "follow_z", 100, versus=True, other=flat)[-1]) < 0.3
+
+
+def test_follow_z_needs_versus_and_versus_needs_follow_z():
+    from pydantic import ValidationError
+
+    from rules.schema import Condition
+
+    with pytest.raises(ValidationError, match="follow_z needs versus"):
+        Condition(metric="reward/mean", signal="follow_z", above=0.3)
+    with pytest.raises(ValidationError, match="follow_z needs versus"):
+        Condition(metric="reward/mean", signal="trend_z", versus="judge/score", above=0.3)
+
+
+def test_a_signal_state_round_trip_keeps_the_warm_up_scale():
+    bank = Bank()
+    read = bank.metric("m", "start_z", 20, None, None, 0, 1, 1)
+    for i, x in enumerate(noisy(40, 1.0, 0.05, seed=7)):
+        bank.update(i, {"m": x})
+    before = read()
+    other = Bank()
+    again = other.metric("m", "start_z", 20, None, None, 0, 1, 1)
+    other.load(bank.to_state())
+    other.step = bank.step
+    assert again() == pytest.approx(before)
+
+
+# -- the pack's rule tests and what they cannot say --------------------------------------------
+
+def test_the_pack_rule_tests_pass():
+    outcomes = run_rule_tests(PACKS / "rlhf.tests.yaml")
+    assert len(outcomes) >= 15
+    assert [o.name for o in outcomes if not o.passed] == []
+
+
+def test_isolated_nan_gradient_norms_with_a_finite_loss_never_brake():
+    rows = [{"grad_norm/actor": "NaN" if s in (20, 46, 65, 87) else 1.0, "loss/policy": 0.5}
+            for s in range(100)]
+    alerts = feed_rows(Pipeline(rlhf_pack()), "mp", rows)
+    nan = firing(alerts, "nan_inf")
+    assert [a.severity for a in nan] == ["yellow"]      # one notice for the burst, no stop
+    assert not [a for a in firing(alerts) if {"pause", "stop", "rollback"} & set(a.actions)]
+
+
+def test_nan_gradient_norms_at_every_logged_point_pause():
+    p = Pipeline(rlhf_pack())
+    alerts = feed_series(p, "bad", "grad_norm/actor", [1.0] * 10 + ["NaN"] * 30)
+    assert "red" in {a.severity for a in firing(alerts, "nan_inf")}
+    assert "black" not in {a.severity for a in firing(alerts, "nan_inf")}
+
+
+def test_truncation_at_100_percent_does_not_resolve_while_it_stays_there():
+    p = Pipeline(rlhf_pack())
+    alerts = feed_series(p, "t", "response/truncated_frac", [0.0] * 30 + [1.0] * 300)
+    assert firing(alerts, "truncation_rising", "orange")
+    assert not resolved(alerts, "truncation_rising")
+
+
+def test_a_one_step_kl_and_gradient_spike_notifies_without_any_alarm():
+    rows = [{"kl/mean": 17.76, "grad_norm/actor": 154.6} if s == 71 else
+            {"kl/mean": 0.09 + 0.01 * (s % 3), "grad_norm/actor": 0.13 + 0.02 * (s % 5)}
+            for s in range(150)]
+    alerts = feed_rows(Pipeline(rlhf_pack()), "spike", rows, tags={"target.kl": "0.1"})
+    fired = firing(alerts)
+    assert {(a.rule, a.severity) for a in fired} >= {("kl_above_target", "info"),
+                                                      ("grad_norm_anomaly", "info")}
+    assert all(a.severity in ("info", "yellow") for a in fired), [(a.rule, a.severity) for a in fired]
