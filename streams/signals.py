@@ -493,65 +493,72 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
         return lambda: trk.values[-1] - trk.values[-2] if len(trk.values) >= 2 else NAN
     if sig in ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "ratio_to_max",
                "over_max_z"):
-        def split() -> tuple[float, float, float]:
-            """(level, reference median, reference scale), once per new point."""
+        def split() -> list:
+            """[level, reference median, reference (sorted), k level points, scale or None],
+            once per new point (the scale only when a signal asks for it)."""
             w = win.sync()
             hit = w.cache.get("split")
             if hit is not None and hit[0] == trk.total:
                 return hit[1]
-            out = split_level(w.st, w.xs, LEVEL_STEPS, LEVEL_POINTS)
+            xs, st = w.xs, w.st
+            n = len(xs)
+            edge = st[-1] - LEVEL_STEPS
+            k = 0
+            while k < n and st[n - 1 - k] > edge:
+                k += 1
+            k = max(k, LEVEL_POINTS)
+            if n - k < SPLIT_REF_POINTS:
+                out = [NAN, NAN, None, k, NAN]
+            else:
+                last = [xs[n - 1 - i] for i in range(k)]
+                ref = list(w.sorted)       # the window's sorted values without the level's
+                for x in last:
+                    del ref[bisect_left(ref, x)]
+                out = [median_of(sorted(last)), median_of(ref), ref, k, None]
             w.cache["split"] = (trk.total, out)
             return out
+
+        def ref_scale(sp: list) -> float:
+            if sp[4] is None:
+                sp[4] = robust_scale(sp[2], sp[1])
+            return sp[4]
+
         if sig == "shift_z":
             def f():
-                lv, med, scale = split()
-                return _zscore(lv, med, scale)
+                sp = split()
+                return NAN if sp[2] is None else _zscore(sp[0], sp[1], ref_scale(sp))
             return f
         if sig == "level_ratio":
             def f():
-                lv, med, _ = split()
-                return _ratio(lv, med)
+                sp = split()
+                return _ratio(sp[0], sp[1])
             return f
         if sig == "shift_rel":
             def f():
-                lv, med, _ = split()
-                return _ratio(lv - med, abs(med))
+                sp = split()
+                return _ratio(sp[0] - sp[1], abs(sp[1]))
             return f
-        def ref_points() -> list[float]:
-            """The points of the window before the level's points."""
-            w = win
-            n = len(w.xs)
-            k = 0
-            edge = w.st[-1] - LEVEL_STEPS
-            while k < n and w.st[n - 1 - k] > edge:
-                k += 1
-            k = max(k, LEVEL_POINTS)
-            return list(islice(w.xs, 0, n - k))
-
-        def ref_max() -> float:
-            ref = ref_points()
-            return max(ref) if ref else NAN
-
         if sig == "level_to_max":
             def f():
-                lv = split()[0]
-                return NAN if lv != lv else _ratio(lv, ref_max())
+                sp = split()
+                return NAN if sp[2] is None else _ratio(sp[0], sp[2][-1])
             return f
         if sig == "over_max_z":
             def f():
-                lv = split()[0]
-                if lv != lv:
+                sp = split()
+                if sp[2] is None:
                     return NAN
-                ref = ref_points()
                 # in units of the reference's point-to-point noise: a trend, however steep,
                 # climbs past the reference's maximum by a step or two of it at a time
-                return _zscore(lv, max(ref), diff_scale(ref))
+                xs = win.xs
+                return _zscore(sp[0], sp[2][-1], diff_scale(islice(xs, 0, len(xs) - sp[3])))
             return f
         if sig == "range_pos":
             def f():
-                lv = split()[0]
-                lo, hi = min(win.xs), max(win.xs)
-                return (lv - lo) / (hi - lo) if hi > lo else NAN
+                sp = split()
+                srt = win.sorted
+                lo, hi = srt[0], srt[-1]
+                return (sp[0] - lo) / (hi - lo) if hi > lo else NAN
             return f
 
         def f():
@@ -781,7 +788,8 @@ class Bank:
             if signal in ("trend_z", "trend_tau"):
                 win.need_mk()
             elif signal in ("median", "min", "max", "range", "ratio_to_median", "robust_z", "rel_drop",
-                            "rel_rise", "flat_range", "rel_trend"):
+                            "rel_rise", "flat_range", "rel_trend", "shift_z", "level_ratio",
+                            "shift_rel", "range_pos", "level_to_max", "over_max_z"):
                 win.need_sorted()
         value = _signal_reader(signal, win, trk, window, cycle, level)
         need_points = max(ready_points, min(min_steps, 5))
