@@ -18,12 +18,18 @@ reconnecting) gets it, one that applied it acknowledges it again.
 side (one run waiting for Redis holds back no other run's alarm), those of one run in order. The
 worker acknowledges the alert to Kafka only from ``on_done``, so a worker that dies first leaves
 it to its successor.
+
+:class:`BrakeThread` gives the lane a thread and an event loop of its own in the worker: a pause
+then waits for no turn behind the processing of events or the sending of notifications on the
+worker's loop (a pause's trip through Redis takes a few milliseconds there, and its turn on a
+busy shared loop could take hundreds).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 
 from alerts.control import ControlChannel
@@ -31,7 +37,7 @@ from alerts.escalation import BRAKES, AckTracker
 from alerts.retry import RetryPolicy
 from contract.commands import Command
 
-__all__ = ["BRAKE_RETRY", "BrakeLane"]
+__all__ = ["BRAKE_RETRY", "BrakeLane", "BrakeThread"]
 
 log = logging.getLogger("rlwatch.alerts")
 
@@ -145,3 +151,65 @@ class BrakeLane:
         for cid in [c for c in self._resent if c not in alive]:
             del self._resent[cid]
         return n
+
+
+class BrakeThread:
+    """A :class:`BrakeLane` on a thread and event loop of its own.
+
+    ``make_lane`` builds the lane inside the thread (its Redis client belongs to that loop);
+    ``plan`` turns an alert into its commands. :meth:`submit` may be called from any thread;
+    ``on_done`` runs on the brake thread (hand it to your own loop with ``call_soon_threadsafe``).
+    """
+
+    def __init__(self, make_lane: Callable[[], BrakeLane], plan: Callable[[object], list[Command]],
+                 name: str = "rlwatch-brake"):
+        self.make_lane, self.plan = make_lane, plan
+        self.lane: BrakeLane | None = None
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+
+    def start(self, timeout: float = 10.0) -> BrakeThread:
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError("the brake thread did not start")
+        return self
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def build() -> None:
+            self.lane = self.make_lane()
+
+        self.loop.run_until_complete(build())
+        self._ready.set()
+        self.loop.run_forever()
+
+    def submit(self, alert, on_done: Callable[[], None] | None = None) -> None:
+        """Pull the brake of ``alert`` (a firing alert) on the brake thread."""
+        def go() -> None:
+            commands = self.plan(alert)
+            if not commands:
+                if on_done is not None:
+                    on_done()
+                return
+            self.lane.submit(alert.run_id, commands, on_done)
+
+        self.loop.call_soon_threadsafe(go)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Cancel what still waits for Redis (its alerts stay unacknowledged) and end the thread."""
+        if not self._thread.is_alive():
+            return
+
+        async def close() -> None:
+            if self.lane is not None:
+                await self.lane.close()
+                await self.lane.control.close()
+
+        try:
+            asyncio.run_coroutine_threadsafe(close(), self.loop).result(timeout)
+        except Exception:  # noqa: BLE001 - closing: nothing more to do
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)

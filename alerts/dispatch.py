@@ -146,6 +146,15 @@ class Dispatcher:
             return []
         return await self.brakes.pull(planned)
 
+    def plan(self, alert: Alert) -> list[Command]:
+        """The commands of ``alert`` (signed; ids derived from the alert), none if not firing."""
+        alert, _ = self._split(alert)
+        return self._planned(alert, self.clock(), self.secret)
+
+    async def alarm(self, cmd: Command, error: str, waited: float, resolved: bool = False) -> None:
+        """Page that a brake could not be sent (or, ``resolved``, that it finally was)."""
+        await (self._recovered if resolved else self._unreachable)(cmd, error, waited)
+
     def brake_later(self, alert: Alert, on_done: Callable[[], None]) -> None:
         """The brake lane of the worker: pull the brake in the background (after the run's
         earlier brakes, beside other runs'), then ``on_done``."""

@@ -8,9 +8,11 @@ every receiver.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from alerts.actions import Enforcement
+from alerts.brake import BrakeLane, BrakeThread
 from alerts.alertmanager import AlertmanagerNotifier
 from alerts.control import RedisControl
 from alerts.dispatch import Dispatcher
@@ -26,7 +28,8 @@ from alerts.slack import RedisThreads, SlackBotNotifier, SlackWebhookNotifier
 from alerts.webhook import WebhookNotifier
 from contract.settings import Settings
 
-__all__ = ["build_dispatcher", "build_notifiers", "build_routing", "namespace", "receiver_notifier"]
+__all__ = ["build_brake_thread", "build_dispatcher", "build_notifiers", "build_routing", "namespace",
+           "receiver_notifier"]
 
 
 def namespace(s: Settings) -> str:
@@ -108,3 +111,21 @@ def build_dispatcher(s: Settings, **kw) -> Dispatcher:
                       routing=routing, outbox=RedisOutbox(redis, ns), silences=RedisSilences(redis),
                       incidents=RedisIncidents(redis), acks=RedisAcks(redis, ns, s.control_secret),
                       unreachable_after=s.brake_alarm_seconds, resend_every=s.brake_resend_seconds, **kw)
+
+
+def build_brake_thread(s: Settings, dispatcher: Dispatcher, loop: asyncio.AbstractEventLoop) -> BrakeThread:
+    """The brake's own thread for a worker: its own Redis client, the dispatcher's plan of
+    commands, and its alarms paged by the dispatcher on ``loop`` (the worker's)."""
+    def alarm(resolved: bool):
+        async def page(cmd, error: str, waited: float) -> None:
+            asyncio.run_coroutine_threadsafe(dispatcher.alarm(cmd, error, waited, resolved), loop)
+        return page
+
+    def make_lane() -> BrakeLane:
+        control = RedisControl(s.redis, secret=s.control_secret)
+        return BrakeLane(control, RedisAcks(control.redis, namespace(s), s.control_secret), clock=time.time,
+                         secret=s.control_secret, unreachable_after=s.brake_alarm_seconds,
+                         resend_every=s.brake_resend_seconds, on_unreachable=alarm(False),
+                         on_recovered=alarm(True), safe=dispatcher._safe)
+
+    return BrakeThread(make_lane, dispatcher.plan).start()

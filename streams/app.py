@@ -6,6 +6,10 @@ edge (:class:`alerts.dispatch.Dispatcher`).
 
 * ``rlwatch.events`` (key = run_id) -> validate -> malformed events go to ``rlwatch.dlq`` with
   the reason -> the run's state from the ``rlwatch-runs`` table -> alerts to ``rlwatch.alerts``.
+* a firing alert's brake is pulled at once from the events agent, on the brake's own thread
+  (:class:`alerts.brake.BrakeThread`: its own event loop and Redis client, so a pause waits for
+  no turn behind events or notifications), and again from the alerts topic, which is what makes
+  it durable:
 * ``rlwatch.alerts`` -> two lanes, each marking an alert done only after it acted, so a worker
   killed at any point leaves the alert to be read again by its successor, and each idempotent,
   so reading it again does nothing twice:
@@ -29,6 +33,7 @@ re-read after a restart are recognised by their step and not counted twice.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -40,7 +45,7 @@ from collections import OrderedDict
 
 import faust
 
-from alerts.factory import build_dispatcher
+from alerts.factory import build_brake_thread, build_dispatcher
 from contract.alert import Alert
 from contract.events import EventError, parse_event
 from contract.settings import Settings
@@ -80,7 +85,12 @@ def worker_instance_id(settings: Settings) -> str | None:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in settings.app_id)
     for slot in range(256):
         path = os.path.join(tempfile.gettempdir(), f"rlwatch-worker-{safe}-{slot}.lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            log.warning("rlwatch: no lock file for a worker id (%s); static membership off "
+                        "(set RLWATCH_WORKER_ID to turn it on)", exc)
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -260,19 +270,34 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     fleet = FleetWriter(FleetStore.from_url(settings.redis, settings.app_id, settings.run_ttl_hours * 3600),
                         summary_of, local=observer, log=log)
     dispatcher_box: list = []
+    brake_box: list = []
 
     def dispatcher():
         if not dispatcher_box:
             dispatcher_box.append(build_dispatcher(settings))
         return dispatcher_box[0]
 
+    def brakes():
+        """The brake's own thread (its own loop and Redis client), started on first use."""
+        if not brake_box:
+            brake_box.append(build_brake_thread(settings, dispatcher(), asyncio.get_running_loop()))
+        return brake_box[0]
+
     async def publish(alerts: list[Alert]) -> None:
         for a in alerts:
             counters["alerts"] += 1
             if observer is not None:
                 observer.observe_alert(a)
-            a = attach_snapshot(a, recorder, states.cache.get(a.run_id))
-            await alerts_topic.send(key=a.run_id.encode(), value=a.to_json().encode())
+            await alerts_topic.send(key=a.run_id.encode(),
+                                    value=attach_snapshot(a, recorder, states.cache.get(a.run_id)).to_json().encode())
+            if os.environ.get("RLWATCH_CRASH_AT") == "alerted" and a.state == "firing":
+                await app.producer.flush()      # the drill: the alert is in Kafka, nothing acted
+                _crash_point("alerted")
+            if a.state == "firing":
+                # the fast path: the brake at once, not behind whatever the alerts topic's
+                # consumer has yet to read; the brake lane applies it again from the topic (a
+                # no-op then), which is what survives a crash here
+                brakes().submit(a)
 
     @app.agent(events)
     async def process_events(stream):
@@ -326,11 +351,11 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                 continue
             _crash_point("brake")
 
-            def done(event=event) -> None:
+            def done(event=event, loop=asyncio.get_running_loop()) -> None:   # on the brake thread
                 _crash_point("braked")
-                event.ack()
+                loop.call_soon_threadsafe(event.ack)
 
-            dispatcher().brake_later(alert, done)
+            brakes().submit(alert, done)
 
     @app.agent(alerts_topic)
     async def notify_lane(stream):
@@ -390,11 +415,11 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     async def on_shutdown(app_, **kwargs):
         states.flush()
         await fleet.flush()
-        if dispatcher_box:   # sends in flight get a moment; the rest wait in the outbox (and the
-            d = dispatcher_box[0]   # brakes' alerts, unacknowledged, in Kafka) for the next worker
+        if brake_box:        # brakes still waiting for Redis: their alerts stay unacknowledged
+            brake_box[0].stop()
+        if dispatcher_box:   # sends in flight get a moment; the rest wait in the outbox for the
+            d = dispatcher_box[0]   # next worker
             await d.idle(timeout=2.0)
-            if d.brakes is not None:
-                await d.brakes.close()
             await d.drainer.close()
 
     app.rlwatch_counters = counters

@@ -1,7 +1,7 @@
 """One log line per change of the broker's health, not thousands.
 
-While Kafka is down, Faust, aiokafka and kafka-python log an error for every reconnect attempt of
-every client, several a second. :class:`BrokerLogGate` sits on those loggers: the first warning
+While Kafka is down, aiokafka, kafka-python and Faust's transport log an error for every
+reconnect attempt of every client, several a second. :class:`BrokerLogGate` sits on those loggers: the first warning
 or error goes through, with one line of ours saying that the clients' further complaints are
 counted, not printed; after ``quiet`` seconds without another one, :meth:`check` (the worker's
 timer) logs one line saying the trouble is over and how many lines it held back.
@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 __all__ = ["BROKER_LOGGERS", "BrokerLogGate"]
 
-#: The loggers of the Kafka clients and of Faust's services.
-BROKER_LOGGERS = ("aiokafka", "faust", "mode", "kafka")
+#: The loggers of the Kafka clients and of Faust's transport (not Faust's others: the worker's
+#: redirected standard output, where the console sink prints alerts, comes through "mode.redirect").
+BROKER_LOGGERS = ("aiokafka", "kafka", "faust.transport")
 
 
 class BrokerLogGate(logging.Filter):
@@ -46,7 +47,8 @@ class BrokerLogGate(logging.Filter):
         self._installed.clear()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING or record.name.split(".", 1)[0] not in BROKER_LOGGERS:
+        if record.levelno < logging.WARNING or not any(
+                record.name == n or record.name.startswith(n + ".") for n in BROKER_LOGGERS):
             return True
         now = self.clock()
         self.last_seen = now

@@ -138,17 +138,18 @@ def test_a_worker_killed_before_braking_leaves_the_pause_to_its_successor(servic
                                                                           trainers, tmp_path):
     sid = uuid.uuid4().hex[:8]
     marker = tmp_path / "crashed"
-    env = fast(worker_env(services, sid, recorder), RLWATCH_CRASH_AT="brake", RLWATCH_CRASH_ONCE=str(marker))
+    # the worker dies right after it published the red alert, before anything acted on it
+    env = fast(worker_env(services, sid, recorder), RLWATCH_CRASH_AT="alerted", RLWATCH_CRASH_ONCE=str(marker))
     first = start_worker(env)
     run = trainers(f"drill-kill-{sid}", services["kafka"], env["RLWATCH_EVENTS_TOPIC"], services["redis"]).start()
     run.red.set()
-    until(lambda: first.proc.poll() is not None, 60, "the worker to die at the crash point")
+    until(lambda: first.proc.poll() is not None, 90, "the worker to die at the crash point")
     assert first.proc.returncode == -9 and marker.exists()
     assert not run.paused, "the brake was pulled before the crash point"
     t0 = time.time()
     second = start_worker(env)       # same app and host: same slot, same group instance id
     ready = time.time() - t0
-    until(lambda: run.paused, 30, "the restarted worker to pause the run")
+    until(lambda: run.paused, 60, "the restarted worker to pause the run")
     print(f"\nkill -9 -> restarted worker ready {ready:.1f}s, run paused {time.time() - t0:.1f}s after restart")
     # the restarted worker took the dead one's place in the group, it did not wait beside it
     from kafka.admin import KafkaAdminClient

@@ -580,7 +580,7 @@ route:
         # the incident snapshot is in Redis and on the command line
         listed = rlwatch("incidents", "list", "--json", redis_url=redis_url)
         incs = [json.loads(line) for line in listed.stdout.splitlines()]
-        [inc] = [i for i in incs if i["run_id"] == run_id]
+        [inc] = [i for i in incs if i["run_id"] == run_id and i["rule"] == "kl_above_target"]
         assert inc["id"] == am["annotations"]["incident"]
         full = json.loads(rlwatch("incidents", "show", inc["id"], "--json", redis_url=redis_url).stdout)
         snap = full["snapshot"]
@@ -596,7 +596,8 @@ route:
         shown = rlwatch("incidents", "show", inc["id"][:8], redis_url=redis_url)
         assert shown.returncode == 0 and "kl_above_target" in shown.stdout and "offending step" in shown.stdout
         # the webhook got the red alert too, without the snapshot (it stays in Redis)
-        hook = rec.wait_for("/hook", lambda r: run_id in r.body.decode() and "kl_above" in r.body.decode())[0].json()
+        hook = rec.wait_for("/hook", lambda r: r.json().get("run_id") == run_id and r.json().get("rule") == "kl_above_target"
+                            and r.json().get("severity") == "red")[0].json()
         assert "snapshot" not in hook and hook["incident"] == inc["id"]
     finally:
         mon.close()

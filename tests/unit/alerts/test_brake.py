@@ -155,8 +155,9 @@ def test_the_broker_log_gate_passes_one_line_per_change_of_state(caplog):
         handler.handle(rec)
         t[0] += 0.01
     handler.handle(logging.LogRecord("rlwatch.alerts", logging.ERROR, __file__, 1, "ours", (), None))
+    handler.handle(logging.LogRecord("mode.redirect", logging.WARNING, __file__, 1, "[RED] printed", (), None))
     handler.handle(logging.LogRecord("aiokafka.conn", logging.INFO, __file__, 1, "connected", (), None))
-    assert [r.getMessage() for r in records] == ["Failed fetch 0", "ours", "connected"]
+    assert [r.getMessage() for r in records] == ["Failed fetch 0", "ours", "[RED] printed", "connected"]
     with caplog.at_level(logging.WARNING):
         assert not gate.check()
         t[0] += 11
@@ -185,3 +186,21 @@ def test_a_store_outage_logs_one_line_when_it_starts_and_one_when_it_ends(caplog
         run(d.tick())
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and "unreachable" in lines[0] and "reachable again" in lines[1]
+
+
+def test_the_brake_thread_pulls_brakes_on_its_own_loop():
+    import threading
+
+    from alerts.brake import BrakeLane, BrakeThread
+
+    control = MemoryControl()
+    d = Dispatcher([Recording("hook")], control, clock=Clock(), secret=SECRET)
+    thread = BrakeThread(lambda: BrakeLane(control, clock=Clock(), secret=SECRET), d.plan).start()
+    done = threading.Event()
+    try:
+        thread.submit(alert(actions=["pause"]), done.set)
+        assert done.wait(5)
+        assert run(control.status("ppo-8b-a")).state == "paused"
+        assert thread.lane is not None and threading.current_thread() is not thread._thread
+    finally:
+        thread.stop()

@@ -89,3 +89,34 @@ def _alert(**kw):
     from tests.unit.alerts._helpers import alert
 
     return alert(**kw)
+
+
+def test_each_worker_process_on_a_host_gets_its_own_stable_group_instance_id():
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from streams import app as app_module
+
+    s = Settings(app_id=f"rlwatch-unit-slots-{uuid.uuid4().hex[:6]}")
+    assert app_module.worker_instance_id(Settings(worker_id="trainer-7")) == "trainer-7"
+    assert app_module.worker_instance_id(Settings(worker_id="none")) is None
+    # another process holds slot 0 (a running worker); this one gets slot 1
+    code = ("import sys, time; from contract.settings import Settings; from streams.app import worker_instance_id; "
+            f"print(worker_instance_id(Settings(app_id={s.app_id!r})), flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        theirs = holder.stdout.readline().strip()
+        mine = app_module.worker_instance_id(s)
+        assert theirs.endswith("-0") and mine.endswith("-1")
+    finally:
+        holder.kill()                         # like kill -9: its lock goes with it
+        holder.wait()
+    for fd in app_module._held_locks:
+        os.close(fd)
+    app_module._held_locks.clear()
+    assert app_module.worker_instance_id(s).endswith("-0")     # the restarted worker's id
+    for fd in app_module._held_locks:
+        os.close(fd)
+    app_module._held_locks.clear()
