@@ -165,8 +165,8 @@ class RunStates:
     """Decoded run states in front of the Faust table (the table is the source of truth).
 
     Writing the whole state per event would cost more than processing it, so changed runs are
-    written back once a second, at once when an event raised an alert, before a rebalance takes
-    partitions away and when the worker shuts down. The table uses the producer's key
+    written back once a second, a run at once when its event raised an alert, before a
+    rebalance takes partitions away and when the worker shuts down. The table uses the producer's key
     partitioner (the same murmur2 hashing as the events topic), which allows those writes
     from outside an agent.
     """
@@ -209,6 +209,13 @@ class RunStates:
                 n += 1
         self.dirty.clear()
         return n
+
+    def flush_run(self, run_id: str) -> None:
+        """Write one run's state to the table now (before its alerts go out)."""
+        st = self.cache.get(run_id)
+        if st is not None and run_id in self.dirty:
+            self._write(run_id, st)
+            self.dirty.discard(run_id)
 
     def _write(self, run_id: str, st: RunState) -> bool:
         value = json.dumps(st.to_state(), allow_nan=True).encode()
@@ -330,7 +337,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
             states.touch(event.run_id)
             fleet.note(st, event)
             if alerts:
-                states.flush()
+                states.flush_run(event.run_id)   # the others wait for the timer
                 await publish(alerts)
 
     def read_alert(raw) -> Alert | None:

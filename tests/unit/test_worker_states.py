@@ -1,0 +1,39 @@
+"""The worker's run states in front of its table (streams.app.RunStates): a run whose event
+raised an alert is in the table before the alert goes out; the other changed runs wait for the
+timer's flush, and nothing is lost then."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("faust")
+
+from streams.app import RunStates  # noqa: E402
+from streams.processor import Processor  # noqa: E402
+from tests.unit._core import rlhf_pack, step_event  # noqa: E402
+
+
+def test_an_alerting_run_is_written_at_once_and_the_others_on_the_next_flush():
+    table: dict[bytes, bytes] = {}
+    processor = Processor(rlhf_pack())
+    states = RunStates(table, processor)
+    quiet, loud = states.get("quiet"), states.get("loud")
+    alerts = []
+    for step in range(3):
+        processor.process(quiet, step_event("quiet", step, {"kl/mean": 0.01}), 1.0e9 + step)
+        states.touch("quiet")
+        alerts += processor.process(loud, step_event("loud", step, {"loss/policy": float("nan")}),
+                                    1.0e9 + step)
+        states.touch("loud")
+    assert any(a.rule == "nan_inf" and a.state == "firing" for a in alerts)
+
+    states.flush_run("loud")
+    assert set(table) == {b"loud"}
+    restored = processor.load_state(json.loads(table[b"loud"]))
+    assert any(st.status == "firing" for st in restored.alerts.values())
+
+    assert states.flush() == 1            # the quiet run, written by the timer's flush
+    assert set(table) == {b"loud", b"quiet"}
+    assert json.loads(table[b"quiet"])["last_step"] == {"0": 2}
