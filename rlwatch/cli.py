@@ -171,6 +171,7 @@ def _start_fleet_web(address: str, settings, mode: str, metrics_scope: str = "al
 def cmd_web(args) -> int:
     settings = _settings(args, "web", rules=args.rules)
     _pack(settings.rules)
+    import web.server  # noqa: F401 - a missing 'web' extra is named before Redis is tried
     _check_redis(settings.redis, "web")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     server = _start_fleet_web(args.address, settings, mode="web")

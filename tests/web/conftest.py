@@ -30,9 +30,11 @@ class FakeClock:
 
 
 def sim_events(run_id: str, steps: int, fault: str = "healthy", algo: str = "ppo", start: int = 0,
-               t0: float = 1_000_000.0, onset: int = 50, seed: int = 3, world_size: int = 1):
-    """Parsed events of a simulated run (rank 0 only unless world_size > 1)."""
-    sim = Simulator(SimConfig(run_id=run_id, algo=algo, fault=fault, onset=onset, seed=seed,
+               t0: float = 1_000_000.0, onset: int = 50, seed: int = 3, world_size: int = 1,
+               kl_target: float = 0.05):
+    """Parsed events of a simulated run (rank 0 only unless world_size > 1). The simulator reports
+    its KL target (``target.kl``); 0.05 is the pack's own, so the lines read the same either way."""
+    sim = Simulator(SimConfig(run_id=run_id, algo=algo, fault=fault, onset=onset, seed=seed, kl_target=kl_target,
                               samples_every=10, checkpoint_every=50, world_size=world_size))
     for step in range(start, start + steps):
         for raw in sim.step(step, t0 + step):

@@ -39,7 +39,7 @@ def test_rows_are_the_core_summary(clock):
     assert a["last_step"] == core["last_step"] == 54 and a["state"] == "running" and a["worst"] is None
     assert a["tags"]["algo"] == "ppo" and rows["grpo-b"]["tags"]["algo"] == "grpo"
     # the number on the page is the EMA the rules read, not one the dashboard computed
-    assert a["signals"]["kl/mean"] == core["smoothed"]["kl/mean"]
+    assert a["signals"]["reward/mean"] == core["smoothed"]["reward/mean"]
     assert a["steps_per_s"] == pytest.approx(1.0, rel=0.15)   # one simulated step per second
     assert a["checkpoint"]["step"] == 50 and a["status"] == "live" and a["local"]
     # runs that stop moving decay to 0 steps/s, go silent, then finished
@@ -79,8 +79,8 @@ def test_series_draw_the_logged_values_and_the_rules_smoothing(clock):
               "ppo/clip_frac", "response/eos_frac", "response/truncated_frac", "grad_norm/actor"):
         assert any(v is not None for v in s["raw"][m]), m
     smoothed = feed.summary("r")["smoothed"]
-    assert "kl/mean" in smoothed
-    assert s["ema"]["kl/mean"][-1] == pytest.approx(smoothed["kl/mean"])
+    assert "reward/mean" in smoothed and "kl/mean" not in smoothed    # KL is read as a median
+    assert s["ema"]["reward/mean"][-1] == pytest.approx(smoothed["reward/mean"])
     for m in s["ema"]:            # no smoothed line where no rule smooths the metric
         if m not in smoothed and "@" not in m:
             assert all(v is None for v in s["ema"][m]), m

@@ -56,7 +56,7 @@ def test_export_parses_and_carries_the_signals(clock):
     s = _samples(text)
     # the smoothed values are the core's own (the EMA the rules read), not recomputed here
     ema = {(lab["run_id"], lab["metric"]): v for lab, v in s["rlwatch_metric_ema"]}
-    assert ema[("ppo-8b-a", "kl/mean")] == feed.summary("ppo-8b-a")["smoothed"]["kl/mean"]
+    assert ema[("ppo-8b-a", "reward/mean")] == feed.summary("ppo-8b-a")["smoothed"]["reward/mean"]
     last = {(lab["run_id"], lab["metric"]): v for lab, v in s["rlwatch_metric"]}
     for m in ("kl/mean", "reward/mean", "entropy/mean", "loss/policy", "loss/value", "grad_norm/actor"):
         assert ("ppo-8b-a", m) in last, m

@@ -85,7 +85,7 @@ def test_worker_feeds_the_dashboard_and_takes_its_commands(services):  # noqa: F
         active = {(s.labels["run_id"], s.labels["rule"]) for s in fams["rlwatch_alert_active"].samples
                   if s.value == 1.0}
         assert (faulty, "kl_above_target") in active
-        assert any(s.labels["run_id"] == healthy and s.labels["metric"] == "kl/mean"
+        assert any(s.labels["run_id"] == healthy and s.labels["metric"] == "reward/mean"
                    for s in fams["rlwatch_metric_ema"].samples)
 
         # pause the healthy run from the dashboard: Redis state, then the training process sees it
@@ -99,7 +99,8 @@ def test_worker_feeds_the_dashboard_and_takes_its_commands(services):  # noqa: F
         status = subprocess.run([sys.executable, "-m", "rlwatch", "status", healthy], cwd=ROOT, env=env,
                                 capture_output=True, text=True, timeout=60, check=False)
         assert f"{healthy}: paused by web:operator: from the web" in status.stdout, status.stdout
-        audit = _get(f"{base}/api/run/audit?run={healthy}")
+        audit = json.loads(urllib.request.urlopen(urllib.request.Request(
+            f"{base}/api/run/audit?run={healthy}", headers={"X-RLWatch-Token": TOKEN}), timeout=5).read())
         assert audit["state"] == "paused" and audit["history"][-1]["issuer"] == "web:operator"
     finally:
         for m in mons:

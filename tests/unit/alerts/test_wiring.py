@@ -120,3 +120,28 @@ def test_each_worker_process_on_a_host_gets_its_own_stable_group_instance_id():
     for fd in app_module._held_locks:
         os.close(fd)
     app_module._held_locks.clear()
+
+
+def test_decoded_run_states_are_bounded_and_an_evicted_run_keeps_its_state():
+    import json
+    import time
+
+    from contract.events import parse_event
+    from rules.loader import load_pack
+    from streams.app import RunStates
+    from streams.processor import Processor
+
+    processor = Processor(load_pack("rlhf"))
+    table: dict[bytes, bytes] = {}
+    states = RunStates(table, processor, limit=3)
+    now = time.time()
+    for i in range(5):
+        run_id = f"lru-{i}"
+        for step in range(3):
+            ev = parse_event(json.dumps({"schema": 1, "kind": "step", "run_id": run_id, "step": step, "ts": now,
+                                         "metrics": {"kl/mean": 0.02}}).encode(), now)
+            processor.process(states.get(run_id), ev, now)
+            states.touch(run_id)
+    assert list(states.cache) == ["lru-2", "lru-3", "lru-4"]          # at most three decoded
+    assert {b"lru-0", b"lru-1"} <= set(table)                            # the others in the table
+    assert states.get("lru-0").summary()["last_step"] == 2              # and back, as they were
