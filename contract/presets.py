@@ -223,7 +223,7 @@ class PresetGuess:
     reason: str = ""
 
 
-def guess_preset(keys) -> PresetGuess:
+def guess_preset(keys, among=None) -> PresetGuess:
     """The framework whose metric names these are, with the evidence.
 
     Confidence rule: a preset is chosen when (1) it renames at least ``MIN_MATCHED`` of the
@@ -231,11 +231,12 @@ def guess_preset(keys) -> PresetGuess:
     name, e.g. ``frac_reward_zero_std`` for TRL GRPO, ``rewards/chosen`` for TRL DPO), and (3)
     it renames strictly more logged names than any other preset. Otherwise the result is None
     (names already canonical, too few names, or a tie such as ``kl`` + ``reward``, which TRL
-    GRPO and OpenRLHF both log).
+    GRPO and OpenRLHF both log). ``among`` limits the candidates to those preset names (a
+    framework's own integration knows the framework).
     """
     names = {str(k) for k in keys}
     renamed = {p.name: {k for k in names if (c := p.rename(k)) is not None and c != k}
-               for p in PRESETS.values()}
+               for p in PRESETS.values() if among is None or p.name in among}
     owners: dict[str, int] = {}
     for matched in renamed.values():
         for k in matched:
@@ -262,7 +263,7 @@ def guess_preset(keys) -> PresetGuess:
                        **kw)
 
 
-def detect_preset(keys) -> Preset | None:
+def detect_preset(keys, among=None) -> Preset | None:
     """The preset whose framework logged these metric names, or None when the names do not
     say so with confidence (see :func:`guess_preset`)."""
-    return guess_preset(keys).preset
+    return guess_preset(keys, among).preset

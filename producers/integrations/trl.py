@@ -37,25 +37,12 @@ from producers.integrations.adapters import META_KEYS, to_metrics
 from producers.monitor import Monitor
 from contract.commands import Command
 from contract.presets import Preset, get_preset
+from contract.presets import detect_preset as find_preset
 
 __all__ = ["RlwatchCallback", "detect_preset"]
 
 log = logging.getLogger("rlwatch.producers")
 
-#: Names only TRL's PPOTrainer logs (new and pre-0.12 forms), after the ``train/`` prefix.
-_PPO_KEYS = frozenset({
-    "objective/kl", "objective/scores", "objective/rlhf_reward", "objective/non_score_reward",
-    "objective/entropy", "objective/kl_coef", "policy/approxkl_avg", "policy/clipfrac_avg",
-    "policy/entropy_avg", "loss/policy_avg", "loss/value_avg", "val/clipfrac_avg", "val/ratio",
-    "val/num_eos_tokens", "env/reward_mean", "env/reward_std", "ppo/policy/entropy",
-    "ppo/policy/clipfrac", "ppo/policy/approxkl", "ppo/mean_non_score_reward",
-})
-#: Names only TRL's GRPOTrainer logs.
-_GRPO_KEYS = frozenset({
-    "reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
-    "completions/max_length", "completions/clipped_ratio", "clip_ratio/region_mean",
-    "completion_length",
-})
 #: The end-of-training summary Trainer logs once; not a step's metrics.
 _SUMMARY_KEYS = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second"})
 _CALLBACK_META = META_KEYS | {"train_loss"}
@@ -65,18 +52,15 @@ _BETA_KEYS = ("beta", "kl_coef", "kl/beta", "init_kl_coef")
 
 
 def detect_preset(keys, config: Any = None) -> str | None:
-    """``trl-ppo``, ``trl-grpo`` or None (undecided), from the config class or logged names."""
+    """The preset of a TRL run: from the trainer's config class when it names one (GRPO, PPO,
+    DPO), else from the logged names by the one detection rlwatch has everywhere
+    (:func:`contract.presets.detect_preset`); None when undecided."""
     name = type(config).__name__.lower() if config is not None else ""
-    if name.startswith("grpo"):
-        return "trl-grpo"
-    if name.startswith("ppo"):
-        return "trl-ppo"
-    stripped = {k.removeprefix("train/") for k in keys}
-    if stripped & _PPO_KEYS:
-        return "trl-ppo"
-    if stripped & _GRPO_KEYS or any(re.match(r"rewards/.+/mean$", k) for k in stripped):
-        return "trl-grpo"
-    return None
+    for prefix, preset in (("grpo", "trl-grpo"), ("ppo", "trl-ppo"), ("dpo", "trl-dpo")):
+        if name.startswith(prefix):
+            return preset
+    found = find_preset(keys, among=("trl-ppo", "trl-grpo", "trl-dpo"))
+    return found.name if found is not None else None
 
 
 def _default_run_id(args) -> str:

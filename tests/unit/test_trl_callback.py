@@ -160,8 +160,10 @@ def test_config_class_decides_and_train_prefix_is_stripped(rig, tmp_path):
     (ev,) = r.flushed()
     assert ev["metrics"] == {"loss/policy": 0.5, "kl/mean": 0.02, "lr/actor": 1e-6}
     assert detect_preset({"loss"}, None) is None
-    assert detect_preset({"objective/kl"}) == "trl-ppo"
-    assert detect_preset({"rewards/fmt/mean"}) == "trl-grpo"
+    # without a config, the names decide, as everywhere else in rlwatch
+    assert detect_preset({"objective/kl", "objective/scores", "policy/clipfrac_avg"}) == "trl-ppo"
+    assert detect_preset({"reward", "reward_std", "frac_reward_zero_std", "kl"}) == "trl-grpo"
+    assert detect_preset({"rewards/chosen", "rewards/rejected", "rewards/margins"}) == "trl-dpo"
 
 
 def test_explicit_preset_or_none(rig):
