@@ -671,6 +671,13 @@ def main(argv: list[str] | None = None) -> int:
               f"rlwatch's {extra!r} extra: run scripts/install.sh in the repository, or "
               f"pip install 'rlwatch[{extra}]'", file=sys.stderr)
         return 1
+    except ImportError as exc:
+        from producers.recorded import MissingCRC32C
+
+        if not isinstance(exc, MissingCRC32C):
+            raise
+        print(f"rlwatch {args.cmd}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

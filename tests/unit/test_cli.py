@@ -143,3 +143,15 @@ def test_the_readme_names_only_commands_that_exist():
     used = set(re.findall(r"(?:^|`|\| |&& )rlwatch ([a-z]+)", readme, re.M))
     assert {"demo", "worker", "status", "pause", "web", "silence", "incidents"} <= used
     assert used <= known, used - known
+
+
+def test_replay_of_a_tensorboard_file_without_google_crc32c_is_one_clear_line(tmp_path, monkeypatch, capsys):
+    import producers.recorded.tensorboard as tb
+
+    path = tmp_path / "events.out.tfevents.1700000000.host.1.0"
+    path.write_bytes(b"\x00" * 64)
+    monkeypatch.setattr(tb, "_crc_value", None)        # as if google-crc32c were not installed
+    monkeypatch.setattr(tb, "_crc_extend", None)
+    assert main(["replay", str(path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rlwatch replay:") and "google-crc32c" in err and "Traceback" not in err
