@@ -109,7 +109,7 @@ def build_dispatcher(s: Settings, **kw) -> Dispatcher:
     return Dispatcher(notifiers, control, clock=time.time,
                       enforcement=Enforcement(routing.policy.default), secret=s.control_secret,
                       routing=routing, outbox=RedisOutbox(redis, ns), silences=RedisSilences(redis),
-                      incidents=RedisIncidents(redis), acks=RedisAcks(redis, ns, s.control_secret),
+                      incidents=RedisIncidents(redis, ns), acks=RedisAcks(redis, ns, s.control_secret),
                       unreachable_after=s.brake_alarm_seconds, resend_every=s.brake_resend_seconds, **kw)
 
 

@@ -3,8 +3,9 @@
 The processor attaches a snapshot to such an alert (:func:`streams.snapshot.attach_snapshot`:
 the metric window around the onset, the offending step's samples beside the last stable
 step's, ranks and batch ids); the dispatcher stores it once, under an id derived from the
-alert's identity and onset, in ``rlwatch:incident:<id>`` (30 days), indexed by time in
-``rlwatch:incidents``. ``rlwatch incidents list`` / ``rlwatch incidents show ID``.
+alert's identity and onset, in ``<ns>:incident:<id>`` (30 days), indexed by time in
+``<ns>:incidents``, where ``<ns>`` is the application's namespace ``rlwatch:<app id>`` (two
+deployments sharing a Redis keep their incidents apart). ``rlwatch incidents list`` / ``rlwatch incidents show ID``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from contract.events import to_jsonable
 __all__ = ["IncidentStore", "MemoryIncidents", "RedisIncidents", "incident_id", "make_incident"]
 
 TTL = 30 * 24 * 3600
-INDEX = "rlwatch:incidents"
 
 
 def incident_id(alert: Alert) -> str:
@@ -69,23 +69,25 @@ class MemoryIncidents:
 
 
 class RedisIncidents:
-    def __init__(self, redis):
+    def __init__(self, redis, namespace: str = "rlwatch"):
         self.redis = redis
+        self.index = f"{namespace}:incidents"
+        self.p = f"{namespace}:incident:"
 
     async def save(self, incident: dict) -> bool:
-        key = f"rlwatch:incident:{incident['id']}"
+        key = f"{self.p}{incident['id']}"
         ok = await self.redis.set(key, json.dumps(incident, allow_nan=False), nx=True, ex=TTL)
         if ok:
-            await self.redis.zadd(INDEX, {incident["id"]: incident["created"]})
+            await self.redis.zadd(self.index, {incident["id"]: incident["created"]})
         return bool(ok)
 
     async def list(self, run_id: str | None = None, limit: int = 50) -> list[dict]:
         ids = [i.decode() if isinstance(i, bytes) else i
-               for i in await self.redis.zrevrange(INDEX, 0, max(limit * 5, 200) - 1)]
+               for i in await self.redis.zrevrange(self.index, 0, max(limit * 5, 200) - 1)]
         out: list[dict[str, Any]] = []
         stale = []
         for i in ids:
-            raw = await self.redis.get(f"rlwatch:incident:{i}")
+            raw = await self.redis.get(f"{self.p}{i}")
             if raw is None:
                 stale.append(i)
                 continue
@@ -95,15 +97,15 @@ class RedisIncidents:
             if len(out) >= limit:
                 break
         if stale:
-            await self.redis.zrem(INDEX, *stale)
+            await self.redis.zrem(self.index, *stale)
         return out
 
     async def get(self, incident_id: str) -> dict | None:
-        raw = await self.redis.get(f"rlwatch:incident:{incident_id}")
+        raw = await self.redis.get(f"{self.p}{incident_id}")
         if raw is None:  # a unique prefix is enough, as with silences
-            ids = [i.decode() if isinstance(i, bytes) else i for i in await self.redis.zrange(INDEX, 0, -1)]
+            ids = [i.decode() if isinstance(i, bytes) else i for i in await self.redis.zrange(self.index, 0, -1)]
             hits = [i for i in ids if i.startswith(incident_id)]
             if len(hits) != 1:
                 return None
-            raw = await self.redis.get(f"rlwatch:incident:{hits[0]}")
+            raw = await self.redis.get(f"{self.p}{hits[0]}")
         return None if raw is None else json.loads(raw)

@@ -503,10 +503,13 @@ def cmd_silence(args) -> int:
 
 
 def cmd_incidents(args) -> int:
+    from alerts.factory import namespace
     from alerts.incidents import RedisIncidents
 
+    ns = namespace(_settings(args, args.cmd))      # the application's incidents
+
     if args.incidents_cmd == "show":
-        inc = _redis_run(args, lambda r: RedisIncidents(r).get(args.id))
+        inc = _redis_run(args, lambda r: RedisIncidents(r, ns).get(args.id))
         if inc is None:
             raise SystemExit(f"rlwatch incidents: no single incident with id {args.id!r}")
         if args.json:
@@ -537,7 +540,7 @@ def cmd_incidents(args) -> int:
             print(f"  rank {rank}: value {entry.get('value')} batches {', '.join(entry.get('batch_ids', [])[:8])}")
         print("  (--json for everything)")
         return 0
-    items = _redis_run(args, lambda r: RedisIncidents(r).list(args.run, args.limit))
+    items = _redis_run(args, lambda r: RedisIncidents(r, ns).list(args.run, args.limit))
     if args.json:
         for i in items:
             print(json.dumps(i))

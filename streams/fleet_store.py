@@ -229,6 +229,7 @@ class FleetStore:
 
     def __init__(self, redis, app_id: str = "rlwatch", ttl_seconds: float = 72 * 3600):
         self.redis = redis
+        self.app_id = app_id
         self.ns = fleet_namespace(app_id)
         self.index = f"{self.ns}:index"
         self.ttl = max(1, int(ttl_seconds))

@@ -228,14 +228,16 @@ async def api_incidents(request: web.Request) -> web.Response:
     """The run's incidents (what `rlwatch incidents list --run` shows); the snapshots themselves
     stay behind `rlwatch incidents show ID`."""
     run = _run_param(request)
-    redis = getattr(request.app[K_STATE].get("store"), "redis", None)
+    store = request.app[K_STATE].get("store")
+    redis = getattr(store, "redis", None)
     if redis is None:
         return _json(request, {"run_id": run, "incidents": [],
                                "note": "no incident store here (the embedded demo keeps none)"})
     from alerts.incidents import RedisIncidents
 
     try:
-        items = await RedisIncidents(redis).list(run, _int(request, "limit", 20, 1, 200))
+        items = await RedisIncidents(redis, f"rlwatch:{getattr(store, 'app_id', 'rlwatch')}").list(
+            run, _int(request, "limit", 20, 1, 200))
     except Exception as exc:  # noqa: BLE001 - Redis down: say so, keep the page alive
         return _json(request, {"run_id": run, "incidents": [], "error": f"Redis unreachable: {exc}"},
                      status=503)

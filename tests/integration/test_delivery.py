@@ -578,11 +578,12 @@ route:
         esc = rec.wait_for("/pd/v2/enqueue", lambda r: run_id in r.body.decode(), timeout=20)[0].json()
         assert esc["payload"]["component"] == "control_unacknowledged" and esc["payload"]["severity"] == "critical"
         # the incident snapshot is in Redis and on the command line
-        listed = rlwatch("incidents", "list", "--json", redis_url=redis_url)
+        app = {"RLWATCH_APP_ID": env["RLWATCH_APP_ID"]}       # the worker's application's incidents
+        listed = rlwatch("incidents", "list", "--json", redis_url=redis_url, env_extra=app)
         incs = [json.loads(line) for line in listed.stdout.splitlines()]
         [inc] = [i for i in incs if i["run_id"] == run_id and i["rule"] == "kl_above_target"]
         assert inc["id"] == am["annotations"]["incident"]
-        full = json.loads(rlwatch("incidents", "show", inc["id"], "--json", redis_url=redis_url).stdout)
+        full = json.loads(rlwatch("incidents", "show", inc["id"], "--json", redis_url=redis_url, env_extra=app).stdout)
         snap = full["snapshot"]
         steps = [w["step"] for w in snap["window"]["steps"]]
         assert min(steps) <= inc["onset_step"] - 5 and max(steps) >= inc["step"]
@@ -593,7 +594,7 @@ route:
         assert stable["samples"][0]["reward"] == (0.5 if stable["step"] < 20 else 3.0)
         assert stable["metrics"]["kl/mean"] == (0.02 if inc["onset_step"] - 1 < 20 else 0.15)
         assert snap["ranks"]["0"]["batch_ids"] == [f"batch-{inc['step']}"]
-        shown = rlwatch("incidents", "show", inc["id"][:8], redis_url=redis_url)
+        shown = rlwatch("incidents", "show", inc["id"][:8], redis_url=redis_url, env_extra=app)
         assert shown.returncode == 0 and "kl_above_target" in shown.stdout and "offending step" in shown.stdout
         # the webhook got the red alert too, without the snapshot (it stays in Redis)
         hook = rec.wait_for("/hook", lambda r: r.json().get("run_id") == run_id and r.json().get("rule") == "kl_above_target"

@@ -181,12 +181,16 @@ def test_the_cockpit_lists_the_runs_incidents_from_redis(services):
     run = f"inc-{uuid.uuid4().hex[:6]}"
 
     async def go():
-        store = FleetStore.from_url(services["redis"], f"inc-app-{uuid.uuid4().hex[:6]}")
+        app_id = f"inc-app-{uuid.uuid4().hex[:6]}"
+        store = FleetStore.from_url(services["redis"], app_id)
         now = time.time()
         await store.put([make_record(_summary(run, 40, now), None, now)])
         alert = Alert(rule="kl_above_target", severity="red", state="firing", run_id=run, step=40,
                       onset_step=38, summary="KL high")
-        await RedisIncidents(store.redis).save(make_incident(alert, None, now, ["pause"]))
+        await RedisIncidents(store.redis, f"rlwatch:{app_id}").save(make_incident(alert, None, now, ["pause"]))
+        # another application's incident of the same run id is not this dashboard's
+        other = Alert(rule="nan_inf", severity="black", state="firing", run_id=run, step=41, onset_step=41)
+        await RedisIncidents(store.redis, "rlwatch:another-app").save(make_incident(other, None, now, ["stop"]))
         app = build_web_app(Fleet(), RedisControl(services["redis"]), store=store, store_poll=0.05)
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
