@@ -11,7 +11,10 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-__all__ = ["Settings"]
+__all__ = ["REDIS_SCHEMES", "Settings", "redis_url_problem"]
+
+#: The schemes a Redis URL starts with.
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -28,6 +31,15 @@ SECRET_FIELDS = {"slack_webhook", "slack_token", "webhook_secret", "control_secr
                  "pagerduty_routing_key", "kafka_sasl_password"}
 #: URLs that may carry a password (``redis://:pw@host``): only the password is masked.
 URL_FIELDS = {"redis", "kafka", "alertmanager_url", "pagerduty_url", "slack_api_url", "public_url"}
+
+
+def redis_url_problem(url: str | None, source: str = "RLWATCH_REDIS") -> str | None:
+    """What is wrong with a Redis URL (one line), or None. A bare ``host:port`` is the usual
+    mistake: redis-py would reject it only when the first connection is tried."""
+    if url and url.startswith(REDIS_SCHEMES):
+        return None
+    return (f"{source} must be a URL such as redis://{url or 'localhost:6379'}/0 (got {url!r}; "
+            "rediss:// for TLS, redis://:PASSWORD@HOST:PORT/DB with a password)")
 
 
 def mask_url(url: str) -> str:

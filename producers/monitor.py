@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 
 from producers.control import CommandInbox, ControlListener, TrainingStopped
 from producers.sender import BackgroundSender, KafkaTransport, Transport
+from contract.settings import redis_url_problem
 from contract.commands import Command
 
 __all__ = ["Monitor", "TrainingStopped"]
@@ -96,6 +97,9 @@ class Monitor:
         self.control: CommandInbox | None = inbox
         if inbox is None and redis is not False:
             url = redis if isinstance(redis, str) else os.environ.get("RLWATCH_REDIS", "redis://localhost:6379/0")
+            problem = redis_url_problem(url, "redis" if isinstance(redis, str) else "RLWATCH_REDIS")
+            if problem:     # a configuration mistake, said at once, not a "transient" outage later
+                raise ValueError(f"rlwatch Monitor: {problem}")
             secret = control_secret or os.environ.get("RLWATCH_CONTROL_SECRET") or None
             self.control = ControlListener(url, run_id, self.rank, secret=secret, clock=clock)
 

@@ -16,7 +16,6 @@ __all__ = ["main"]
 EXTRAS = {"faust": "worker", "aiokafka": "worker", "mode": "worker", "slack_sdk": "worker",
           "redis": "worker", "kafka": "worker", "aiohttp": "web", "prometheus_client": "web",
           "scipy": "stats"}
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 def _fail(what: str, message: str) -> SystemExit:
@@ -35,14 +34,12 @@ def _version() -> str:
 
 def _settings(args, what: str, **overrides):
     """Settings from flags and RLWATCH_* variables, with the Redis URL checked."""
-    from contract.settings import Settings
+    from contract.settings import Settings, redis_url_problem
 
     settings = Settings.from_env(redis=getattr(args, "redis", None), **overrides)
-    url = settings.redis or ""
-    if not url.startswith(REDIS_SCHEMES):
-        source = "--redis" if getattr(args, "redis", None) else "RLWATCH_REDIS"
-        raise _fail(what, f"{source} must be a URL such as redis://{url or 'localhost:6379'}/0 "
-                          f"(got {url!r}; rediss:// for TLS, redis://:PASSWORD@HOST:PORT/DB with a password)")
+    problem = redis_url_problem(settings.redis, "--redis" if getattr(args, "redis", None) else "RLWATCH_REDIS")
+    if problem:
+        raise _fail(what, problem)
     return settings
 
 
