@@ -253,6 +253,9 @@ async function workers() {
   await page.waitForSelector('#rows tr.run[data-status="finished"]', { timeout: 30000 });
   const finished = await page.$$eval('#rows tr.run[data-status="finished"]', t => t.map(x => x.dataset.run));
   check("the run that closed its monitor is finished", finished.length === 1 && finished[0].includes("done"), finished);
+  // a record gains a sparkline point per flush (once a second): give a loaded machine time
+  await page.waitForFunction(n => [...document.querySelectorAll("#rows tr.run svg.spark")]
+    .filter(x => +x.dataset.points > 2).length === n, RUNS, { timeout: 30000 }).catch(() => {});
   const sparks = await page.$$eval("#rows tr.run svg.spark", s => s.filter(x => +x.dataset.points > 2).length);
   check("sparklines for the runs of both workers", sparks === RUNS, sparks);
   await fleetTools();
