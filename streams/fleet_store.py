@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["FINISHED_AFTER", "SILENT_AFTER", "FleetStore", "FleetWriter", "MemoryFleetStore",
+__all__ = ["FINISHED_AFTER", "SILENT_AFTER", "FleetStore", "FleetWriter", "MemoryFleetStore", "finite_number",
            "fleet_namespace", "make_record", "run_status", "summary_of"]
 
 RECORD_VERSION = 1
@@ -56,7 +56,8 @@ def fleet_namespace(app_id: str) -> str:
     return f"rlwatch:{app_id}:fleet"
 
 
-def _num(x: Any) -> float | None:
+def finite_number(x: Any) -> float | None:
+    """``x`` as a finite float, or None (missing, not a number, NaN or infinite)."""
     if x is None or isinstance(x, bool):
         return None
     try:
@@ -88,7 +89,7 @@ def kl_lines_of(rules, targets: dict, params: dict) -> dict[str, float]:
             if getattr(cond, "metric", None) != "kl/mean" or th is None:
                 continue
             v = resolve_threshold(th, targets, p)
-            if _num(v) is not None:
+            if finite_number(v) is not None:
                 out[tier.severity] = float(v)
     return {k: round(v, 9) for k, v in out.items()}
 
@@ -101,9 +102,9 @@ def _spark_add(spark: dict | None, step: int | None, smoothed: dict, latest: dic
     if step is None:
         return spark
     for m in SPARK_METRICS:
-        v = _num(smoothed.get(m))
+        v = finite_number(smoothed.get(m))
         if v is None:
-            v = _num(latest.get(m))
+            v = finite_number(latest.get(m))
         if v is None:
             continue
         pts = list(spark["points"].get(m, []))
@@ -133,7 +134,7 @@ def make_record(summary: dict, prev: dict | None, now: float, *, writer: str = "
     spark = prev.get("spark") if same else None
     spark = _spark_add(spark, summary.get("last_step"), summary.get("smoothed") or {},
                        summary.get("latest") or {})
-    step, ts = summary.get("last_step"), _num(summary.get("last_event_ts"))
+    step, ts = summary.get("last_step"), finite_number(summary.get("last_event_ts"))
     rate = [p for p in (prev.get("rate") or []) if same] if step is not None else []
     if step is not None and ts is not None:
         if not rate or (rate[-1][1] is not None and step < rate[-1][1]):
@@ -143,7 +144,7 @@ def make_record(summary: dict, prev: dict | None, now: float, *, writer: str = "
         elif len(rate) == 1 or ts != rate[-1][0]:
             rate = [rate[0], [ts, step]]
     closed_now = prev.get("closed") if closed is False else closed
-    if closed is False and closed_now and ts is not None and ts > (_num(closed_now.get("ts")) or 0):
+    if closed is False and closed_now and ts is not None and ts > (finite_number(closed_now.get("ts")) or 0):
         closed_now = None            # the run (or a relaunch of it) spoke after it closed
     return {"v": RECORD_VERSION, "run_id": summary["run_id"], "summary": summary, "spark": spark,
             "rate": rate, "closed": closed_now, "writer": writer, "updated": now}
@@ -164,9 +165,9 @@ def run_status(record: dict, now: float, *, silent_after: float = SILENT_AFTER,
     """``live``, ``silent`` or ``finished`` (see the module doc)."""
     if record.get("closed"):
         return "finished"
-    ts = _num(record.get("summary", {}).get("last_event_ts"))
+    ts = finite_number(record.get("summary", {}).get("last_event_ts"))
     if ts is None:
-        ts = _num(record.get("updated"))
+        ts = finite_number(record.get("updated"))
     if ts is None:
         return "live"
     age = now - ts

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from streams.fleet_store import finite_number as _num
 from streams.fleet_store import (
     FINISHED_AFTER,
     SILENT_AFTER,
@@ -67,16 +68,6 @@ def charted(name: str) -> bool:
 
 #: Metrics shown in the fleet table (smoothed as the rules read them, else the last value).
 ROW_SIGNALS = ("reward/mean", "kl/mean", "entropy/mean")
-
-
-def _num(x: Any) -> float | None:
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 def kl_lines_from_pack(pack) -> dict[str, float]:
