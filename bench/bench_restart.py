@@ -1,0 +1,103 @@
+"""A worker killed with SIGKILL and started again: how long until it processes again
+(``python bench/bench_restart.py``).
+
+A `rlwatch worker` (subprocess, its own topics and application id) on the local Kafka and Redis
+(scripts/services.sh) processes a run. It is killed (SIGKILL: no goodbye to the group), and a new
+one is started at once, as a supervisor would. Right after the kill, a probe run (the SDK's
+``Monitor`` with its control listener) logs a KL blow-up; the figure is from the restart to the
+probe's pause, i.e. the new worker reading the probe's events, raising the red alert and pulling
+the brake (the brake itself takes a few ms, see bench_brake.py). Also: restart to Faust's
+"Ready" (import, connect, join the group, recover the table).
+
+Three settings side by side: this worker as shipped (static membership: the restarted process
+takes the dead one's group instance id and its partitions at once; 10 s session), without
+static membership (``RLWATCH_WORKER_ID=none``: the group waits for the dead member's 10 s
+session), and the old settings (no static membership, Faust's 60 s session). Target: < 10 s.
+
+    python bench/bench_restart.py [--trials 3] [--skip-old]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _stack import KAFKA, REDIS, Worker, bench_env, pct, services_up  # noqa: E402
+
+from producers import Monitor  # noqa: E402
+
+SECRET = "bench-" + uuid.uuid4().hex[:8]
+
+
+def trial(env: dict, first: Worker) -> tuple[float, float, float, Worker]:
+    """(restart -> Ready, restart -> probe paused, kill -> probe paused) in seconds, and the
+    restarted worker."""
+    topic = env["RLWATCH_EVENTS_TOPIC"]
+    probe = Monitor(f"bench-restart-{uuid.uuid4().hex[:8]}", kafka=KAFKA, redis=REDIS, topic=topic,
+                    control_secret=SECRET, heartbeat_seconds=0)
+    try:
+        probe.control.wait_ready(10)
+        killed = first.kill()
+        restarted = time.time()
+        second = Worker(env).start(wait=None)
+        for step in range(8):
+            probe.log(step, {"kl/mean": 0.02 if step < 3 else 0.15, "reward/mean": 0.5 + 0.01 * step})
+        probe.flush(10)
+        ready = second.wait_for("Ready", 180) - restarted
+        deadline = time.time() + 180
+        while probe.state != "paused" and time.time() < deadline:
+            time.sleep(0.01)
+        paused = time.time()
+        if probe.state != "paused":
+            raise RuntimeError("the probe was never paused")
+        return ready, paused - restarted, paused - killed, second
+    finally:
+        probe.control.close()
+        probe.close(2)
+
+
+def setting(name: str, trials: int, **extra) -> tuple[str, list[tuple[float, float, float]]]:
+    sid = uuid.uuid4().hex[:8]
+    env = bench_env(sid, RLWATCH_CONTROL_SECRET=SECRET, RLWATCH_ACK_TIMEOUT=600, **extra)
+    worker = Worker(env).start()
+    time.sleep(3)
+    out = []
+    try:
+        for i in range(trials):
+            ready, to_pause, from_kill, worker = trial(env, worker)
+            print(f"  {name}: trial {i + 1}: Ready {ready:.1f}s, processing (probe paused) {to_pause:.1f}s "
+                  f"after the restart", flush=True)
+            out.append((ready, to_pause, from_kill))
+            time.sleep(3)
+    finally:
+        worker.stop()
+    return name, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--skip-old", action="store_true", help="leave out the 60 s session setting")
+    args = ap.parse_args()
+    services_up()
+    rows = [setting("static membership, 10 s session", args.trials),
+            setting("no static membership, 10 s session", max(1, args.trials - 1), RLWATCH_WORKER_ID="none")]
+    if not args.skip_old:
+        rows.append(setting("old: no static membership, 60 s session", 1, RLWATCH_WORKER_ID="none",
+                            RLWATCH_SESSION_TIMEOUT=60))
+    print("\nworker killed (SIGKILL) and restarted at once (seconds, median / worst of the trials)")
+    print(f"{'setting':42s} {'n':>2s} {'-> Ready':>14s} {'-> processing':>16s}")
+    for name, xs in rows:
+        ready = [x[0] for x in xs]
+        proc = [x[1] for x in xs]
+        print(f"{name:42s} {len(xs):2d} {pct(ready, 50):6.1f} / {max(ready):5.1f} {pct(proc, 50):7.1f} / {max(proc):5.1f}")
+    print("target: restart -> processing < 10 s")
+
+
+if __name__ == "__main__":
+    main()
