@@ -1,6 +1,6 @@
 """Backtest of a rule pack on data it was not tuned on (issue 10), with rlwatch.backtest.
 
-* Real logs (../shared/real-logs, labels.json): each file judged by its own rule(s), severity,
+* Real logs (../shared/real-logs, labels.json; where it says a bare "other", the README's label): each file judged by its own rule(s), severity,
   delay after the onset, alarms and brakes before it, yellow notices per 1,000 healthy steps;
   then the score per left-out source repository (leave-one-source-out; with --tune also the
   score of a pack tuned by ``rlwatch rules tune`` on the other sources' healthy runs).
@@ -29,7 +29,7 @@ from rlwatch.backtest import (  # noqa: E402
     HELDOUT_SEEDS_FROM, SimCase, delay_table, score, score_real, score_sim, table,
 )
 from tests.support.paths import REAL_LOGS  # noqa: E402
-from tests.support.real_logs import sources  # noqa: E402
+from tests.support.real_logs import labels  # noqa: E402
 
 ALGOS = ("ppo", "grpo", "dpo")
 
@@ -56,9 +56,9 @@ def sim_cases(faults, seeds: int, every: list[int], healthy_seeds: int) -> list[
 
 def real_section(pack, tune: bool, out: dict) -> None:
     print(f"== Real logs ({REAL_LOGS})")
-    src = sources()
+    labs = labels()          # labels.json; the README's label where it says a bare "other"
     t0 = time.time()
-    report = score_real(REAL_LOGS, pack, sources=src)
+    report = score_real(REAL_LOGS, pack, labels=labs)
     print(table(report.verdicts))
     print(f"score: {report.score.line('files')}   ({time.time() - t0:.0f} s)")
     for v in report.verdicts:
@@ -77,7 +77,7 @@ def real_section(pack, tune: bool, out: dict) -> None:
     if tune:
         from rlwatch.tune import leave_one_source_out
 
-        tuned_rows = {row["source"]: row for row in leave_one_source_out(REAL_LOGS, pack, sources=src)}
+        tuned_rows = {row["source"]: row for row in leave_one_source_out(REAL_LOGS, pack, labels=labs)}
     print(f"{'left-out source':58s} {'files':>5s} {'default pack':>14s}" + (f" {'tuned pack':>12s}" if tune else ""))
     for name, s in report.by_source.items():
         line = f"{name[:58]:58s} {s.scored + s.unscored:5d} {s.passed:>6d}/{s.scored:<7d}"

@@ -24,10 +24,11 @@ from contract.presets import PRESETS
 from rlwatch.backtest import SimCase, load_labels, own_rules, score_real, score_sim
 from rules.loader import load_pack
 from tests.support.paths import REAL_LOGS
-from tests.support.real_logs import sources
+from tests.support.real_logs import labels, sources
 
 PACK = load_pack("rlhf")
-LABELS = {lab.run: lab for lab in load_labels(REAL_LOGS, sources())}
+#: labels.json, with the README's label where labels.json says a bare "other"
+LABELS = {lab.run: lab for lab in labels(REAL_LOGS)}
 
 
 @functools.lru_cache(maxsize=1)
@@ -71,10 +72,23 @@ def test_real_log_is_watched(name):
         assert live, f"none of {v.own} is in the pack with its inputs logged"
 
 
-def test_unscored_labels_are_the_ones_without_a_catalog_id():
-    # "other" without an id (a reader's borderline judgement) is reported, not scored
+#: The files labels.json calls a bare "other", with the label and onset the README gives them.
+README_LABELS = {
+    "trl_grpo_wordle_stage2_160.jsonl": ("stagnation", 1),
+    "trl_grpo_nipsdyn_rho3_s42.jsonl": ("healthy", None),          # noisy truncation
+    "trl_ppo_kartik_v1_s2025.jsonl": ("truncation", 1),
+    "trl_grpo_nipsdyn_rho0.1_s42.jsonl": ("healthy", None),        # borderline entropy decline
+    "trl_ppo_kartik_v2_s2025.jsonl": ("stagnation", 1),
+}
+
+
+def test_bare_other_labels_take_the_readme_label_and_every_file_is_scored():
+    raw = {lab.run: lab for lab in load_labels(REAL_LOGS, sources())}
+    relabelled = {n: (LABELS[n].label, LABELS[n].onset) for n in LABELS if raw[n].label == "other"}
+    assert relabelled == README_LABELS
     unscored = {n for n, v in real().items() if v.passed is None}
-    assert unscored == {n for n, lab in LABELS.items() if lab.label != "healthy" and not own_rules(lab.label)}
+    assert not unscored, f"unscored: {sorted(unscored)}"
+    assert all(lab.label == "healthy" or own_rules(lab.label) for lab in LABELS.values())
 
 
 # -- simulated runs from held-out seeds ---------------------------------------------------------
