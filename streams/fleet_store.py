@@ -9,8 +9,10 @@ worker that wrote them (a restarted worker continues them), and expire with the 
 A record is the core's run summary (``RunState.summary()``: last step, incarnation, targets, KL
 lines, open alerts, the smoothed values the rules read) plus what only a fleet view needs:
 
-* ``spark``: a few dozen ``[step, value]`` points of the smoothed KL (or reward) over the whole
-  run, thinned as the run grows (every other point dropped when full);
+* ``spark``: a few dozen ``[step, value]`` points of KL and reward over the whole run, one per
+  logged step of rank 0 (the writer keeps them between writes, so a short run or a burst of
+  events processed at once draws every step), thinned as the run grows (every other point
+  dropped when full, the stride doubled);
 * ``rate``: two ``[ts, step]`` points for steps per second;
 * ``closed``: set when the training script closed its monitor cleanly (the SDK's last event is
   a heartbeat with ``"final": true``), cleared when the run (or a relaunch of it) speaks again;
@@ -95,45 +97,47 @@ def kl_lines_of(rules, targets: dict, params: dict) -> dict[str, float]:
 
 
 # -- records ---------------------------------------------------------------------------------------
-def _spark_add(spark: dict | None, step: int | None, smoothed: dict, latest: dict) -> dict:
-    """Append one point per metric; when full, keep every other point and double the stride."""
+def _spark_add(spark: dict | None, points: list) -> dict:
+    """Append ``points`` (``(step, {metric: value})``, ascending); when full, keep every other
+    point and double the stride."""
     spark = {"stride": 1, "points": {}} if not spark else {"stride": spark.get("stride", 1),
                                                            "points": dict(spark.get("points", {}))}
-    if step is None:
-        return spark
-    for m in SPARK_METRICS:
-        v = finite_number(smoothed.get(m))
-        if v is None:
-            v = finite_number(latest.get(m))
-        if v is None:
-            continue
-        pts = list(spark["points"].get(m, []))
-        if pts and step <= pts[-1][0]:
-            if step < pts[-1][0]:       # the run went back (rollback, relaunch): start over
-                pts = [p for p in pts if p[0] < step]
-            else:
-                pts = pts[:-1]
-        if pts and step - pts[-1][0] < spark["stride"]:
-            continue
-        pts.append([step, float(f"{v:.5g}")])
-        spark["points"][m] = pts
-    while any(len(p) > SPARK_POINTS for p in spark["points"].values()):
-        spark["stride"] *= 2
-        spark["points"] = {m: p[::2] if len(p) > SPARK_POINTS else p for m, p in spark["points"].items()}
+    for step, values in points:
+        for m in SPARK_METRICS:
+            v = finite_number(values.get(m))
+            if v is None:
+                continue
+            pts = list(spark["points"].get(m, []))
+            if pts and step <= pts[-1][0]:
+                if step < pts[-1][0]:       # the run went back (rollback, relaunch): start over
+                    pts = [p for p in pts if p[0] < step]
+                else:
+                    pts = pts[:-1]
+            if pts and step - pts[-1][0] < spark["stride"]:
+                continue
+            pts.append([step, float(f"{v:.5g}")])
+            spark["points"][m] = pts
+        while any(len(p) > SPARK_POINTS for p in spark["points"].values()):
+            spark["stride"] *= 2
+            spark["points"] = {m: p[::2] if len(p) > SPARK_POINTS else p for m, p in spark["points"].items()}
     return spark
 
 
 def make_record(summary: dict, prev: dict | None, now: float, *, writer: str = "",
-                closed: dict | None | bool = False) -> dict:
+                closed: dict | None | bool = False, points: list | None = None) -> dict:
     """The record of a run: its summary plus the fleet's display fields (see the module doc).
 
     ``closed``: a dict when the run closed its monitor now, False to keep what ``prev`` said
-    (until an event newer than the close arrives)."""
+    (until an event newer than the close arrives). ``points``: the sparkline's points of the
+    steps since the last record (``(step, {metric: value})``); without them, one point from the
+    summary (the smoothed value the rules read, else the last logged one)."""
     prev = prev or {}
     same = (prev.get("summary", {}).get("incarnation") == summary.get("incarnation"))
     spark = prev.get("spark") if same else None
-    spark = _spark_add(spark, summary.get("last_step"), summary.get("smoothed") or {},
-                       summary.get("latest") or {})
+    if points is None and summary.get("last_step") is not None:
+        smoothed, latest = summary.get("smoothed") or {}, summary.get("latest") or {}
+        points = [(summary["last_step"], {m: smoothed.get(m, latest.get(m)) for m in SPARK_METRICS})]
+    spark = _spark_add(spark, points or [])
     step, ts = summary.get("last_step"), finite_number(summary.get("last_event_ts"))
     rate = [p for p in (prev.get("rate") or []) if same] if step is not None else []
     if step is not None and ts is not None:
@@ -315,6 +319,7 @@ class FleetWriter:
         self.urgent = False
         self.closed: dict[str, dict | None] = {}
         self.records: dict[str, dict] = {}
+        self.points: dict[str, list] = {}     # sparkline points of rank 0's steps since the last write
         self.failing = False
         self.errors = 0
 
@@ -324,6 +329,14 @@ class FleetWriter:
         self.states[run_id] = state
         self.dirty.add(run_id)
         self.urgent = self.urgent or urgent
+        if event is not None and getattr(event, "kind", None) == "step" and not getattr(event, "rank", 0):
+            metrics = getattr(event, "metrics", None) or {}
+            values = {m: metrics[m] for m in SPARK_METRICS if m in metrics}
+            if values:
+                pts = self.points.setdefault(run_id, [])
+                pts.append((event.step, values))
+                if len(pts) > 4 * SPARK_POINTS:      # many steps between two writes: thin them
+                    pts[:] = pts[::2]
         if (event is not None and getattr(event, "kind", None) == "heartbeat"
                 and getattr(event, "final", False) is True):
             self.closed[run_id] = {"ts": event.ts, "step": event.step,
@@ -337,6 +350,7 @@ class FleetWriter:
 
     def forget(self, run_id: str) -> None:
         self.states.pop(run_id, None)
+        self.points.pop(run_id, None)
         self.dirty.discard(run_id)
         self.records.pop(run_id, None)
         self.closed.pop(run_id, None)
@@ -363,7 +377,7 @@ class FleetWriter:
                     continue
                 used[run_id] = closed = self.closed.get(run_id, False)
                 out.append(make_record(self.summarise(st), self.records.get(run_id), now,
-                                       writer=self.writer, closed=closed))
+                                       writer=self.writer, closed=closed, points=self.points.pop(run_id, None)))
             await self.store.put(out)
             for rec in out:
                 run_id = rec["run_id"]

@@ -106,6 +106,24 @@ def test_the_writer_writes_changed_runs_and_marks_a_clean_close():
     assert rec["writer"] == "w1" and not w.states          # states are held only until written
 
 
+def test_a_burst_of_steps_written_at_once_draws_every_step_of_rank_0():
+    """A short run, or a worker catching up, processes many steps between two writes: the
+    sparkline still has a point per step (rank 0's logged values), not one per write."""
+    store = MemoryFleetStore()
+    w = _writer(store)
+    for step in range(40):
+        for rank in (0, 1):
+            ev = parse_event({"schema": 1, "kind": "step", "run_id": "r", "rank": rank, "step": step,
+                              "ts": T0 + step, "metrics": {"kl/mean": 0.01 * (1 + rank) + step / 1000,
+                                                           "reward/mean": 0.5}}, T0 + step)
+            w.note(_State("r", step), ev)
+    asyncio.run(w.flush())
+    pts = asyncio.run(store.get("r"))["spark"]["points"]
+    assert [p[0] for p in pts["kl/mean"]] == list(range(40))
+    assert pts["kl/mean"][-1][1] == pytest.approx(0.01 + 39 / 1000)        # rank 0's value
+    assert len(pts["reward/mean"]) == 40
+
+
 def test_a_restarted_writer_continues_the_record_another_one_wrote():
     store = MemoryFleetStore()
     first = _writer(store)
