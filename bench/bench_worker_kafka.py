@@ -113,9 +113,10 @@ async def produce(kafka: str, topic: str, events: list[tuple[bytes, bytes]]) -> 
         await prod.stop()
 
 
-async def bare_consume(kafka: str, topic: str, group: str, n: int) -> tuple[float, int]:
-    """(seconds, messages) from the first batch's arrival to the last message parsed: the
-    messages of the first batch are not counted (its wait includes the group's start-up)."""
+async def bare_consume(kafka: str, topic: str, group: str, n: int) -> tuple[float, int, float]:
+    """(seconds, messages, CPU seconds of this process) from the first batch's arrival to the
+    last message parsed: the messages of the first batch are not counted (its wait includes the
+    group's start-up)."""
     from aiokafka import AIOKafkaConsumer
 
     cons = AIOKafkaConsumer(topic, bootstrap_servers=kafka, group_id=group,
@@ -123,7 +124,7 @@ async def bare_consume(kafka: str, topic: str, group: str, n: int) -> tuple[floa
     await cons.start()
     try:
         seen = 0
-        first_at, first_n = None, 0
+        first_at, first_n, first_cpu = None, 0, 0.0
         loads = json.loads
         while seen < n:
             batches = await cons.getmany(timeout_ms=1000, max_records=10_000)
@@ -132,9 +133,10 @@ async def bare_consume(kafka: str, topic: str, group: str, n: int) -> tuple[floa
                     loads(msg.value)
                 seen += len(records)
             if first_at is None and seen:
-                first_at, first_n = time.perf_counter(), seen
+                first_at, first_n, first_cpu = time.perf_counter(), seen, time.process_time()
+        elapsed, cpu = time.perf_counter() - first_at, time.process_time() - first_cpu
         await cons.commit()
-        return time.perf_counter() - first_at, seen - first_n
+        return elapsed, seen - first_n, cpu
     finally:
         await cons.stop()
 
@@ -163,6 +165,13 @@ def delete_groups(admin, groups: list[str]) -> None:
         pass
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def spy_report(path: str, top: int = 25) -> str:
     """The top functions of a py-spy record (raw, collapsed stacks), by samples on the CPU
     in the function itself and in it or below."""
@@ -174,7 +183,7 @@ def spy_report(path: str, top: int = 25) -> str:
     with open(path) as f:
         for line in f:
             stack, _, count = line.rstrip().rpartition(" ")
-            if not stack:
+            if not stack or not count.isdigit():
                 continue
             n = int(count)
             total += n
@@ -195,9 +204,14 @@ def faust_floor_agent() -> None:
     serializers, memory store). Its rate is the ceiling of any worker built on Faust agents."""
     import faust
 
-    app = faust.App(os.environ["BENCH_FAUST_APP"], broker=f"kafka://{os.environ['BENCH_KAFKA']}",
-                    store="memory://", web_enabled=False, topic_partitions=PARTITIONS,
-                    key_serializer="raw", value_serializer="raw")
+    lane = os.environ.get("BENCH_FAUST_LANE") == "1"
+    kwargs = dict(broker=f"kafka://{os.environ['BENCH_KAFKA']}", store="memory://", web_enabled=False,
+                  topic_partitions=PARTITIONS, key_serializer="raw", value_serializer="raw")
+    if lane:        # the worker's batch lane (streams.batch_lane) instead of the agent's stream
+        from streams.batch_lane import BatchApp
+        app = BatchApp(os.environ["BENCH_FAUST_APP"], **kwargs)
+    else:
+        app = faust.App(os.environ["BENCH_FAUST_APP"], **kwargs)
     topic = app.topic(os.environ["BENCH_FAUST_TOPIC"], key_type=bytes, value_type=bytes)
 
     @app.agent(topic)
@@ -205,15 +219,25 @@ def faust_floor_agent() -> None:
         async for _key, raw in stream.items():
             json.loads(raw)
 
+    if lane:
+        @app.batch_lane(topic)
+        async def parse_batch(messages):
+            ack, loads = app.consumer.ack, json.loads
+            for m in messages:
+                loads(m.value)
+                ack(m)
+
     sys.argv = ["rlwatch-bench-faust", "worker", "-l", "warn", "--without-web"]
     app.main()
 
 
 def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[str, str], n: int,
-                 timeout: float, loglevel: str, spy: str | None = None) -> tuple[float, int, list[str]]:
+                 timeout: float, loglevel: str, spy: str | None = None,
+                 extra_env: dict[str, str] | None = None) -> tuple[float, int, float, list[str]]:
     """Run ``rlwatch worker`` (``kind`` "worker") or the Faust floor agent ("faust") over the
-    events topic: (seconds, events) between the first and the last change of its consumer
-    group's committed offsets (events = the offsets committed in between); and its output."""
+    events topic: (seconds, events, CPU seconds) between the first and the last change of its
+    consumer group's committed offsets (events = the offsets committed in between); and its
+    output."""
     from kafka.admin import KafkaAdminClient
 
     env = dict(os.environ)
@@ -224,7 +248,8 @@ def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[s
         "BENCH_FAUST_APP": topics["faust"], "BENCH_FAUST_TOPIC": topics["events"], "BENCH_KAFKA": kafka,
         "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
     })
-    group = topics["app"] if kind == "worker" else topics["faust"]
+    env.update(extra_env or {})
+    group = topics["app"] if kind == "worker" else env["BENCH_FAUST_APP"]
     cmd = ([sys.executable, "-m", "rlwatch", "worker", "--loglevel", loglevel] if kind == "worker"
            else [sys.executable, str(Path(__file__).resolve()), "--faust-floor-agent"])
     lines: list[str] = []
@@ -251,7 +276,7 @@ def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[s
                     raise SystemExit(f"the {kind} process exited:\n" + "\n".join(lines[-40:]))
                 now_off = committed(admin, group, topics["events"])
                 if now_off != last:
-                    marks.append((time.perf_counter(), now_off))
+                    marks.append((time.perf_counter(), now_off, cpu_seconds(proc.pid)))
                     last = now_off
                 if now_off >= n:
                     break
@@ -275,8 +300,8 @@ def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[s
                 proc.wait()
     if len(marks) < 2:
         raise SystemExit(f"the {kind} process committed everything at once: use more --steps")
-    (t0, o0), (t1, o1) = marks[0], marks[-1]
-    return t1 - t0, o1 - o0, lines
+    (t0, o0, c0), (t1, o1, c1) = marks[0], marks[-1]
+    return t1 - t0, o1 - o0, c1 - c0, lines
 
 
 def main() -> None:
@@ -292,6 +317,9 @@ def main() -> None:
                     "print its top functions")
     ap.add_argument("--no-faust-floor", action="store_true",
                     help="skip the trivial Faust agent (the ceiling of any Faust worker)")
+    ap.add_argument("--per-message", action="store_true",
+                    help="also run the worker without its batch lane (RLWATCH_BATCH_LANE=0), every "
+                    "event through a Faust agent's stream: the worker before the lane, same run")
     ap.add_argument("--faust-floor-agent", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.faust_floor_agent:
@@ -310,24 +338,38 @@ def main() -> None:
         secs = asyncio.run(produce(args.kafka, topics["events"], events))
         print(f"fleet: {args.runs} runs x {args.steps} steps x 8 ranks: {n} events, "
               f"{sum(len(v) for _, v in events) / n:.0f} bytes on average; produced in {secs:.1f} s")
-        bare_s, bare_n = asyncio.run(bare_consume(args.kafka, topics["events"], bare_group, n))
-        bare = bare_n / bare_s
-        print(f"bare aiokafka + json.loads: {bare:10,.0f} events/s ({bare_n} events in {bare_s:.2f} s)")
+        bare_s, bare_n, bare_cpu = asyncio.run(bare_consume(args.kafka, topics["events"], bare_group, n))
+        rows: list[tuple[str, float, float]] = []
+
+        def show(label: str, secs: float, count: int, cpu: float, how: str) -> None:
+            rows.append((label, count / secs, count / cpu if cpu > 0 else float("nan")))
+            print(f"{label + ':':36s} {count / secs:9,.0f} events/s, {rows[-1][2]:9,.0f} per CPU second "
+                  f"({count} events in {secs:.2f} s {how})", flush=True)
+
+        show("bare aiokafka + json.loads", bare_s, bare_n, bare_cpu, "from its first batch")
+        how = "between its first and last offset commits"
         if not args.no_faust_floor:
-            f_s, f_n, _ = run_consumer("faust", args.kafka, args.redis, sid, topics, n, args.timeout,
-                                       args.loglevel)
-            floor = f_n / f_s
-            print(f"Faust agent + json.loads:   {floor:10,.0f} events/s ({f_n} events in {f_s:.2f} s "
-                  "between its first and last offset commits)")
-        w_s, w_n, out = run_consumer("worker", args.kafka, args.redis, sid, topics, n, args.timeout,
-                                     args.loglevel, args.spy)
-        worker = w_n / w_s
-        print(f"rlwatch worker:             {worker:10,.0f} events/s ({w_n} events in {w_s:.2f} s "
-              "between its first and last offset commits)")
-        print(f"worker / bare consumer:     {worker / bare:.2f}")
-        if not args.no_faust_floor:
-            print(f"Faust agent / bare consumer: {floor / bare:.2f} (the ceiling of a worker on Faust "
-                  "agents)")
+            f_s, f_n, f_cpu, _ = run_consumer("faust", args.kafka, args.redis, sid, topics, n, args.timeout,
+                                              args.loglevel)
+            show("Faust agent + json.loads", f_s, f_n, f_cpu, how)
+            f_s, f_n, f_cpu, _ = run_consumer("faust", args.kafka, args.redis, sid, topics, n, args.timeout,
+                                              args.loglevel, extra_env={"BENCH_FAUST_APP": topics["faust"] + "-lane",
+                                                                        "BENCH_FAUST_LANE": "1"})
+            show("Faust batch lane + json.loads", f_s, f_n, f_cpu, how)
+        if args.per_message:        # the worker before the batch lane: every event through Faust's
+            pm = dict(topics, app=topics["app"] + "-pm", alerts=topics["alerts"] + ".pm",   # stream
+                      dlq=topics["dlq"] + ".pm")
+            w_s, w_n, w_cpu, _ = run_consumer("worker", args.kafka, args.redis, sid, pm, n, args.timeout,
+                                              args.loglevel, extra_env={"RLWATCH_BATCH_LANE": "0",
+                                                                        "RLWATCH_WORKER_ID": f"bench-{sid}-pm"})
+            show("rlwatch worker, per-message agent", w_s, w_n, w_cpu, how)
+        w_s, w_n, w_cpu, out = run_consumer("worker", args.kafka, args.redis, sid, topics, n, args.timeout,
+                                            args.loglevel, args.spy)
+        show("rlwatch worker", w_s, w_n, w_cpu, how)
+        bare, bare_per_cpu = rows[0][1], rows[0][2]
+        print(f"{'ratio to the bare consumer:':54s} {'wall':>6s} {'CPU':>6s}")
+        for label, rate, per_cpu in rows[1:]:
+            print(f"  {label:52s} {rate / bare:6.3f} {per_cpu / bare_per_cpu:6.3f}")
         errors = [x for x in out if "Traceback" in x or " ERROR " in x or "rejected an event" in x]
         if errors:
             print(f"worker output had {len(errors)} error lines, first: {errors[0][:200]}")
@@ -335,8 +377,10 @@ def main() -> None:
             print(spy_report(args.spy))
     finally:
         if not args.keep:
-            cleanup(args.kafka, [topics["events"], topics["alerts"], topics["dlq"]],
-                    [topics["app"], topics["faust"], bare_group])
+            cleanup(args.kafka, [topics["events"], topics["alerts"], topics["dlq"],
+                                 topics["alerts"] + ".pm", topics["dlq"] + ".pm"],
+                    [topics["app"], topics["app"] + "-pm", topics["faust"], topics["faust"] + "-lane",
+                     bare_group])
 
 
 if __name__ == "__main__":
