@@ -737,6 +737,7 @@ class Bank:
 
     def __init__(self):
         self.step = -1                          # the step being evaluated
+        self.version = 0                        # bumped whenever the values change (update, load)
         self.tracks: dict[tuple, Track] = {}     # (metric, smooth) -> Track
         self.by_metric: dict[str, list[Track]] = {}
         self.windows: dict[tuple, Window] = {}   # (metric, smooth, window) -> Window
@@ -795,6 +796,7 @@ class Bank:
         need_points = max(ready_points, min(min_steps, 5))
         warm = max(0, min_steps - 1)
         bank = self
+        memo = [-1, NAN]    # [bank version, value]: tiers and rules reading the same signal
 
         def read() -> float:
             if trk.last_step != bank.step:
@@ -804,7 +806,11 @@ class Bank:
                 return x                 # NaN: undecided; +/-Inf: the comparison decides
             if trk.n < need_points or bank.step - trk.first_step < warm:
                 return NAN
-            return value()
+            if memo[0] == bank.version:
+                return memo[1]
+            v = memo[1] = value()
+            memo[0] = bank.version
+            return v
         self.readers[key] = read
         return read
 
@@ -820,6 +826,7 @@ class Bank:
     def update(self, step: int, metrics: dict[str, float]) -> None:
         """Push one step's metrics into the tracks that rules read."""
         self.step = step
+        self.version += 1
         by_metric = self.by_metric
         for metric, x in metrics.items():
             tracks = by_metric.get(metric)
@@ -851,6 +858,7 @@ class Bank:
 
     def load(self, state: dict) -> None:
         """Restore values into the tracks this bank was compiled with (others are dropped)."""
+        self.version += 1
         for m, s, st in state.get("tracks", []):
             t = self.tracks.get((m, s))
             if t is not None:
