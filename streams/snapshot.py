@@ -8,7 +8,10 @@ metrics and batch ids) and of recent sample batches; the processor feeds it ever
 
 * ``window``: the run's metrics step by step around the onset (rank of the alert, else 0);
 * ``offending`` / ``last_stable``: the samples of the offending step (the latest sample batch at
-  or before the alert's step, from the onset on) beside those of the last step before the onset;
+  or before the alert's step, from the onset on) beside those of the last stable step: the last
+  step before the onset whose value of the alert's metric was on the healthy side of the
+  threshold (a rule that reads a median or holds for a few steps has its onset a few steps
+  after the first bad one), else the step before the onset;
 * ``ranks``: what every rank reported at the offending step (its metric value, batch ids);
 * ``checkpoints``, ``rollback_to``, ``tags``, ``world_size``.
 
@@ -100,6 +103,29 @@ def _samples_at(batches: list[dict], lo: int | None, hi: int) -> dict | None:
     return max(hits, key=lambda b: b["step"]) if hits else None
 
 
+def _crosses(value: Any, threshold: float, above: bool) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and (
+        value > threshold if above else value < threshold)
+
+
+def _last_stable_step(alert: Alert, rows: list[dict], onset: int) -> int:
+    """The last step before ``onset`` whose logged value of the alert's metric does not cross
+    the alert's threshold, when the threshold is on the metric's own scale (some logged value
+    from the onset to the alert crosses it); else ``onset - 1``."""
+    metric, value, thr = alert.metric, alert.value, alert.threshold
+    if not metric or not isinstance(value, (int, float)) or not isinstance(thr, (int, float)) \
+            or not math.isfinite(value) or not math.isfinite(thr) or value == thr:
+        return onset - 1
+    above = value > thr
+    if not any(_crosses(r["metrics"].get(metric), thr, above) for r in rows if onset <= r["step"] <= alert.step):
+        return onset - 1                  # a signal's threshold (a z-score, a ratio), not the metric's
+    for r in sorted((r for r in rows if r["step"] < onset), key=lambda r: r["step"], reverse=True):
+        v = r["metrics"].get(metric)
+        if isinstance(v, (int, float)) and math.isfinite(v) and not _crosses(v, thr, above):
+            return r["step"]
+    return onset - 1
+
+
 def build_snapshot(alert: Alert, recorder: SnapshotRecorder, state=None, before: int = 40,
                    after: int = 40) -> dict:
     """The snapshot of ``alert`` from the recorder (and a :class:`~streams.run.RunState`)."""
@@ -114,9 +140,11 @@ def build_snapshot(alert: Alert, recorder: SnapshotRecorder, state=None, before:
     if len(window) > MAX_WINDOW:  # a long way from onset to alert: both ends, not the middle
         head = min(before + after, MAX_WINDOW // 2)
         window = window[:head] + window[-(MAX_WINDOW - head):]
-    stable_metrics = next((r for r in reversed(steps) if r["rank"] == rank and r["step"] < onset), None)
+    mine = [r for r in steps if r["rank"] == rank]
+    stable_step = _last_stable_step(alert, mine, onset)
+    stable_metrics = max((r for r in mine if r["step"] <= stable_step), key=lambda r: r["step"], default=None)
     offending = _samples_at(batches, onset, alert.step) or _samples_at(batches, None, alert.step)
-    stable = _samples_at(batches, None, onset - 1)
+    stable = _samples_at(batches, None, stable_step)
     offending_step = offending["step"] if offending else alert.step
     ranks: dict[str, dict] = {}
     for r in steps:

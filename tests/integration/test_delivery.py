@@ -592,7 +592,7 @@ route:
         assert stable["step"] < inc["onset_step"] <= off["step"] + 5 and off["step"] <= inc["step"]
         assert off["samples"][0]["reward"] == 3.0 and off["samples"][0]["response"] == f"answer {off['step']}"
         assert stable["samples"][0]["reward"] == (0.5 if stable["step"] < 20 else 3.0)
-        assert stable["metrics"]["kl/mean"] == (0.02 if inc["onset_step"] - 1 < 20 else 0.15)
+        assert stable["metrics"]["kl/mean"] == 0.02 and stable["step"] < 20   # before the first bad step
         assert snap["ranks"]["0"]["batch_ids"] == [f"batch-{inc['step']}"]
         shown = rlwatch("incidents", "show", inc["id"][:8], redis_url=redis_url, env_extra=app)
         assert shown.returncode == 0 and "kl_above_target" in shown.stdout and "offending step" in shown.stdout

@@ -170,6 +170,27 @@ def test_snapshot_keeps_the_window_the_offending_and_the_stable_samples():
     assert len(snap["offending"]["samples"][0]["response"]) < 1600          # texts are clipped
     assert snap["ranks"] == {"0": {"value": pytest.approx(0.2), "batch_ids": ["b160-0"]},
                              "1": {"value": pytest.approx(0.201), "batch_ids": ["b160-1"]}}
+
+
+def test_the_last_stable_step_is_before_the_first_bad_value_when_the_rule_lags():
+    """A rule reading a median of 3 that holds for 3 steps has its onset two steps after the
+    first bad value: the last stable step is the last one on the healthy side of the line."""
+    rec = SnapshotRecorder(steps=500)
+    for step in range(60):
+        kl = 0.02 if step < 30 else 0.2
+        rec.observe(ev(kind="step", run_id="r", step=step, metrics={"kl/mean": kl}))
+        if step % 2 == 0:
+            rec.observe(ev(kind="samples", run_id="r", step=step, samples=[
+                {"prompt_id": f"p{step}", "response": "x", "reward": 1.0 if step < 30 else 9.0}]))
+    a = alert(run_id="r", step=36, onset_step=32, metric="kl/mean", value=0.2, threshold=0.125,
+              actions=["pause", "snapshot"])
+    snap = build_snapshot(a, rec)
+    assert snap["last_stable"]["metrics"]["kl/mean"] == pytest.approx(0.02)     # step 29, not 31
+    assert snap["last_stable"]["step"] == 28 and snap["last_stable"]["samples"][0]["reward"] == 1.0
+    # a threshold on another scale (a signal's z-score) leaves the step before the onset
+    z = alert(run_id="r", step=36, onset_step=32, metric="kl/mean", value=8.0, threshold=5.0,
+              actions=["pause", "snapshot"])
+    assert build_snapshot(z, rec)["last_stable"]["metrics"]["kl/mean"] == pytest.approx(0.2)
     attached = attach_snapshot(a, rec)
     assert attached.snapshot["run_id"] == "r"
     assert attach_snapshot(alert(actions=["pause"]), rec) .model_extra == {}
