@@ -21,5 +21,5 @@ def repetition_score(text: str, n: int = 3) -> float:
         words = [text[i:i + 4] for i in range(0, len(text), 4)]
     if len(words) < n + 1:
         return 0.0
-    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    grams = list(zip(*(words[i:] for i in range(n))))   # the n-grams, in order
     return 1.0 - len(set(grams)) / len(grams)
