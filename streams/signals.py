@@ -563,9 +563,15 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
 
         def f():
             w = win.sync()
-            if len(w.xs) < 2:
+            xs = w.xs
+            if len(xs) < 2:
                 return NAN
-            return _ratio(abs(w.xs[-1]), max(map(abs, islice(w.xs, 0, len(w.xs) - 1))))
+            # the largest |x| of the window before the newest point is at one of its ends: the
+            # window's sorted values without (one copy of) the newest
+            x, srt = xs[-1], w.sorted
+            lo = srt[1] if srt[0] == x else srt[0]
+            hi = srt[-2] if srt[-1] == x else srt[-1]
+            return _ratio(abs(x), max(abs(lo), abs(hi)))
         return f
     sync = win.sync
     if sig == "median":
@@ -790,7 +796,7 @@ class Bank:
                 win.need_mk()
             elif signal in ("median", "min", "max", "range", "ratio_to_median", "robust_z", "rel_drop",
                             "rel_rise", "flat_range", "rel_trend", "shift_z", "level_ratio",
-                            "shift_rel", "range_pos", "level_to_max", "over_max_z"):
+                            "shift_rel", "range_pos", "level_to_max", "over_max_z", "ratio_to_max"):
                 win.need_sorted()
         value = _signal_reader(signal, win, trk, window, cycle, level)
         need_points = max(ready_points, min(min_steps, 5))
