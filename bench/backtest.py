@@ -9,7 +9,7 @@
   every 1, 5 and 10 steps: recall, orange+ on healthy runs or before the onset, yellow per 1,000
   healthy steps, and detection delay against magnitude.
 
-    python bench/backtest.py [--seeds 2] [--every 1,5,10] [--jobs 2] [--faults a,b] [--real-only]
+    python bench/backtest.py [--seeds 2] [--every 1,5,10] [--seed-from N] [--jobs 2] [--faults a,b] [--real-only]
                              [--sim-only] [--tune] [--rules PACK] [--json OUT]
 """
 from __future__ import annotations
@@ -40,17 +40,18 @@ def sim_faults() -> list[str]:
     return [f for f in FAULTS if f != "healthy"] + ["nan_inf:skipped_step"]
 
 
-def sim_cases(faults, seeds: int, every: list[int], healthy_seeds: int) -> list[SimCase]:
+def sim_cases(faults, seeds: int, every: list[int], healthy_seeds: int,
+              seed_from: int = HELDOUT_SEEDS_FROM) -> list[SimCase]:
     cases = []
     for fault in faults:
         for i in range(seeds):
             for j, k in enumerate(every):
                 algo = ("ppo", "grpo")[(i + j) % 2]          # alternate; the sim falls back
-                cases.append(SimCase(fault, algo, HELDOUT_SEEDS_FROM + 10 * i + j, k))
+                cases.append(SimCase(fault, algo, seed_from + 10 * i + j, k))
     for i in range(healthy_seeds):
         for j, k in enumerate(every):
             for algo in ALGOS:
-                cases.append(SimCase("healthy", algo, HELDOUT_SEEDS_FROM + 500 + 10 * i + j, k))
+                cases.append(SimCase("healthy", algo, seed_from + 500 + 10 * i + j, k))
     return cases
 
 
@@ -93,8 +94,8 @@ def real_section(pack, tune: bool, out: dict) -> None:
 def sim_section(pack, args, out: dict) -> None:
     every = [int(x) for x in args.every.split(",")]
     faults = args.faults.split(",") if args.faults else sim_faults()
-    cases = sim_cases(faults, args.seeds, every, args.healthy_seeds)
-    print(f"\n== Simulated runs: {len(cases)} cases, held-out seeds >= {HELDOUT_SEEDS_FROM}, "
+    cases = sim_cases(faults, args.seeds, every, args.healthy_seeds, args.seed_from)
+    print(f"\n== Simulated runs: {len(cases)} cases, held-out seeds >= {args.seed_from}, "
           f"logging every {', '.join(map(str, every))} steps")
     t0 = time.time()
     done = [0]
@@ -167,6 +168,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2, help="held-out seeds per fault and logging interval")
     ap.add_argument("--healthy-seeds", type=int, default=2, help="held-out healthy runs per algorithm and interval")
     ap.add_argument("--every", default="1,5,10")
+    ap.add_argument("--seed-from", type=int, default=HELDOUT_SEEDS_FROM,
+                    help="first seed (seeds a previous tuning looked at are no longer held out: "
+                         "pick a fresh base to measure)")
     ap.add_argument("--faults", help="comma-separated fault ids (default: every fault)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--real-only", action="store_true")

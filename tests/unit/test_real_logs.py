@@ -1,13 +1,16 @@
 """Detection that holds on runs the pack was not tuned on (issue 10), scored as
 ``rlwatch backtest`` scores it (rlwatch/backtest.py):
 
-* every labelled real log in ../shared/real-logs: its verdict by its own rule(s), at the required
+* every labelled real log in ../shared/real-logs (labels.json; the README's label where
+  labels.json says a bare "other"): its verdict by its own rule(s), at the required
   severity, within its window, with no brake before the onset (healthy: nothing orange or above
   at all; the transient spike: a notice and no alarm anywhere);
 * every real log is watched: its preset is found and some of its own rules had their inputs;
-* a small held-out simulated set (seeds >= 5000, never used for tuning; magnitudes drawn by the
-  seed; logging every 2, 5 and 10 steps): recall >= 0.95, nothing orange or above on healthy
-  runs or before an onset, at most 1 yellow per 1,000 healthy steps.
+* a small simulated set (seeds >= 5000; magnitudes drawn by the seed; logging every 2, 5 and 10
+  steps): recall >= 0.95, nothing orange or above on healthy runs or before an onset, at most 1
+  yellow per 1,000 healthy steps. One of its runs has been looked at (seed 5010, a 3.3x entropy
+  blowup logged every 5 steps, which the 50-step reference of entropy_blowup missed), so it is
+  no longer strictly held out: bench/backtest.py --seed-from N measures on fresh seeds.
 
 Where today's pack fails, the test states the target and is marked ``xfail(strict=True)`` with
 what the detection work must fix: when a fix makes it pass, the strict marker turns it into a
@@ -111,8 +114,6 @@ def _misses():
     return [f"{v.label}@{v.extra.get('log_every')}" for v in sim().verdicts if v.kind == "catch" and v.caught is None]
 
 
-@xfail("recall 10/15 today: length_hacking missed on a GRPO run logged every 10 steps, and the "
-       "catalog ids entropy_blowup, reward_crash, dpo_chosen_decline, proxy_divergence have no rule")
 def test_simulated_recall_is_at_least_95_percent():
     s = sim().score
     assert s.faults >= len(SIM_FAULTS) and s.recall >= 0.95, f"recall {s.recall:.2f}; missed {_misses()}"
