@@ -7,17 +7,24 @@ unique to this bench, timestamps moved to now) to a fresh events topic on the lo
 * a bare consumer: aiokafka in a fresh consumer group, from the beginning, ``json.loads`` of
   every message and nothing else (the floor of any Python consumer of the topic);
 * a trivial Faust agent (``json.loads`` of each message, the worker's Faust settings): the
-  ceiling of any worker built on Faust agents (``--no-faust-floor`` skips it);
+  ceiling of any worker built on Faust agents; and the same through the worker's batch lane
+  (``streams.batch_lane``), the ceiling of the worker as built (``--no-faust-floor`` skips both);
+* with ``--per-message``, ``rlwatch worker`` without its batch lane (``RLWATCH_BATCH_LANE=0``:
+  every event through the agent's stream, the worker before the lane); with ``--no-core``, the
+  worker with the core (``Processor.process``) a no-op (what everything around the core costs);
+  with ``--worker-env NAME=VALUE``, the worker with that variable set;
 * ``rlwatch worker`` as a user runs it (a subprocess with its own application id and topics
   through ``RLWATCH_*``), from the beginning, with Redis for the fleet store and the brakes.
 
-All rates are steady-state rates in events per wall second: the bare loop's from its first
-batch to its last message; the Faust agent's and the worker's from the first to the last change
-of their consumer group's committed offsets (Faust commits every few seconds; start-up, the rebalance and the
-final commit wait are left out). Prints both and the ratio. The machine's other processes
-(the broker among them) run as they do; compare the two figures of one run.
+Rates are steady-state rates: the bare loop's from its first batch to its last message; the
+Faust processes' from the first to the last change of their consumer group's committed offsets
+(Faust commits every 2.8 s; start-up, the rebalance and the final commit wait are left out).
+Each in events per wall second and per CPU second of the process (all its threads; the bare
+loop's own process), and as ratios to the bare loop. The machine's other processes (the broker
+among them) run as they do: the wall rates swing with its load, the CPU rates less; compare
+the figures of one run.
 
-    python bench/bench_worker_kafka.py [--runs 12] [--steps 400] [--kafka 127.0.0.1:9092]
+    python bench/bench_worker_kafka.py [--runs 12] [--steps 400] [--per-message] [--no-core]
 
 Topics and consumer groups it created are deleted at the end.
 """
@@ -231,6 +238,19 @@ def faust_floor_agent() -> None:
     app.main()
 
 
+# `rlwatch worker` with the core's Processor.process replaced by a no-op: everything else (the
+# parse, Faust, the batch lane, table, fleet view, timers) as it is; the rate a worker would
+# reach with an infinitely fast core
+NO_CORE_WORKER = """
+import sys
+import streams.processor
+streams.processor.Processor.process = lambda self, state, event, now: []
+from rlwatch.cli import main
+sys.argv[0] = "rlwatch"
+sys.exit(main())
+"""
+
+
 def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[str, str], n: int,
                  timeout: float, loglevel: str, spy: str | None = None,
                  extra_env: dict[str, str] | None = None) -> tuple[float, int, float, list[str]]:
@@ -249,8 +269,9 @@ def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[s
         "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
     })
     env.update(extra_env or {})
-    group = topics["app"] if kind == "worker" else env["BENCH_FAUST_APP"]
+    group = topics["app"] if kind in ("worker", "no-core") else env["BENCH_FAUST_APP"]
     cmd = ([sys.executable, "-m", "rlwatch", "worker", "--loglevel", loglevel] if kind == "worker"
+           else [sys.executable, "-c", NO_CORE_WORKER, "worker", "--loglevel", loglevel] if kind == "no-core"
            else [sys.executable, str(Path(__file__).resolve()), "--faust-floor-agent"])
     lines: list[str] = []
     with tempfile.TemporaryDirectory() as cwd:   # Faust's data directory goes there
@@ -320,6 +341,12 @@ def main() -> None:
     ap.add_argument("--per-message", action="store_true",
                     help="also run the worker without its batch lane (RLWATCH_BATCH_LANE=0), every "
                     "event through a Faust agent's stream: the worker before the lane, same run")
+    ap.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="also run the worker with this environment variable set (repeatable; one "
+                    "run per variable), before the worker as it is, to compare in one run")
+    ap.add_argument("--no-core", action="store_true",
+                    help="also run the worker with the core (Processor.process) replaced by a no-op: "
+                    "what the edges around the core cost, the ceiling of a faster core")
     ap.add_argument("--faust-floor-agent", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.faust_floor_agent:
@@ -334,6 +361,8 @@ def main() -> None:
     events = fleet(args.runs, args.steps, sid)
     n = len(events)
     create_topics(args.kafka, [topics["events"], topics["alerts"], topics["dlq"]])
+    extra_topics: set[str] = set()
+    extra_groups: set[str] = set()
     try:
         secs = asyncio.run(produce(args.kafka, topics["events"], events))
         print(f"fleet: {args.runs} runs x {args.steps} steps x 8 ranks: {n} events, "
@@ -356,13 +385,25 @@ def main() -> None:
                                               args.loglevel, extra_env={"BENCH_FAUST_APP": topics["faust"] + "-lane",
                                                                         "BENCH_FAUST_LANE": "1"})
             show("Faust batch lane + json.loads", f_s, f_n, f_cpu, how)
+        variants = [(f"rlwatch worker, {e}", dict([e.split("=", 1)])) for e in args.worker_env]
         if args.per_message:        # the worker before the batch lane: every event through Faust's
-            pm = dict(topics, app=topics["app"] + "-pm", alerts=topics["alerts"] + ".pm",   # stream
-                      dlq=topics["dlq"] + ".pm")
-            w_s, w_n, w_cpu, _ = run_consumer("worker", args.kafka, args.redis, sid, pm, n, args.timeout,
-                                              args.loglevel, extra_env={"RLWATCH_BATCH_LANE": "0",
-                                                                        "RLWATCH_WORKER_ID": f"bench-{sid}-pm"})
-            show("rlwatch worker, per-message agent", w_s, w_n, w_cpu, how)
+            variants.insert(0, ("rlwatch worker, per-message agent", {"RLWATCH_BATCH_LANE": "0"}))
+        for i, (label, extra) in enumerate(variants):   # each with its own group and topics
+            v = dict(topics, app=f"{topics['app']}-v{i}", alerts=f"{topics['alerts']}.v{i}",
+                     dlq=f"{topics['dlq']}.v{i}")
+            extra_topics.update({v["alerts"], v["dlq"]})
+            extra_groups.add(v["app"])
+            w_s, w_n, w_cpu, _ = run_consumer("worker", args.kafka, args.redis, sid, v, n, args.timeout,
+                                              args.loglevel,
+                                              extra_env={**extra, "RLWATCH_WORKER_ID": f"bench-{sid}-v{i}"})
+            show(label, w_s, w_n, w_cpu, how)
+        if args.no_core:
+            v = dict(topics, app=f"{topics['app']}-nc", alerts=f"{topics['alerts']}.nc", dlq=f"{topics['dlq']}.nc")
+            extra_topics.update({v["alerts"], v["dlq"]})
+            extra_groups.add(v["app"])
+            w_s, w_n, w_cpu, _ = run_consumer("no-core", args.kafka, args.redis, sid, v, n, args.timeout,
+                                              args.loglevel, extra_env={"RLWATCH_WORKER_ID": f"bench-{sid}-nc"})
+            show("rlwatch worker, core a no-op", w_s, w_n, w_cpu, how)
         w_s, w_n, w_cpu, out = run_consumer("worker", args.kafka, args.redis, sid, topics, n, args.timeout,
                                             args.loglevel, args.spy)
         show("rlwatch worker", w_s, w_n, w_cpu, how)
@@ -377,10 +418,8 @@ def main() -> None:
             print(spy_report(args.spy))
     finally:
         if not args.keep:
-            cleanup(args.kafka, [topics["events"], topics["alerts"], topics["dlq"],
-                                 topics["alerts"] + ".pm", topics["dlq"] + ".pm"],
-                    [topics["app"], topics["app"] + "-pm", topics["faust"], topics["faust"] + "-lane",
-                     bare_group])
+            cleanup(args.kafka, [topics["events"], topics["alerts"], topics["dlq"], *extra_topics],
+                    [topics["app"], topics["faust"], topics["faust"] + "-lane", bare_group, *extra_groups])
 
 
 if __name__ == "__main__":
