@@ -35,7 +35,7 @@ ALGOS = ("ppo", "grpo", "dpo")
 
 
 def sim_faults() -> list[str]:
-    from producers.simulator import FAULTS
+    from producers.sim import FAULTS
 
     return [f for f in FAULTS if f != "healthy"] + ["nan_inf:skipped_step"]
 

@@ -29,7 +29,7 @@ from collections import deque
 from pathlib import Path
 
 from contract.events import dump_event, parse_event
-from producers.simulator import SimConfig, simulate
+from producers.sim import SimConfig, simulate
 from rules.loader import load_pack
 from streams.processor import Pipeline
 

@@ -22,7 +22,7 @@ import time
 import orjson
 
 from contract.events import StepEvent, dump_event, parse_event
-from producers.simulator import SimConfig, simulate
+from producers.sim import SimConfig, simulate
 
 
 def per_event(fn, lines, repeats=3) -> float:

@@ -12,7 +12,7 @@ import argparse
 import statistics
 import time
 
-from producers.simulator import SimConfig, simulate
+from producers.sim import SimConfig, simulate
 from contract.events import dump_event, parse_event
 from rules.loader import load_pack
 from streams.processor import Pipeline

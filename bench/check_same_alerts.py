@@ -80,7 +80,7 @@ def sim_case(spec: tuple) -> list[str]:
 
 
 def cases() -> list[tuple]:
-    from producers.simulator import FAULTS
+    from producers.sim import FAULTS
     from rlwatch.backtest import load_labels
 
     out: list[tuple] = [("fleet", 0), ("fleet", 301)]

@@ -586,7 +586,7 @@ class SimCase:
 
 
 def _sim_api():
-    from producers import simulator as sim
+    from producers import sim
 
     fields = set(getattr(sim.SimConfig, "__dataclass_fields__", {}))
     return sim, fields

@@ -24,7 +24,7 @@ from alerts.notifiers import ConsoleNotifier
 from alerts.render import paint
 from producers.control import CommandInbox
 from producers.monitor import Monitor, TrainingStopped
-from producers.simulator import SimConfig, Simulator
+from producers.sim import SimConfig, Simulator
 from contract.alert import Alert
 from contract.commands import Command
 from contract.events import parse_event

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from producers.simulator import FAULTS, SimConfig, effective_algo, simulate
+from producers.sim import FAULTS, SimConfig, effective_algo, simulate
 from contract.alert import severity_rank
 from contract.events import parse_event
 from rules.loader import load_pack

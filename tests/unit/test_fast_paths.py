@@ -10,7 +10,7 @@ import pytest
 
 import streams.run as run_mod
 from contract.events import dump_event, parse_event
-from producers.simulator import SimConfig, simulate
+from producers.sim import SimConfig, simulate
 from streams.processor import Pipeline
 from tests.unit._core import rlhf_pack
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from producers.simulator import SimConfig, simulate
+from producers.sim import SimConfig, simulate
 from contract.events import parse_event
 from streams.processor import Pipeline, Processor
 from tests.unit._core import (

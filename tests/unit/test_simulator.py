@@ -1,4 +1,4 @@
-"""Tests of the metric simulator (producers/sim/, re-exported by producers/simulator.py)."""
+"""Tests of the metric simulator (producers/sim/)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ try:
 except ImportError:  # running plain `pytest` without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from producers.simulator import (  # noqa: E402
+from producers.sim import (  # noqa: E402
     FAULT_ALGOS,
     FAULT_DESCRIPTIONS,
     FAULTS,

@@ -10,7 +10,7 @@ import pytest
 
 from contract.alert import severity_rank
 from contract.events import parse_event
-from producers.simulator import SimConfig, effective_algo, simulate
+from producers.sim import SimConfig, effective_algo, simulate
 from rules.loader import load_pack_text
 from streams.processor import Pipeline
 from tests.unit._core import T0, firing, rlhf_pack

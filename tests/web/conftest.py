@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from contract.events import parse_event
-from producers.simulator import SimConfig, Simulator
+from producers.sim import SimConfig, Simulator
 from rules.loader import load_pack
 from streams.fleet_store import FleetWriter, MemoryFleetStore, summary_of
 from streams.processor import Pipeline

@@ -207,7 +207,7 @@ def test_one_fleet_view_from_two_workers_and_after_their_restart_in_chromium():
     import uuid
 
     from producers.monitor import Monitor
-    from producers.simulator import SimConfig, Simulator
+    from producers.sim import SimConfig, Simulator
     from tests.integration.conftest import WorkerProcess, worker_env
 
     node = _require_browser()
