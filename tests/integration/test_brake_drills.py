@@ -31,13 +31,14 @@ pytestmark = pytest.mark.integration
 SECRET = "drill-" + uuid.uuid4().hex[:8]
 
 
-def until(cond, timeout: float, what: str, every: float = 0.05):
+def until(cond, timeout: float, what: str, every: float = 0.05, worker=None):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if cond():
             return
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+    tail = ("\nthe worker's last lines:\n" + "\n".join(worker.lines[-60:])) if worker is not None else ""
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{tail}")
 
 
 class Trainer:
@@ -149,7 +150,8 @@ def test_a_worker_killed_before_braking_leaves_the_pause_to_its_successor(servic
     t0 = time.time()
     second = start_worker(env)       # same app and host: same slot, same group instance id
     ready = time.time() - t0
-    until(lambda: run.paused, 60, "the restarted worker to pause the run")
+    # a loaded machine (CI) may take a while to recover the table and read the topics again
+    until(lambda: run.paused, 120, "the restarted worker to pause the run", worker=second)
     print(f"\nkill -9 -> restarted worker ready {ready:.1f}s, run paused {time.time() - t0:.1f}s after restart")
     # the restarted worker took the dead one's place in the group, it did not wait beside it
     from kafka.admin import KafkaAdminClient
