@@ -72,7 +72,7 @@ def cli_backtest(args) -> int:
         if loso is not None:
             doc["leave_one_source_out"] = loso
         print(json.dumps(doc, default=str))
-        return 0
+        return _status(report)
     print(table(report.verdicts))
     for v in report.verdicts:
         if v.passed is False:
@@ -90,7 +90,12 @@ def cli_backtest(args) -> int:
     if blind:
         print(f"rlwatch backtest: WARNING: no rule had its inputs on {', '.join(blind)}: "
               "their silence means nothing (the pack has no rule for their metrics, or the preset is wrong)", file=sys.stderr)
-    return 0
+    return _status(report)
+
+
+def _status(report) -> int:
+    """1 when a scored file failed (so that a team's CI can gate a pack change on it), else 0."""
+    return 1 if any(v.passed is False for v in report.verdicts) else 0
 
 
 # -- rlwatch rules tune DIR ----------------------------------------------------------------------

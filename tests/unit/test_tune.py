@@ -142,6 +142,15 @@ def test_cli_backtest_table_score_and_json(team_dir, capsys):
     assert {r["run"] for r in doc["runs"]} == {"h1.jsonl", "h2.jsonl", "h3.jsonl", "drift.jsonl"}
 
 
+def test_cli_backtest_exits_1_when_a_file_fails(team_dir, capsys):
+    labels = json.loads((team_dir / "labels.json").read_text())
+    labels["h1.jsonl"] = {"label": "kl_above_target", "onset": 10, "preset": "trl-grpo"}   # a healthy run: missed
+    (team_dir / "labels.json").write_text(json.dumps(labels))
+    assert main(["backtest", str(team_dir)]) == 1
+    assert "FAIL h1.jsonl" in capsys.readouterr().out
+    assert main(["backtest", str(team_dir), "--json"]) == 1
+
+
 def test_cli_backtest_per_source_with_tuning(team_dir, tmp_path, capsys):
     src = tmp_path / "sources.json"
     src.write_text(json.dumps({"h1.jsonl": "a", "h2.jsonl": "b", "h3.jsonl": "b", "drift.jsonl": "a"}))
