@@ -320,6 +320,7 @@ class FleetWriter:
         self.closed: dict[str, dict | None] = {}
         self.records: dict[str, dict] = {}
         self.points: dict[str, list] = {}     # sparkline points of rank 0's steps since the last write
+        self.rank0: set[str] = set()          # runs whose rank 0 logs steps
         self.failing = False
         self.errors = 0
 
@@ -344,13 +345,21 @@ class FleetWriter:
             self.urgent = True
         if self.local is not None and event is not None:
             try:
-                self.local.observe_event(event, self.summarise(state))
+                # the summary (built per call) with rank 0's steps and the other kinds; the other
+                # ranks' steps of a run that has a rank 0 (most of a fleet's events) draw nothing
+                # that needs it
+                rank = getattr(event, "rank", 0) if getattr(event, "kind", None) == "step" else None
+                if rank == 0:
+                    self.rank0.add(run_id)
+                skip = bool(rank) and run_id in self.rank0
+                self.local.observe_event(event, None if skip else self.summarise(state))
             except Exception:  # noqa: BLE001 - the dashboard must never break the pipeline
                 self.errors += 1
 
     def forget(self, run_id: str) -> None:
         self.states.pop(run_id, None)
         self.points.pop(run_id, None)
+        self.rank0.discard(run_id)
         self.dirty.discard(run_id)
         self.records.pop(run_id, None)
         self.closed.pop(run_id, None)
@@ -390,6 +399,7 @@ class FleetWriter:
                 for run_id in sorted(self.records, key=lambda r: self.records[r]["updated"])[:MAX_CACHED // 2]:
                     if run_id not in self.dirty:
                         del self.records[run_id]
+                        self.rank0.discard(run_id)
         except Exception as exc:  # noqa: BLE001 - Redis down: say it once, try again next time
             self.dirty.update(r for r in ids if r in self.states)
             self.errors += 1

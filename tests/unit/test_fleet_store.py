@@ -162,3 +162,25 @@ def test_redis_down_is_said_once_and_the_records_wait(caplog):
         assert asyncio.run(w.flush()) == 1
     assert asyncio.run(store.get("r"))["summary"]["last_step"] == 4
     assert "writing the fleet view to Redis again" in caplog.text
+
+
+def test_the_dashboard_gets_the_summary_with_rank_0_and_not_with_every_rank():
+    """The local dashboard's summary is built per call: rank 0's steps bring it, the other
+    ranks' steps of the same run do not (a run without a rank 0 still gets it)."""
+    got = []
+
+    class Local:
+        def observe_event(self, event, summary):
+            got.append((event.run_id, event.rank, summary is not None))
+
+    calls = []
+    w = FleetWriter(MemoryFleetStore(), lambda st: calls.append(st.run_id) or {"run_id": st.run_id},
+                    local=Local(), clock=lambda: T0)
+    for run_id, ranks in (("r", (0, 1, 2)), ("no-rank-0", (3, 4))):
+        for rank in ranks:
+            ev = parse_event({"schema": 1, "kind": "step", "run_id": run_id, "rank": rank, "step": 1,
+                              "ts": T0, "metrics": {"kl/mean": 0.01}}, T0)
+            w.note(_State(run_id, 1), ev)
+    assert got == [("r", 0, True), ("r", 1, False), ("r", 2, False),
+                   ("no-rank-0", 3, True), ("no-rank-0", 4, True)]
+    assert calls == ["r", "no-rank-0", "no-rank-0"]
