@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -14,25 +13,20 @@ from pathlib import Path
 import pytest
 
 from tests.support.http_recorder import start_recorder
+from tests.support.ports import port_open
 
 ROOT = Path(__file__).resolve().parents[2]
 KAFKA = os.environ.get("RLWATCH_TEST_KAFKA", "127.0.0.1:9092")
 REDIS = os.environ.get("RLWATCH_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
 
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.fixture(scope="session")
 def services():
     """Start Kafka and Redis if they are not up (idempotent scripts); fail loudly otherwise."""
-    if not (_port_open(9092) and _port_open(6379)):
+    if not (port_open(9092) and port_open(6379)):
         subprocess.run([str(ROOT / "scripts" / "services.sh"), "start"], check=True, timeout=300)
-    assert _port_open(9092), "Kafka is not listening on 127.0.0.1:9092"
-    assert _port_open(6379), "Redis is not listening on 127.0.0.1:6379"
+    assert port_open(9092), "Kafka is not listening on 127.0.0.1:9092"
+    assert port_open(6379), "Redis is not listening on 127.0.0.1:6379"
     return {"kafka": KAFKA, "redis": REDIS}
 
 

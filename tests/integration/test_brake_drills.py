@@ -23,6 +23,7 @@ from contract.commands import Command, RunControl, channel, state_key
 from contract.settings import Settings
 from producers import Monitor, TrainingStopped
 from tests.integration.conftest import worker_env
+from tests.support.control import apply_command
 from tests.support.http_recorder import start_recorder
 from tests.support.redis_server import RedisServer
 
@@ -251,17 +252,6 @@ def test_a_hanging_slack_holds_back_neither_the_brakes_nor_the_webhook(services,
 
 # -- 5, 6, 7: forged, replayed and planted control messages; the audit needs a token ------------
 
-def _apply(url: str, cmd: Command) -> RunControl:
-    async def go():
-        c = RedisControl(url)
-        try:
-            return await c.apply(cmd)
-        finally:
-            await c.close()
-
-    return asyncio.run(go())
-
-
 def boundary(mon: Monitor) -> str:
     """What ``step_boundary()`` does: "returned", "blocked" (paused) or "stopped"."""
     out: list[str] = []
@@ -324,9 +314,9 @@ def test_forged_replayed_and_planted_control_messages_are_refused(services):
         # a genuine pause (issued ten seconds ago) is obeyed; it is captured on the way (it is in
         # the audit too)
         pause = _cmd(run, "pause").model_copy(update={"ts": time.time() - 10}).signed(SECRET)
-        _apply(url, pause)
+        apply_command(url, pause)
         until(lambda: mon.state == "paused", 10, "the genuine pause")
-        _apply(url, _cmd(run, "resume"))
+        apply_command(url, _cmd(run, "resume"))
         until(lambda: mon.state == "running", 10, "the resume")
         r.publish(channel(run), pause.model_dump_json())        # replayed while it runs
         time.sleep(0.5)
@@ -356,7 +346,7 @@ def test_the_audit_history_needs_the_operator_token(services):
     from web.server import WebServer
 
     run = f"drill-audit-{uuid.uuid4().hex[:6]}"
-    _apply(services["redis"], _cmd(run, "pause"))
+    apply_command(services["redis"], _cmd(run, "pause"))
     server = WebServer(Fleet(), "127.0.0.1", 0, control_factory=lambda: RedisControl(services["redis"]),
                        token="operator-token").start()
     try:

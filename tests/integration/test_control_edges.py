@@ -3,40 +3,29 @@ an operator can clear a stop; the SDK never logs the Redis password."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
 
 import pytest
 
-from alerts.control import RedisControl
 from producers import Monitor, TrainingStopped
 from contract.commands import Command
+from tests.support.control import apply_command
 
 pytestmark = pytest.mark.integration
 
 
-def _apply(url, cmd):
-    async def go():
-        c = RedisControl(url)
-        try:
-            return await c.apply(cmd)
-        finally:
-            await c.close()
-    return asyncio.run(go())
-
-
 def test_a_relaunched_run_ignores_a_stop_from_before_it_started(services):
     run = f"relaunch-{uuid.uuid4().hex[:6]}"
-    _apply(services["redis"], Command(run_id=run, action="stop", ts=time.time(), reason="old"))
+    apply_command(services["redis"], Command(run_id=run, action="stop", ts=time.time(), reason="old"))
     time.sleep(0.05)
     mon = Monitor(run, kafka=False, redis=services["redis"], heartbeat_seconds=0)
     try:
         assert mon.control.wait_ready(10) and mon.control.connected
         mon.step_boundary()          # not stopped by the previous incarnation's stop
         assert mon.state == "running"
-        _apply(services["redis"], Command(run_id=run, action="stop", ts=time.time(), reason="now"))
+        apply_command(services["redis"], Command(run_id=run, action="stop", ts=time.time(), reason="now"))
         deadline = time.time() + 10
         while mon.state != "stopped" and time.time() < deadline:
             time.sleep(0.02)
@@ -48,8 +37,8 @@ def test_a_relaunched_run_ignores_a_stop_from_before_it_started(services):
 
 def test_an_operator_resume_clears_a_stop(services):
     run = f"clear-{uuid.uuid4().hex[:6]}"
-    _apply(services["redis"], Command(run_id=run, action="stop", ts=time.time()))
-    state = _apply(services["redis"], Command(run_id=run, action="resume", ts=time.time()))
+    apply_command(services["redis"], Command(run_id=run, action="stop", ts=time.time()))
+    state = apply_command(services["redis"], Command(run_id=run, action="resume", ts=time.time()))
     assert state.state == "running"
 
 
@@ -67,7 +56,7 @@ def test_the_sdk_does_not_log_the_redis_password(services, caplog):
 
 def test_an_adjust_sent_while_the_worker_was_away_is_applied_when_it_connects(services):
     run = f"away-{uuid.uuid4().hex[:6]}"
-    _apply(services["redis"], Command(run_id=run, action="adjust", params={"beta": 1.5},
+    apply_command(services["redis"], Command(run_id=run, action="adjust", params={"beta": 1.5},
                                       ts=time.time(), reason="kl rising"))
     got = []
     # the worker started (its first reading of the clock says) before the command, but connects

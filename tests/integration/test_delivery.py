@@ -35,6 +35,7 @@ from contract.commands import Command, ack_signature, channel
 from contract.settings import Settings
 from tests.integration.conftest import ROOT, worker_env
 from tests.support.http_recorder import start_recorder
+from tests.support.ports import free_port
 
 FAKE_BOT = "xox" + "b-"   # a bot-token prefix, built so no literal looks like a real token
 
@@ -45,12 +46,6 @@ CONTROL_SECRET = "ctl-" + uuid.uuid4().hex[:8]
 
 
 # -- a private Redis with AUTH (and one with TLS) ------------------------------------------------
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _start_redis(tmp: Path, *args: str, port: int, tls: bool = False) -> subprocess.Popen:
     exe = shutil.which("redis-server")
@@ -70,7 +65,7 @@ def _start_redis(tmp: Path, *args: str, port: int, tls: bool = False) -> subproc
 
 @pytest.fixture(scope="module")
 def auth_redis(tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     proc = _start_redis(tmp_path_factory.mktemp("redis-auth"), "--port", str(port),
                         "--requirepass", PASSWORD, port=port)
     yield {"url": f"redis://:{PASSWORD}@127.0.0.1:{port}/0", "port": port}
@@ -169,7 +164,7 @@ def test_rediss_tls_urls_work(tmp_path):
     (tmp_path / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     sh("openssl", "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
        "-out", "server.crt", "-days", "1", "-extfile", "san.ext")
-    port = _free_port()
+    port = free_port()
     proc = _start_redis(tmp_path, "--port", "0", "--tls-port", str(port), "--tls-cert-file", "server.crt",
                         "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.crt",
                         "--tls-auth-clients", "no", "--requirepass", PASSWORD, port=port, tls=True)

@@ -5,26 +5,14 @@ anything else running on this machine."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 from tests.support.paths import ROOT
+from tests.support.ports import free_port, port_open
 
 KAFKA_SH = str(ROOT / "scripts" / "kafka.sh")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class Broker:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-import socket
 
 import pytest
 
@@ -13,12 +12,6 @@ from producers.sim import SimConfig, Simulator
 from rules.loader import load_pack
 from streams.fleet_store import FleetWriter, MemoryFleetStore, summary_of
 from streams.processor import Pipeline
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeClock:

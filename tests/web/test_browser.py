@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from alerts.control import MemoryControl
-from tests.web.conftest import free_port
+from tests.support.ports import free_port
 from web.fleet import Fleet
 from web.server import WebServer
 

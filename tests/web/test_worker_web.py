@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from producers.monitor import Monitor
 from producers.sim import SimConfig, Simulator
 from tests.integration.conftest import ROOT, services, worker_env  # noqa: F401 - the services fixture
-from tests.web.conftest import free_port
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 TOKEN = "worker-web-token"
