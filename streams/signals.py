@@ -20,6 +20,7 @@ sources (dists, ranks, groups, samples, liveness) are answered from the run stat
 from __future__ import annotations
 
 import math
+import os
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from itertools import islice
@@ -873,3 +874,27 @@ class Bank:
             x = self.cycles.get((m, c))
             if x is not None:
                 x.start, x.last_cycle, x.out = _dec(a), _dec(b), _dec(o)
+
+
+# -- which Bank: the native one (streams/_native, built from native/ in Rust) when it is built --
+#: the pure Python Bank above: the reference the native one must match number for number
+PyBank = Bank
+_NATIVE_MISSING: str | None = None
+if os.environ.get("RLWATCH_NATIVE", "1") != "0":
+    try:
+        from streams._native import Bank as _NativeBank
+    except ImportError as e:   # not built: no Rust toolchain when the package was installed
+        _NATIVE_MISSING = str(e)
+    else:
+        Bank = _NativeBank  # type: ignore[misc, assignment]
+#: the implementation of Bank in use: "native" or "pure"
+CORE = "native" if Bank is not PyBank else "pure"
+
+
+def core_note() -> str | None:
+    """A one-line warning when the native core is missing (None when it is in use, or when
+    RLWATCH_NATIVE=0 asked for the pure one)."""
+    if CORE == "native" or _NATIVE_MISSING is None:
+        return None
+    return ("the native core is not built (no Rust toolchain at install time): detection runs "
+            "about 2 times slower; see README")

@@ -1,0 +1,2041 @@
+//! The signal bank of `streams/signals.py` (`Bank`, with its tracks, windows and readers) in
+//! Rust, as the Python extension module `streams._native`.
+//!
+//! The Python classes in `streams/signals.py` are the reference: every number this module
+//! gives must be bit for bit the one they give. So every float operation below is done in the
+//! order the Python does it, with Python's rules:
+//!
+//! * `sum` of floats is a plain left-to-right double sum starting from 0.0 (Python 3.11);
+//! * `x ** n` is CPython's `float_pow` (its special cases, then the C library's `pow`, and an
+//!   OverflowError when the result overflows): see [`py_pow`];
+//! * `max(a, b)` / `min(a, b)` keep the first argument unless the second compares greater /
+//!   smaller (what they do with NaN follows from that);
+//! * a float division by zero raises ZeroDivisionError, as in Python;
+//! * int / int is correctly rounded (Python's true division of ints);
+//! * `sorted` of a list holding a NaN is done by Python's own sort (its result depends on the
+//!   algorithm); otherwise a stable sort, which gives the same list as Python's;
+//! * `bisect` and `insort` are Python's algorithms, so equal values (0.0 and -0.0) land where
+//!   Python puts them.
+//!
+//! `autocorr` is not ported: it calls back `streams.signals._autocorr` (numpy), so its numbers
+//! stay numpy's.
+
+use pyo3::exceptions::{
+    PyIndexError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError, PyZeroDivisionError,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyFloat, PyList, PyString, PyTuple};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hint::black_box;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+const NAN: f64 = f64::NAN;
+const INF: f64 = f64::INFINITY;
+const LEVEL_STEPS: i64 = 5;
+const LEVEL_POINTS: i64 = 3;
+const BASELINE_POINTS: usize = 3;
+const MAD_SCALE: f64 = 1.4826;
+const SPLIT_REF_POINTS: i64 = 12;
+const MEAN_AD_SCALE: f64 = 1.2533;
+
+// -- Python's arithmetic -----------------------------------------------------------------------
+
+#[inline]
+fn py_max(a: f64, b: f64) -> f64 {
+    if b > a {
+        b
+    } else {
+        a
+    }
+}
+
+#[inline]
+fn fdiv(a: f64, b: f64) -> PyResult<f64> {
+    if b == 0.0 {
+        Err(PyZeroDivisionError::new_err("float division by zero"))
+    } else {
+        Ok(a / b)
+    }
+}
+
+/// Python 3.11's builtin `sum` of floats.
+#[inline]
+fn psum<I: IntoIterator<Item = f64>>(it: I) -> f64 {
+    let mut s = 0.0;
+    for x in it {
+        s += x;
+    }
+    s
+}
+
+/// Python's int / int (correctly rounded).
+fn int_truediv(py: Python<'_>, a: i128, b: i128) -> PyResult<f64> {
+    const LIM: i128 = 1 << 53;
+    if b == 0 {
+        return Err(PyZeroDivisionError::new_err("division by zero"));
+    }
+    if a.abs() <= LIM && b.abs() <= LIM {
+        return Ok(a as f64 / b as f64);
+    }
+    let a = a.into_py(py).into_bound(py);
+    a.div(b)?.extract()
+}
+
+extern "C" {
+    #[link_name = "pow"]
+    fn c_pow(x: f64, y: f64) -> f64;
+}
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+unsafe fn errno_ptr() -> *mut libc::c_int {
+    libc::__errno_location()
+}
+#[cfg(any(target_os = "macos", target_os = "ios", target_os = "freebsd"))]
+unsafe fn errno_ptr() -> *mut libc::c_int {
+    libc::__error()
+}
+#[cfg(not(any(
+    target_os = "linux",
+    target_os = "android",
+    target_os = "macos",
+    target_os = "ios",
+    target_os = "freebsd"
+)))]
+unsafe fn errno_ptr() -> *mut libc::c_int {
+    static mut E: libc::c_int = 0;
+    std::ptr::addr_of_mut!(E)
+}
+
+#[inline]
+fn is_odd_integer(w: f64) -> bool {
+    w.abs() % 2.0 == 1.0
+}
+
+/// CPython 3.11's `float ** float` (Objects/floatobject.c, float_pow).
+fn py_pow(iv: f64, iw: f64) -> PyResult<f64> {
+    if iw == 0.0 {
+        return Ok(1.0);
+    }
+    if iv.is_nan() {
+        return Ok(iv);
+    }
+    if iw.is_nan() {
+        return Ok(if iv == 1.0 { 1.0 } else { iw });
+    }
+    if iw.is_infinite() {
+        let a = iv.abs();
+        return Ok(if a == 1.0 {
+            1.0
+        } else if (iw > 0.0) == (a > 1.0) {
+            iw.abs()
+        } else {
+            0.0
+        });
+    }
+    if iv.is_infinite() {
+        let odd = is_odd_integer(iw);
+        return Ok(if iw > 0.0 {
+            if odd {
+                iv
+            } else {
+                iv.abs()
+            }
+        } else if odd {
+            0.0f64.copysign(iv)
+        } else {
+            0.0
+        });
+    }
+    if iv == 0.0 {
+        if iw < 0.0 {
+            return Err(PyZeroDivisionError::new_err(
+                "0.0 cannot be raised to a negative power",
+            ));
+        }
+        return Ok(if is_odd_integer(iw) { iv } else { 0.0 });
+    }
+    let mut v = iv;
+    let mut negate = false;
+    if v < 0.0 {
+        if iw != iw.floor() {
+            return Err(PyValueError::new_err(
+                "a negative number to a fractional power (complex in Python)",
+            ));
+        }
+        v = -v;
+        negate = is_odd_integer(iw);
+    }
+    if v == 1.0 {
+        return Ok(if negate { -1.0 } else { 1.0 });
+    }
+    let (mut ix, mut err) = unsafe {
+        let e = errno_ptr();
+        *e = 0;
+        let r = c_pow(black_box(v), black_box(iw));
+        (r, *e)
+    };
+    if err == 0 {
+        if ix.is_infinite() {
+            err = libc::ERANGE;
+        }
+    } else if err == libc::ERANGE && ix == 0.0 {
+        err = 0;
+    }
+    if negate {
+        ix = -ix;
+    }
+    if err != 0 {
+        if err == libc::ERANGE {
+            return Err(PyOverflowError::new_err((34, "Numerical result out of range")));
+        }
+        return Err(PyValueError::new_err("math domain error"));
+    }
+    Ok(ix)
+}
+
+/// Python's `sorted` of a list of floats.
+fn sorted(py: Python<'_>, mut v: Vec<f64>) -> PyResult<Vec<f64>> {
+    if v.iter().any(|x| x.is_nan()) {
+        let l = PyList::new_bound(py, &v);
+        l.sort()?;
+        return l.extract();
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Ok(v)
+}
+
+#[inline]
+fn bisect_left(a: &[f64], x: f64, mut lo: usize) -> usize {
+    let mut hi = a.len();
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if a[mid] < x {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+#[inline]
+fn bisect_right(a: &[f64], x: f64, mut lo: usize) -> usize {
+    let mut hi = a.len();
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if x < a[mid] {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
+fn index_error() -> PyErr {
+    PyIndexError::new_err("index out of range")
+}
+
+#[inline]
+fn first(a: &[f64]) -> PyResult<f64> {
+    a.first().copied().ok_or_else(index_error)
+}
+
+#[inline]
+fn last(a: &[f64]) -> PyResult<f64> {
+    a.last().copied().ok_or_else(index_error)
+}
+
+#[inline]
+fn dq_last<T: Copy>(a: &VecDeque<T>) -> PyResult<T> {
+    a.back().copied().ok_or_else(index_error)
+}
+
+// -- the pure functions of signals.py ----------------------------------------------------------
+
+fn median_of(s: &[f64]) -> f64 {
+    let n = s.len();
+    if n == 0 {
+        return NAN;
+    }
+    let h = n / 2;
+    if n % 2 == 1 {
+        s[h]
+    } else {
+        0.5 * (s[h - 1] + s[h])
+    }
+}
+
+fn robust_scale(py: Python<'_>, values: &[f64], med: f64) -> PyResult<f64> {
+    let dev: Vec<f64> = values.iter().map(|v| (v - med).abs()).collect();
+    if dev.is_empty() {
+        return Ok(NAN);
+    }
+    let n = dev.len() as f64;
+    let total = psum(dev.iter().copied());
+    let srt = sorted(py, dev)?;
+    Ok(py_max(MAD_SCALE * median_of(&srt), MEAN_AD_SCALE * total / n))
+}
+
+fn diff_scale(py: Python<'_>, v: &[f64]) -> PyResult<f64> {
+    let d: Vec<f64> = v.windows(2).map(|w| w[1] - w[0]).collect();
+    if d.len() < 2 {
+        return Ok(NAN);
+    }
+    let srt = sorted(py, d.clone())?;
+    robust_scale(py, &d, median_of(&srt))
+}
+
+/// (median, robust scale, points, maximum, robust scale of the changes) of a run's first points.
+fn frozen_baseline(py: Python<'_>, pts: &[f64]) -> PyResult<Vec<f64>> {
+    let srt = sorted(py, pts.to_vec())?;
+    let med = median_of(&srt);
+    let scale = robust_scale(py, &srt, med)?;
+    let top = last(&srt)?;
+    Ok(vec![med, scale, srt.len() as f64, top, diff_scale(py, pts)?])
+}
+
+fn zscore(x: f64, center: f64, scale: f64) -> f64 {
+    if x.is_nan() || center.is_nan() || scale.is_nan() {
+        return NAN;
+    }
+    let floor = 1e-9 * center.abs();
+    if scale > floor {
+        return (x - center) / scale;
+    }
+    let d = x - center;
+    if d.abs() <= floor {
+        return 0.0;
+    }
+    INF.copysign(d)
+}
+
+fn ratio(x: f64, base: f64) -> f64 {
+    if base.is_nan() {
+        return NAN;
+    }
+    if base == 0.0 {
+        return if x > 0.0 {
+            INF
+        } else if x == 0.0 {
+            1.0
+        } else {
+            -INF
+        };
+    }
+    x / base
+}
+
+fn enc(py: Python<'_>, x: f64) -> PyObject {
+    if x.is_nan() {
+        py.None()
+    } else if x.is_infinite() {
+        (if x > 0.0 { "inf" } else { "-inf" }).into_py(py)
+    } else {
+        x.into_py(py)
+    }
+}
+
+fn dec(x: &Bound<'_, PyAny>) -> PyResult<f64> {
+    if x.is_none() {
+        return Ok(NAN);
+    }
+    if let Ok(f) = x.downcast::<PyFloat>() {
+        return Ok(f.value());
+    }
+    x.py().get_type_bound::<PyFloat>().call1((x,))?.extract()
+}
+
+/// A step, a count: a Python int (None for Option).
+fn opt_i64(x: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
+    if x.is_none() {
+        Ok(None)
+    } else {
+        Ok(Some(x.extract()?))
+    }
+}
+
+/// A `smooth` of a state's track key: None, an int (or a float holding an int, as Python's
+/// tuple comparison would match it).
+fn key_smooth(x: &Bound<'_, PyAny>) -> Option<Option<i64>> {
+    if x.is_none() {
+        return Some(None);
+    }
+    if let Ok(i) = x.extract::<i64>() {
+        return Some(Some(i));
+    }
+    if let Ok(f) = x.extract::<f64>() {
+        if f == f.trunc() && f.abs() < 9e15 {
+            return Some(Some(f as i64));
+        }
+    }
+    None
+}
+
+// -- Track ------------------------------------------------------------------------------------
+
+#[derive(Clone)]
+enum Baseline {
+    /// the run's first points, until the baseline is known
+    Collecting(Vec<f64>),
+    /// (median, scale, points, maximum, change scale): `count_int` while the points are the
+    /// int Python's `len` gave (a loaded state holds them as a float, as Python's `_dec` does)
+    Frozen { v: Vec<f64>, count_int: bool },
+}
+
+struct Track {
+    metric: String,
+    smooth: Option<i64>,
+    keep_steps: i64,
+    keep_points: i64,
+    steps: VecDeque<i64>,
+    values: VecDeque<f64>,
+    total: i64,
+    first_step: Option<i64>,
+    n: i64,
+    last_step: Option<i64>,
+    cur: f64,
+    alpha: f64,
+    num: f64,
+    den: f64,
+    prev_step: Option<i64>,
+    baselines: Vec<(i64, Baseline)>,
+    ema_spans: Vec<i64>,
+    emas: Vec<(i64, [f64; 2])>,
+}
+
+impl Track {
+    fn new(metric: String, smooth: Option<i64>) -> PyResult<Track> {
+        let alpha = match smooth {
+            Some(s) if s != 0 => fdiv(2.0, s as f64 + 1.0)?,
+            _ => 0.0,
+        };
+        Ok(Track {
+            metric,
+            smooth,
+            keep_steps: 1,
+            keep_points: 1,
+            steps: VecDeque::new(),
+            values: VecDeque::new(),
+            total: 0,
+            first_step: None,
+            n: 0,
+            last_step: None,
+            cur: NAN,
+            alpha,
+            num: 0.0,
+            den: 0.0,
+            prev_step: None,
+            baselines: Vec::new(),
+            ema_spans: Vec::new(),
+            emas: Vec::new(),
+        })
+    }
+
+    fn smoothed_flag(&self) -> bool {
+        matches!(self.smooth, Some(s) if s != 0)
+    }
+
+    fn need(&mut self, steps: i64, points: i64) {
+        self.keep_steps = self.keep_steps.max(steps);
+        self.keep_points = self.keep_points.max(points);
+    }
+
+    fn push(&mut self, py: Python<'_>, step: i64, x0: f64) -> PyResult<()> {
+        self.last_step = Some(step);
+        self.cur = x0;
+        if x0 - x0 != 0.0 {
+            return Ok(());
+        }
+        let mut x = x0;
+        let gap = match self.prev_step {
+            None => 1,
+            Some(p) if step - p <= 1 => 1,
+            Some(p) => step - p,
+        };
+        self.prev_step = Some(step);
+        if self.first_step.is_none() {
+            self.first_step = Some(step);
+        }
+        self.n += 1;
+        if !self.ema_spans.is_empty() {
+            for i in 0..self.ema_spans.len() {
+                let span = self.ema_spans[i];
+                let j = match self.emas.iter().position(|(s, _)| *s == span) {
+                    Some(j) => j,
+                    None => {
+                        self.emas.push((span, [0.0, 0.0]));
+                        self.emas.len() - 1
+                    }
+                };
+                let decay = py_pow(1.0 - fdiv(2.0, span as f64 + 1.0)?, gap as f64)?;
+                let e = &mut self.emas[j].1;
+                e[0] = decay * e[0] + (1.0 - decay) * x;
+                e[1] = decay * e[1] + (1.0 - decay);
+            }
+        }
+        if self.alpha != 0.0 {
+            let decay = if gap == 1 {
+                1.0 - self.alpha
+            } else {
+                py_pow(1.0 - self.alpha, gap as f64)?
+            };
+            self.num = decay * self.num + (1.0 - decay) * x;
+            self.den = decay * self.den + (1.0 - decay);
+            x = fdiv(self.num, self.den)?;
+        }
+        if !self.baselines.is_empty() {
+            let first = self.first_step.unwrap();
+            for (window, b) in self.baselines.iter_mut() {
+                if let Baseline::Collecting(pts) = b {
+                    if step < first + *window || pts.len() < BASELINE_POINTS {
+                        pts.push(x);
+                    } else {
+                        let v = frozen_baseline(py, pts)?;
+                        *b = Baseline::Frozen { v, count_int: true };
+                    }
+                }
+            }
+        }
+        self.steps.push_back(step);
+        self.values.push_back(x);
+        self.total += 1;
+        let keep = self.keep_points;
+        if self.steps.len() as i64 > keep && self.steps[0] <= step - self.keep_steps {
+            let edge = step - self.keep_steps;
+            while self.steps.len() as i64 > keep && self.steps[0] <= edge {
+                self.steps.pop_front();
+                self.values.pop_front();
+            }
+        }
+        Ok(())
+    }
+
+    fn ema(&self, span: i64) -> f64 {
+        match self.emas.iter().find(|(s, _)| *s == span) {
+            Some((_, e)) if e[1] > 0.0 => e[0] / e[1],
+            _ => NAN,
+        }
+    }
+
+    fn smoothed(&self) -> f64 {
+        if self.den > 0.0 {
+            self.num / self.den
+        } else {
+            NAN
+        }
+    }
+
+    fn baseline_stat(&self, window: i64, i: usize) -> f64 {
+        for (w, b) in &self.baselines {
+            if *w == window {
+                if let Baseline::Frozen { v, .. } = b {
+                    if v.len() > i {
+                        return v[i];
+                    }
+                }
+                return NAN;
+            }
+        }
+        NAN
+    }
+
+    fn baseline(&self, window: i64) -> f64 {
+        self.baseline_stat(window, 0)
+    }
+
+    fn to_state(&self, py: Python<'_>) -> PyResult<PyObject> {
+        let d = PyDict::new_bound(py);
+        d.set_item("steps", PyList::new_bound(py, self.steps.iter()))?;
+        d.set_item(
+            "values",
+            PyList::new_bound(py, self.values.iter().map(|v| enc(py, *v))),
+        )?;
+        d.set_item("total", self.total)?;
+        d.set_item("first", self.first_step)?;
+        d.set_item("n", self.n)?;
+        d.set_item("last", self.last_step)?;
+        d.set_item("cur", enc(py, self.cur))?;
+        d.set_item("num", self.num)?;
+        d.set_item("den", self.den)?;
+        d.set_item("prev", self.prev_step)?;
+        let base = PyDict::new_bound(py);
+        for (w, b) in &self.baselines {
+            let p: PyObject = match b {
+                Baseline::Collecting(pts) => PyList::new_bound(py, pts.iter()).into_py(py),
+                Baseline::Frozen { v, count_int } => {
+                    let e = PyDict::new_bound(py);
+                    e.set_item("m", v[0])?;
+                    let s = PyList::empty_bound(py);
+                    for (i, x) in v.iter().enumerate().skip(1) {
+                        if i == 2 && *count_int {
+                            s.append(*x as i64)?;
+                        } else {
+                            s.append(enc(py, *x))?;
+                        }
+                    }
+                    e.set_item("s", s)?;
+                    PyList::new_bound(py, [e]).into_py(py)
+                }
+            };
+            base.set_item(w.to_string(), p)?;
+        }
+        d.set_item("base", base)?;
+        let emas = PyDict::new_bound(py);
+        for (k, e) in &self.emas {
+            emas.set_item(k.to_string(), PyList::new_bound(py, e.iter()))?;
+        }
+        d.set_item("emas", emas)?;
+        Ok(d.into_py(py))
+    }
+
+    fn load(&mut self, st: &Bound<'_, PyAny>) -> PyResult<()> {
+        let steps: Vec<i64> = st.get_item("steps")?.extract()?;
+        let mut values = VecDeque::new();
+        for v in st.get_item("values")?.iter()? {
+            values.push_back(dec(&v?)?);
+        }
+        self.steps = steps.into_iter().collect();
+        self.values = values;
+        self.total = st.get_item("total")?.extract()?;
+        self.first_step = opt_i64(&st.get_item("first")?)?;
+        self.n = st.get_item("n")?.extract()?;
+        self.last_step = opt_i64(&st.get_item("last")?)?;
+        self.cur = dec(&st.get_item("cur")?)?;
+        self.num = st.get_item("num")?.extract()?;
+        self.den = st.get_item("den")?.extract()?;
+        self.prev_step = opt_i64(&st.get_item("prev")?)?;
+        if let Some(base) = st.call_method1("get", ("base",))?.downcast::<PyDict>().ok() {
+            for (w, p) in base.iter() {
+                let w: i64 = w.str()?.to_str()?.trim().parse().map_err(|_| {
+                    PyValueError::new_err("a baseline's window is not an int")
+                })?;
+                let Some(slot) = self.baselines.iter_mut().find(|(k, _)| *k == w) else {
+                    continue;
+                };
+                let n = p.len()?;
+                let first = if n == 1 { Some(p.get_item(0)?) } else { None };
+                slot.1 = match first {
+                    Some(e) if e.is_instance_of::<PyDict>() => {
+                        let e = e.downcast::<PyDict>()?;
+                        let m = e.get_item("m")?.ok_or_else(|| PyValueError::new_err("m"))?;
+                        let mut v = vec![dec(&m)?];
+                        if let Some(s) = e.get_item("s")? {
+                            for x in s.iter()? {
+                                v.push(dec(&x?)?);
+                            }
+                        }
+                        Baseline::Frozen { v, count_int: false }
+                    }
+                    _ => {
+                        let mut pts = Vec::with_capacity(n);
+                        for x in p.iter()? {
+                            pts.push(x?.extract::<f64>()?);
+                        }
+                        Baseline::Collecting(pts)
+                    }
+                };
+            }
+        }
+        if let Some(emas) = st.call_method1("get", ("emas",))?.downcast::<PyDict>().ok() {
+            for (k, v) in emas.iter() {
+                let k: i64 = k.str()?.to_str()?.trim().parse().map_err(|_| {
+                    PyValueError::new_err("an EMA's span is not an int")
+                })?;
+                let v: Vec<f64> = v.extract()?;
+                let e = [
+                    v.first().copied().unwrap_or(NAN),
+                    v.get(1).copied().unwrap_or(NAN),
+                ];
+                match self.emas.iter_mut().find(|(s, _)| *s == k) {
+                    Some(slot) => slot.1 = e,
+                    None => self.emas.push((k, e)),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+// -- Window -----------------------------------------------------------------------------------
+
+#[derive(Clone)]
+struct Split {
+    level: f64,
+    med: f64,
+    reference: Option<Vec<f64>>,
+    k: i64,
+    scale: Option<f64>,
+}
+
+struct Window {
+    track: usize,
+    steps_w: i64,
+    points: i64,
+    st: VecDeque<i64>,
+    xs: VecDeque<f64>,
+    synced: i64,
+    sorted: Option<Vec<f64>>,
+    mk: bool,
+    s: i64,
+    tv: i64,
+    tp: i64,
+    cache_at: i64,
+    cache_noise: Option<(i64, f64)>,
+    cache_split: Option<(i64, Split)>,
+    cache_flip: Option<(i64, (f64, f64))>,
+    cache_ac: Option<f64>,
+    sums: bool,
+    c: f64,
+    t0: i64,
+    s1: f64,
+    s2: f64,
+    st1: i128,
+    stt: i128,
+    std: f64,
+}
+
+impl Window {
+    fn new(track: usize, steps: i64, points: i64) -> Window {
+        Window {
+            track,
+            steps_w: steps,
+            points,
+            st: VecDeque::new(),
+            xs: VecDeque::new(),
+            synced: 0,
+            sorted: None,
+            mk: false,
+            s: 0,
+            tv: 0,
+            tp: 0,
+            cache_at: -1,
+            cache_noise: None,
+            cache_split: None,
+            cache_flip: None,
+            cache_ac: None,
+            sums: false,
+            c: 0.0,
+            t0: 0,
+            s1: 0.0,
+            s2: 0.0,
+            st1: 0,
+            stt: 0,
+            std: 0.0,
+        }
+    }
+
+    fn need_sums(&mut self) {
+        if !self.sums {
+            self.sums = true;
+            self.synced = 0;
+        }
+    }
+
+    fn need_sorted(&mut self) {
+        if self.sorted.is_none() {
+            self.sorted = Some(Vec::new());
+            self.synced = 0;
+        }
+    }
+
+    fn need_mk(&mut self) {
+        self.need_sorted();
+        self.mk = true;
+    }
+
+    fn sync(&mut self, trk: &Track) {
+        let mut pending = trk.total - self.synced;
+        if pending == 0 {
+            return;
+        }
+        if pending == 1 && self.synced != 0 {
+            let (s, x) = (*trk.steps.back().unwrap(), *trk.values.back().unwrap());
+            self.add(s, x);
+        } else {
+            let have = trk.steps.len() as i64;
+            if pending > have || self.synced == 0 {
+                self.st.clear();
+                self.xs.clear();
+                if self.sorted.is_some() {
+                    self.sorted = Some(Vec::new());
+                }
+                self.s = 0;
+                self.tv = 0;
+                self.tp = 0;
+                pending = have;
+            }
+            let mut i = have - pending;
+            while i < have {
+                let (s, x) = (trk.steps[i as usize], trk.values[i as usize]);
+                self.add(s, x);
+                i += 1;
+            }
+        }
+        self.synced = trk.total;
+        if self.sums && (pending > 1 || (trk.total & 127) == 0) {
+            self.resum();
+        }
+    }
+
+    fn resum(&mut self) {
+        if self.xs.is_empty() {
+            self.s1 = 0.0;
+            self.s2 = 0.0;
+            self.std = 0.0;
+            self.st1 = 0;
+            self.stt = 0;
+            return;
+        }
+        self.c = self.xs[0];
+        self.t0 = self.st[0];
+        let c = self.c;
+        let t0 = self.t0;
+        let (mut s1, mut s2, mut sd) = (0.0, 0.0, 0.0);
+        let (mut st1, mut stt) = (0i128, 0i128);
+        for (x, s) in self.xs.iter().zip(self.st.iter()) {
+            let d = x - c;
+            let t = (*s - t0) as i128;
+            s1 += d;
+            s2 += d * d;
+            st1 += t;
+            stt += t * t;
+            sd += t as f64 * d;
+        }
+        self.s1 = s1;
+        self.s2 = s2;
+        self.st1 = st1;
+        self.stt = stt;
+        self.std = sd;
+    }
+
+    fn add(&mut self, step: i64, x: f64) {
+        let edge = step - self.steps_w;
+        let sums = self.sums;
+        while let Some(&f) = self.st.front() {
+            if !(f <= edge && self.st.len() as i64 >= self.points) {
+                break;
+            }
+            let ot = self.st.pop_front().unwrap();
+            let old = self.xs.pop_front().unwrap();
+            if sums {
+                let d = old - self.c;
+                let t = (ot - self.t0) as i128;
+                self.s1 -= d;
+                self.s2 -= d * d;
+                self.st1 -= t;
+                self.stt -= t * t;
+                self.std -= t as f64 * d;
+            }
+            if let Some(srt) = self.sorted.as_mut() {
+                let lo = bisect_left(srt, old, 0);
+                srt.remove(lo);
+                if self.mk {
+                    let hi = bisect_right(srt, old, lo);
+                    self.s -= (srt.len() - hi) as i64 - lo as i64;
+                    let c = (hi - lo) as i64;
+                    self.tv -= 6 * c * (c + 2);
+                    self.tp -= c;
+                }
+            }
+        }
+        if let Some(srt) = self.sorted.as_mut() {
+            if self.mk {
+                let lo = bisect_left(srt, x, 0);
+                let hi = bisect_right(srt, x, lo);
+                let c = (hi - lo) as i64;
+                self.s += lo as i64 - (srt.len() - hi) as i64;
+                self.tv += 6 * c * (c + 2);
+                self.tp += c;
+                srt.insert(hi, x);
+            } else {
+                let at = bisect_right(srt, x, 0);
+                srt.insert(at, x);
+            }
+        }
+        if sums {
+            if self.st.is_empty() {
+                self.c = x;
+                self.t0 = step;
+                self.s1 = 0.0;
+                self.s2 = 0.0;
+                self.std = 0.0;
+                self.st1 = 0;
+                self.stt = 0;
+            }
+            let d = x - self.c;
+            let t = (step - self.t0) as i128;
+            self.s1 += d;
+            self.s2 += d * d;
+            self.st1 += t;
+            self.stt += t * t;
+            self.std += t as f64 * d;
+        }
+        self.st.push_back(step);
+        self.xs.push_back(x);
+    }
+
+    fn srt(&self) -> &[f64] {
+        self.sorted.as_deref().unwrap_or(&[])
+    }
+
+    fn median(&self) -> f64 {
+        median_of(self.srt())
+    }
+
+    fn median_before(&self) -> PyResult<f64> {
+        let srt = self.srt();
+        if srt.len() < 2 {
+            return Ok(NAN);
+        }
+        let n = srt.len() - 1;
+        let p = bisect_left(srt, dq_last(&self.xs)?, 0);
+        let at = |k: usize| if k < p { srt[k] } else { srt[k + 1] };
+        let h = n / 2;
+        Ok(if n % 2 == 1 { at(h) } else { 0.5 * (at(h - 1) + at(h)) })
+    }
+
+    fn mean_std(&self, skip_last: bool) -> PyResult<(f64, f64)> {
+        let mut n = self.xs.len() as i64;
+        let (mut s1, mut s2) = (self.s1, self.s2);
+        if skip_last {
+            let d = dq_last(&self.xs)? - self.c;
+            n -= 1;
+            s1 -= d;
+            s2 -= d * d;
+        }
+        if n < 2 {
+            return Ok((if n == 1 { self.c + s1 } else { NAN }, NAN));
+        }
+        let nf = n as f64;
+        let var = (s2 - s1 * s1 / nf) / (n - 1) as f64;
+        Ok((self.c + s1 / nf, if var > 0.0 { var.sqrt() } else { 0.0 }))
+    }
+
+    fn trend_z(&self) -> f64 {
+        let n = self.xs.len() as i64;
+        if n < 3 {
+            return NAN;
+        }
+        let v = n * (n - 1) * (2 * n + 5) - self.tv;
+        if v <= 0 {
+            return 0.0;
+        }
+        let mut s = self.s;
+        if s != 0 {
+            s = if s > 0 { s - 1 } else { s + 1 };
+        }
+        s as f64 / (v as f64 / 18.0).sqrt()
+    }
+
+    fn trend_tau(&self) -> f64 {
+        let n = self.xs.len() as i64;
+        let n0 = n * (n - 1) / 2;
+        let d = n0 - self.tp;
+        if n < 3 || d <= 0 {
+            return if n >= 3 { 0.0 } else { NAN };
+        }
+        self.s as f64 / ((n0 as i128 * d as i128) as f64).sqrt()
+    }
+
+    fn slope(&self, py: Python<'_>) -> PyResult<f64> {
+        let n = self.xs.len() as i64;
+        if n < 2 {
+            return Ok(NAN);
+        }
+        let var = self.stt as f64 - int_truediv(py, self.st1 * self.st1, n as i128)?;
+        if var <= 0.0 {
+            return Ok(NAN);
+        }
+        Ok((self.std - self.st1 as f64 * self.s1 / n as f64) / var)
+    }
+
+    fn xs_vec(&self) -> Vec<f64> {
+        self.xs.iter().copied().collect()
+    }
+}
+
+// -- CycleRise --------------------------------------------------------------------------------
+
+struct CycleRise {
+    metric: String,
+    metric_py: Py<PyString>,
+    cycle_metric: Option<String>,
+    cycle_metric_py: Option<Py<PyString>>,
+    start: f64,
+    last_cycle: f64,
+    out: f64,
+}
+
+impl CycleRise {
+    fn update(&mut self, x: f64, metrics: &Bound<'_, PyDict>) -> PyResult<()> {
+        let c = match &self.cycle_metric_py {
+            Some(name) => match metrics.get_item(name.bind(metrics.py()))? {
+                Some(v) => v.extract::<f64>()?,
+                None => NAN,
+            },
+            None => NAN,
+        };
+        if self.start.is_nan() || (!c.is_nan() && !self.last_cycle.is_nan() && c <= self.last_cycle) {
+            self.start = x;
+        }
+        self.last_cycle = c;
+        self.out = x - self.start;
+        Ok(())
+    }
+}
+
+// -- the signals ------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Sig {
+    Value,
+    Ema,
+    CycleRise,
+    FollowZ,
+    RatioToStart,
+    StartZ,
+    GainT,
+    NoiseRatio,
+    RatioToStartMax,
+    Delta,
+    ShiftZ,
+    LevelRatio,
+    ShiftRel,
+    RangePos,
+    LevelToMax,
+    RatioToMax,
+    OverMaxZ,
+    Median,
+    Min,
+    Max,
+    Range,
+    Mean,
+    Std,
+    TrendZ,
+    TrendTau,
+    Slope,
+    RatioToMedian,
+    Zscore,
+    RobustZ,
+    RelDrop,
+    RelRise,
+    FlatRange,
+    RelTrend,
+    LevelChange,
+    SignFlipRate,
+    DiffRatio,
+    Autocorr,
+}
+
+impl Sig {
+    fn parse(s: &str) -> Option<Sig> {
+        use Sig::*;
+        Some(match s {
+            "value" => Value,
+            "ema" => Ema,
+            "cycle_rise" => CycleRise,
+            "follow_z" => FollowZ,
+            "ratio_to_start" => RatioToStart,
+            "start_z" => StartZ,
+            "gain_t" => GainT,
+            "noise_ratio" => NoiseRatio,
+            "ratio_to_start_max" => RatioToStartMax,
+            "delta" => Delta,
+            "shift_z" => ShiftZ,
+            "level_ratio" => LevelRatio,
+            "shift_rel" => ShiftRel,
+            "range_pos" => RangePos,
+            "level_to_max" => LevelToMax,
+            "ratio_to_max" => RatioToMax,
+            "over_max_z" => OverMaxZ,
+            "median" => Median,
+            "min" => Min,
+            "max" => Max,
+            "range" => Range,
+            "mean" => Mean,
+            "std" => Std,
+            "trend_z" => TrendZ,
+            "trend_tau" => TrendTau,
+            "slope" => Slope,
+            "ratio_to_median" => RatioToMedian,
+            "zscore" => Zscore,
+            "robust_z" => RobustZ,
+            "rel_drop" => RelDrop,
+            "rel_rise" => RelRise,
+            "flat_range" => FlatRange,
+            "rel_trend" => RelTrend,
+            "level_change" => LevelChange,
+            "sign_flip_rate" => SignFlipRate,
+            "diff_ratio" => DiffRatio,
+            "autocorr" => Autocorr,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Spec {
+    sig: Sig,
+    trk: usize,
+    /// the window read (the level window of ratio_to_start, start_z, ratio_to_start_max)
+    win: usize,
+    /// follow_z: the second metric's window
+    other: usize,
+    cycle: usize,
+    window: i64,
+    need_points: i64,
+    warm: i64,
+}
+
+struct ReaderDef {
+    spec: Spec,
+    memo_version: i64,
+    memo: f64,
+}
+
+struct Core {
+    step: i64,
+    version: i64,
+    tracks: Vec<Track>,
+    track_keys: HashMap<(String, Option<i64>), usize>,
+    by_metric: Vec<(Py<PyString>, Vec<usize>)>,
+    by_metric_keys: HashMap<String, usize>,
+    windows: Vec<Window>,
+    window_keys: HashMap<(String, Option<i64>, i64), usize>,
+    cycles: Vec<CycleRise>,
+    cycle_keys: HashMap<(String, Option<String>), usize>,
+    readers: Vec<ReaderDef>,
+}
+
+const NONE: usize = usize::MAX;
+
+impl Core {
+    fn new() -> Core {
+        Core {
+            step: -1,
+            version: 0,
+            tracks: Vec::new(),
+            track_keys: HashMap::new(),
+            by_metric: Vec::new(),
+            by_metric_keys: HashMap::new(),
+            windows: Vec::new(),
+            window_keys: HashMap::new(),
+            cycles: Vec::new(),
+            cycle_keys: HashMap::new(),
+            readers: Vec::new(),
+        }
+    }
+
+    fn track(&mut self, py: Python<'_>, metric: &str, smooth: Option<i64>) -> PyResult<usize> {
+        let key = (metric.to_string(), smooth);
+        if let Some(&i) = self.track_keys.get(&key) {
+            return Ok(i);
+        }
+        let i = self.tracks.len();
+        self.tracks.push(Track::new(metric.to_string(), smooth)?);
+        self.track_keys.insert(key, i);
+        match self.by_metric_keys.get(metric) {
+            Some(&j) => self.by_metric[j].1.push(i),
+            None => {
+                self.by_metric_keys.insert(metric.to_string(), self.by_metric.len());
+                self.by_metric
+                    .push((PyString::intern_bound(py, metric).unbind(), vec![i]));
+            }
+        }
+        Ok(i)
+    }
+
+    fn window(&mut self, trk: usize, steps: i64, points: i64) -> usize {
+        let t = &self.tracks[trk];
+        let key = (t.metric.clone(), t.smooth, steps);
+        let w = match self.window_keys.get(&key) {
+            Some(&w) => w,
+            None => {
+                let w = self.windows.len();
+                self.windows.push(Window::new(trk, steps, points));
+                self.window_keys.insert(key, w);
+                w
+            }
+        };
+        let win = &mut self.windows[w];
+        win.points = win.points.max(points);
+        let p = win.points;
+        self.tracks[trk].need(steps, p);
+        w
+    }
+
+    #[inline]
+    fn sync(&mut self, w: usize) {
+        let win = &mut self.windows[w];
+        win.sync(&self.tracks[win.track]);
+    }
+
+    fn read(&mut self, py: Python<'_>, idx: usize) -> PyResult<f64> {
+        let r = &self.readers[idx];
+        let spec = r.spec;
+        let trk = &self.tracks[spec.trk];
+        if trk.last_step != Some(self.step) {
+            return Ok(NAN);
+        }
+        let x = trk.cur;
+        if x - x != 0.0 {
+            return Ok(x);
+        }
+        if trk.n < spec.need_points {
+            return Ok(NAN);
+        }
+        let first = trk.first_step.ok_or_else(|| {
+            PyTypeError::new_err("unsupported operand type(s) for -: 'int' and 'NoneType'")
+        })?;
+        if self.step - first < spec.warm {
+            return Ok(NAN);
+        }
+        if r.memo_version == self.version {
+            return Ok(r.memo);
+        }
+        let v = self.value(py, &spec)?;
+        let r = &mut self.readers[idx];
+        r.memo = v;
+        r.memo_version = self.version;
+        Ok(v)
+    }
+
+    fn split(&mut self, py: Python<'_>, w: usize) -> PyResult<()> {
+        self.sync(w);
+        let win = &mut self.windows[w];
+        let total = self.tracks[win.track].total;
+        if let Some((t, _)) = &win.cache_split {
+            if *t == total {
+                return Ok(());
+            }
+        }
+        let n = win.xs.len() as i64;
+        let edge = dq_last(&win.st)? - LEVEL_STEPS;
+        let mut k = 0i64;
+        while k < n && win.st[(n - 1 - k) as usize] > edge {
+            k += 1;
+        }
+        let k = k.max(LEVEL_POINTS);
+        let out = if n - k < SPLIT_REF_POINTS {
+            Split { level: NAN, med: NAN, reference: None, k, scale: Some(NAN) }
+        } else {
+            let lastv: Vec<f64> = (0..k).map(|i| win.xs[(n - 1 - i) as usize]).collect();
+            let mut reference = win.srt().to_vec();
+            for x in &lastv {
+                let at = bisect_left(&reference, *x, 0);
+                if at >= reference.len() {
+                    return Err(index_error());
+                }
+                reference.remove(at);
+            }
+            let level = median_of(&sorted(py, lastv)?);
+            let med = median_of(&reference);
+            Split { level, med, reference: Some(reference), k, scale: None }
+        };
+        win.cache_split = Some((total, out));
+        Ok(())
+    }
+
+    fn split_ref_scale(&mut self, py: Python<'_>, w: usize) -> PyResult<f64> {
+        let win = &mut self.windows[w];
+        let sp = &mut win.cache_split.as_mut().unwrap().1;
+        if let Some(s) = sp.scale {
+            return Ok(s);
+        }
+        let s = robust_scale(py, sp.reference.as_deref().unwrap_or(&[]), sp.med)?;
+        sp.scale = Some(s);
+        Ok(s)
+    }
+
+    fn value(&mut self, py: Python<'_>, r: &Spec) -> PyResult<f64> {
+        use Sig::*;
+        let window = r.window;
+        match r.sig {
+            Value => {
+                let trk = &self.tracks[r.trk];
+                if trk.smoothed_flag() {
+                    dq_last(&trk.values)
+                } else {
+                    Ok(trk.cur)
+                }
+            }
+            Ema => Ok(self.tracks[r.trk].ema(window)),
+            CycleRise => Ok(self.cycles[r.cycle].out),
+            FollowZ => {
+                self.sync(r.win);
+                let z = self.windows[r.win].trend_z();
+                self.sync(r.other);
+                let other = &self.windows[r.other];
+                if self.tracks[other.track].last_step != self.tracks[r.trk].last_step {
+                    return Ok(NAN);
+                }
+                Ok(if !z.is_nan() && z != 0.0 { ratio(other.trend_z(), z) } else { NAN })
+            }
+            RatioToStart => {
+                self.sync(r.win);
+                let trk = &self.tracks[r.trk];
+                Ok(ratio(self.windows[r.win].median(), trk.baseline(window)))
+            }
+            StartZ => {
+                self.sync(r.win);
+                let trk = &self.tracks[r.trk];
+                Ok(zscore(
+                    self.windows[r.win].median(),
+                    trk.baseline(window),
+                    trk.baseline_stat(window, 1),
+                ))
+            }
+            RatioToStartMax => {
+                self.sync(r.win);
+                let trk = &self.tracks[r.trk];
+                Ok(ratio(self.windows[r.win].median(), trk.baseline_stat(window, 3)))
+            }
+            GainT => {
+                self.sync(r.win);
+                let w = &self.windows[r.win];
+                let trk = &self.tracks[r.trk];
+                let n_r = w.xs.len();
+                let n_b = trk.baseline_stat(window, 2);
+                if n_r < 2 || !(n_b >= 2.0) {
+                    return Ok(NAN);
+                }
+                let med_r = w.median();
+                let s_r = robust_scale(py, &w.xs_vec(), med_r)?;
+                let s_b = trk.baseline_stat(window, 1);
+                let se = MEAN_AD_SCALE
+                    * (fdiv(s_r * s_r, n_r as f64)? + fdiv(s_b * s_b, n_b)?).sqrt();
+                Ok(zscore(med_r, trk.baseline(window), se))
+            }
+            NoiseRatio => {
+                self.sync(r.win);
+                let w = &self.windows[r.win];
+                let trk = &self.tracks[r.trk];
+                if let Some((t, v)) = w.cache_noise {
+                    if t == trk.total {
+                        return Ok(v);
+                    }
+                }
+                let out = ratio(diff_scale(py, &w.xs_vec())?, trk.baseline_stat(window, 4));
+                let total = trk.total;
+                self.windows[r.win].cache_noise = Some((total, out));
+                Ok(out)
+            }
+            Delta => {
+                let v = &self.tracks[r.trk].values;
+                let n = v.len();
+                Ok(if n >= 2 { v[n - 1] - v[n - 2] } else { NAN })
+            }
+            ShiftZ => {
+                self.split(py, r.win)?;
+                let (level, med, has_ref) = {
+                    let sp = &self.windows[r.win].cache_split.as_ref().unwrap().1;
+                    (sp.level, sp.med, sp.reference.is_some())
+                };
+                if !has_ref {
+                    return Ok(NAN);
+                }
+                let scale = self.split_ref_scale(py, r.win)?;
+                Ok(zscore(level, med, scale))
+            }
+            LevelRatio => {
+                self.split(py, r.win)?;
+                let sp = &self.windows[r.win].cache_split.as_ref().unwrap().1;
+                Ok(ratio(sp.level, sp.med))
+            }
+            ShiftRel => {
+                self.split(py, r.win)?;
+                let sp = &self.windows[r.win].cache_split.as_ref().unwrap().1;
+                Ok(ratio(sp.level - sp.med, sp.med.abs()))
+            }
+            LevelToMax => {
+                self.split(py, r.win)?;
+                let sp = &self.windows[r.win].cache_split.as_ref().unwrap().1;
+                match &sp.reference {
+                    None => Ok(NAN),
+                    Some(rf) => Ok(ratio(sp.level, last(rf)?)),
+                }
+            }
+            OverMaxZ => {
+                self.split(py, r.win)?;
+                let w = &self.windows[r.win];
+                let sp = &w.cache_split.as_ref().unwrap().1;
+                let Some(rf) = &sp.reference else {
+                    return Ok(NAN);
+                };
+                let top = last(rf)?;
+                let end = (w.xs.len() as i64 - sp.k).max(0) as usize;
+                let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
+                let level = sp.level;
+                Ok(zscore(level, top, diff_scale(py, &head)?))
+            }
+            RangePos => {
+                self.split(py, r.win)?;
+                let w = &self.windows[r.win];
+                let sp = &w.cache_split.as_ref().unwrap().1;
+                let srt = w.srt();
+                let (lo, hi) = (first(srt)?, last(srt)?);
+                Ok(if hi > lo { fdiv(sp.level - lo, hi - lo)? } else { NAN })
+            }
+            RatioToMax => {
+                self.sync(r.win);
+                let w = &self.windows[r.win];
+                let n = w.xs.len();
+                if n < 2 {
+                    return Ok(NAN);
+                }
+                let x = w.xs[n - 1];
+                let srt = w.srt();
+                let m = srt.len();
+                if m < 2 {
+                    return Err(index_error());
+                }
+                let lo = if srt[0] == x { srt[1] } else { srt[0] };
+                let hi = if srt[m - 1] == x { srt[m - 2] } else { srt[m - 1] };
+                Ok(ratio(x.abs(), py_max(lo.abs(), hi.abs())))
+            }
+            Median => {
+                self.sync(r.win);
+                Ok(self.windows[r.win].median())
+            }
+            Min => {
+                self.sync(r.win);
+                first(self.windows[r.win].srt())
+            }
+            Max => {
+                self.sync(r.win);
+                last(self.windows[r.win].srt())
+            }
+            Range => {
+                self.sync(r.win);
+                let srt = self.windows[r.win].srt();
+                Ok(last(srt)? - first(srt)?)
+            }
+            Mean => {
+                self.sync(r.win);
+                Ok(self.windows[r.win].mean_std(false)?.0)
+            }
+            Std => {
+                self.sync(r.win);
+                Ok(self.windows[r.win].mean_std(false)?.1)
+            }
+            TrendZ => {
+                self.sync(r.win);
+                Ok(self.windows[r.win].trend_z())
+            }
+            TrendTau => {
+                self.sync(r.win);
+                Ok(self.windows[r.win].trend_tau())
+            }
+            Slope => {
+                self.sync(r.win);
+                self.windows[r.win].slope(py)
+            }
+            RatioToMedian => {
+                self.sync(r.win);
+                let w = &self.windows[r.win];
+                let before = w.median_before()?;
+                Ok(ratio(dq_last(&w.xs)?, before))
+            }
+            Zscore => {
+                self.sync(r.win);
+                let w = &self.windows[r.win];
+                let (m, s) = w.mean_std(true)?;
+                let x = dq_last(&w.xs)?;
+                if s.is_nan() {
+                    return Ok(NAN);
+                }
+                Ok(if s > 0.0 {
+                    (x - m) / s
+                } else if x == m {
+                    0.0
+                } else {
+                    INF.copysign(x - m)
+                })
+            }
+            RobustZ => {
+                self.sync(r.win);
+                let w = &self.windows[r.win];
+                let med = w.median_before()?;
+                let n = w.xs.len();
+                let dev: Vec<f64> =
+                    w.xs.iter().take(n.saturating_sub(1)).map(|v| (v - med).abs()).collect();
+                let mad = median_of(&sorted(py, dev)?) * 1.4826;
+                let x = dq_last(&w.xs)?;
+                Ok(if mad > 0.0 {
+                    (x - med) / mad
+                } else if x == med {
+                    0.0
+                } else {
+                    INF.copysign(x - med)
+                })
+            }
+            RelDrop => {
+                self.sync(r.win);
+                let w = &self.windows[r.win];
+                let peak = last(w.srt())?;
+                let x = dq_last(&w.xs)?;
+                Ok(if peak != 0.0 { (peak - x) / peak.abs() } else { NAN })
+            }
+            RelRise => {
+                self.sync(r.win);
+                let w = &self.windows[r.win];
+                let low = first(w.srt())?;
+                let x = dq_last(&w.xs)?;
+                Ok(if low != 0.0 { (x - low) / low.abs() } else { NAN })
+            }
+            FlatRange => {
+                self.sync(r.win);
+                let w = &self.windows[r.win];
+                let srt = w.srt();
+                let (lo, hi) = (first(srt)?, last(srt)?);
+                let m = w.mean_std(false)?.0;
+                Ok(if m != 0.0 { (hi - lo) / m.abs() } else { NAN })
+            }
+            RelTrend => {
+                self.sync(r.win);
+                let w = &self.windows[r.win];
+                let span = dq_last(&w.st)? - w.st[0] + 1;
+                if span < window.div_euclid(2) {
+                    return Ok(NAN);
+                }
+                let slope = w.slope(py)?;
+                Ok(slope * window as f64 / py_max(w.median().abs(), 1e-12))
+            }
+            LevelChange => {
+                self.sync(r.win);
+                let w = &self.windows[r.win];
+                if dq_last(&w.st)? - w.st[0] + 1 < window.div_euclid(2) {
+                    return Ok(NAN);
+                }
+                let v = w.xs_vec();
+                let n = v.len();
+                let k = 5usize.max(n / 10);
+                let tail = v[n.saturating_sub(k)..].to_vec();
+                let head = v[..k.min(n)].to_vec();
+                Ok(ratio(median_of(&sorted(py, tail)?), median_of(&sorted(py, head)?)) - 1.0)
+            }
+            SignFlipRate | DiffRatio => {
+                self.sync(r.win);
+                let total = self.tracks[r.trk].total;
+                let w = &self.windows[r.win];
+                let out = match w.cache_flip {
+                    Some((t, v)) if t == total => v,
+                    _ => {
+                        let v = w.xs_vec();
+                        let out = flip_and_diff(&v)?;
+                        self.windows[r.win].cache_flip = Some((total, out));
+                        out
+                    }
+                };
+                Ok(if r.sig == SignFlipRate { out.0 } else { out.1 })
+            }
+            Autocorr => {
+                let total = self.tracks[r.trk].total;
+                let every = 1i64.max(window.div_euclid(20));
+                {
+                    let w = &self.windows[r.win];
+                    let since = total - w.cache_at;
+                    if 0 <= since && since < every {
+                        return Ok(w.cache_ac.unwrap_or(NAN));
+                    }
+                }
+                self.windows[r.win].cache_at = total;
+                self.sync(r.win);
+                let v = self.windows[r.win].xs_vec();
+                let f = py.import_bound("streams.signals")?.getattr("_autocorr")?;
+                let out: f64 = f.call1((PyList::new_bound(py, &v),))?.extract()?;
+                self.windows[r.win].cache_ac = Some(out);
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// (sign flip rate, diff ratio) of a window's values.
+fn flip_and_diff(v: &[f64]) -> PyResult<(f64, f64)> {
+    let n = v.len();
+    let d: Vec<f64> = v.windows(2).map(|w| w[1] - w[0]).collect();
+    if d.len() < 2 {
+        return Ok((NAN, NAN));
+    }
+    let mut pairs = 0usize;
+    let mut neg = 0usize;
+    for w in d.windows(2) {
+        let p = w[0] * w[1];
+        if p != 0.0 || p.is_nan() {
+            pairs += 1;
+            if p < 0.0 {
+                neg += 1;
+            }
+        }
+    }
+    let flips = if pairs > 0 { neg as f64 / pairs as f64 } else { NAN };
+    let c = v[0];
+    let x: Vec<f64> = v.iter().map(|a| a - c).collect();
+    let s1 = psum(x.iter().copied());
+    let nf = n as f64;
+    let sx = py_max(0.0, psum(x.iter().map(|a| a * a)) / nf - py_pow(s1 / nf, 2.0)?).sqrt();
+    let m = d.len() as f64;
+    let sd1 = psum(d.iter().copied());
+    let sd = py_max(0.0, psum(d.iter().map(|a| a * a)) / m - py_pow(sd1 / m, 2.0)?).sqrt();
+    let mut scale = v[0].abs();
+    for a in &v[1..] {
+        let a = a.abs();
+        if a > scale {
+            scale = a;
+        }
+    }
+    let ratio = if scale > 0.0 { fdiv(sd, sx + 1e-12 * scale)? } else { 0.0 };
+    Ok((flips, ratio))
+}
+
+// -- the Python classes -----------------------------------------------------------------------
+
+fn lock(core: &Arc<Mutex<Core>>) -> PyResult<MutexGuard<'_, Core>> {
+    match core.try_lock() {
+        Ok(g) => Ok(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => Err(PyRuntimeError::new_err(
+            "streams._native.Bank used from two threads at once",
+        )),
+    }
+}
+
+/// A reader of one signal (see Bank.metric): called with no argument, gives the value now.
+#[pyclass(module = "streams._native")]
+struct Reader {
+    core: Arc<Mutex<Core>>,
+    idx: usize,
+}
+
+#[pymethods]
+impl Reader {
+    fn __call__(&self, py: Python<'_>) -> PyResult<f64> {
+        lock(&self.core)?.read(py, self.idx)
+    }
+}
+
+/// A copy of one track's values (Bank.tracks), for inspection.
+#[pyclass(module = "streams._native")]
+struct TrackView {
+    #[pyo3(get)]
+    metric: String,
+    #[pyo3(get)]
+    smooth: Option<i64>,
+    #[pyo3(get)]
+    steps: Vec<i64>,
+    #[pyo3(get)]
+    values: Vec<f64>,
+    #[pyo3(get)]
+    total: i64,
+    #[pyo3(get)]
+    n: i64,
+    #[pyo3(get)]
+    first_step: Option<i64>,
+    #[pyo3(get)]
+    last_step: Option<i64>,
+    #[pyo3(get)]
+    cur: f64,
+    smoothed_value: f64,
+    emas: Vec<(i64, f64)>,
+    bases: Vec<(i64, Vec<f64>)>,
+}
+
+#[pymethods]
+impl TrackView {
+    fn smoothed(&self) -> f64 {
+        self.smoothed_value
+    }
+
+    fn ema(&self, span: i64) -> f64 {
+        self.emas.iter().find(|(s, _)| *s == span).map(|(_, v)| *v).unwrap_or(NAN)
+    }
+
+    fn baseline(&self, window: i64) -> f64 {
+        self.baseline_stat(window, 0)
+    }
+
+    fn baseline_stat(&self, window: i64, i: usize) -> f64 {
+        self.bases
+            .iter()
+            .find(|(w, _)| *w == window)
+            .and_then(|(_, v)| v.get(i).copied())
+            .unwrap_or(NAN)
+    }
+}
+
+/// The tracks and windows of one rank of one run (streams.signals.Bank, in Rust).
+#[pyclass(module = "streams._native")]
+struct Bank {
+    core: Arc<Mutex<Core>>,
+    readers: Py<PyDict>,
+}
+
+#[pymethods]
+impl Bank {
+    #[new]
+    fn new(py: Python<'_>) -> Bank {
+        Bank { core: Arc::new(Mutex::new(Core::new())), readers: PyDict::new_bound(py).unbind() }
+    }
+
+    #[getter]
+    fn get_step(&self) -> PyResult<i64> {
+        Ok(lock(&self.core)?.step)
+    }
+
+    #[setter]
+    fn set_step(&self, step: i64) -> PyResult<()> {
+        lock(&self.core)?.step = step;
+        Ok(())
+    }
+
+    #[getter]
+    fn get_version(&self) -> PyResult<i64> {
+        Ok(lock(&self.core)?.version)
+    }
+
+    #[setter]
+    fn set_version(&self, version: i64) -> PyResult<()> {
+        lock(&self.core)?.version = version;
+        Ok(())
+    }
+
+    /// Whether any track is read (the Python class has a dict here: only its truth is used).
+    #[getter]
+    fn by_metric(&self) -> PyResult<bool> {
+        Ok(!lock(&self.core)?.by_metric.is_empty())
+    }
+
+    /// {(metric, smooth): a copy of the track}
+    #[getter]
+    fn tracks(&self, py: Python<'_>) -> PyResult<PyObject> {
+        let core = lock(&self.core)?;
+        let out = PyDict::new_bound(py);
+        for t in &core.tracks {
+            let view = TrackView {
+                metric: t.metric.clone(),
+                smooth: t.smooth,
+                steps: t.steps.iter().copied().collect(),
+                values: t.values.iter().copied().collect(),
+                total: t.total,
+                n: t.n,
+                first_step: t.first_step,
+                last_step: t.last_step,
+                cur: t.cur,
+                smoothed_value: t.smoothed(),
+                emas: t.emas.iter().map(|(s, _)| (*s, t.ema(*s))).collect(),
+                bases: t
+                    .baselines
+                    .iter()
+                    .filter_map(|(w, b)| match b {
+                        Baseline::Frozen { v, .. } => Some((*w, v.clone())),
+                        _ => None,
+                    })
+                    .collect(),
+            };
+            out.set_item((t.metric.clone(), t.smooth), Py::new(py, view)?)?;
+        }
+        Ok(out.into_py(py))
+    }
+
+    /// A reader of ``signal`` of ``metric`` (see rules.compile.Source); shared by every
+    /// condition that reads the same thing.
+    #[pyo3(signature = (metric, signal, window, smooth, cycle_metric, min_steps, min_points, ready_points=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn metric(
+        &self,
+        py: Python<'_>,
+        metric: &Bound<'_, PyAny>,
+        signal: &Bound<'_, PyAny>,
+        window: &Bound<'_, PyAny>,
+        smooth: &Bound<'_, PyAny>,
+        cycle_metric: &Bound<'_, PyAny>,
+        min_steps: &Bound<'_, PyAny>,
+        min_points: &Bound<'_, PyAny>,
+        ready_points: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyObject> {
+        let one = 1i64.into_py(py).into_bound(py);
+        let ready_points = ready_points.unwrap_or(&one);
+        let key = PyTuple::new_bound(
+            py,
+            [metric, signal, window, smooth, cycle_metric, min_steps, min_points, ready_points],
+        );
+        let readers = self.readers.bind(py);
+        if let Some(r) = readers.get_item(&key)? {
+            return Ok(r.unbind());
+        }
+        let metric_s: String = metric.extract()?;
+        let signal_s: String = signal.extract()?;
+        let window_i: Option<i64> = opt_i64(window)?;
+        let smooth_i: Option<i64> = opt_i64(smooth)?;
+        let cycle_s: Option<String> =
+            if cycle_metric.is_none() { None } else { Some(cycle_metric.extract()?) };
+        let min_steps: i64 = min_steps.extract()?;
+        let min_points: i64 = min_points.extract()?;
+        let ready_points: i64 = ready_points.extract()?;
+        let need_window = || {
+            window_i.ok_or_else(|| PyTypeError::new_err(format!("{signal_s} needs a window")))
+        };
+
+        let mut core = lock(&self.core)?;
+        let trk = core.track(py, &metric_s, smooth_i)?;
+        let (mut win, mut other, mut cycle) = (NONE, NONE, NONE);
+        match signal_s.as_str() {
+            "ema" => {
+                let w = need_window()?;
+                let t = &mut core.tracks[trk];
+                if !t.ema_spans.contains(&w) {
+                    t.ema_spans.push(w);
+                }
+            }
+            "follow_z" => {
+                let w = need_window()?;
+                win = core.window(trk, w, min_points);
+                core.windows[win].need_mk();
+                let name = cycle_s
+                    .clone()
+                    .ok_or_else(|| PyTypeError::new_err("follow_z needs a second metric"))?;
+                let ot = core.track(py, &name, smooth_i)?;
+                other = core.window(ot, w, min_points);
+                core.windows[other].need_mk();
+            }
+            "gain_t" | "noise_ratio" => {
+                let w = need_window()?;
+                let t = &mut core.tracks[trk];
+                if !t.baselines.iter().any(|(k, _)| *k == w) {
+                    t.baselines.push((w, Baseline::Collecting(Vec::new())));
+                }
+                win = core.window(trk, w, min_points);
+                core.windows[win].need_sorted();
+            }
+            "ratio_to_start" | "start_z" | "ratio_to_start_max" => {
+                let w = need_window()?;
+                let t = &mut core.tracks[trk];
+                if !t.baselines.iter().any(|(k, _)| *k == w) {
+                    t.baselines.push((w, Baseline::Collecting(Vec::new())));
+                }
+                win = core.window(trk, LEVEL_STEPS, LEVEL_POINTS);
+                core.windows[win].need_sorted();
+            }
+            "cycle_rise" => {
+                let key = (metric_s.clone(), cycle_s.clone());
+                cycle = match core.cycle_keys.get(&key) {
+                    Some(&c) => c,
+                    None => {
+                        let c = core.cycles.len();
+                        core.cycles.push(CycleRise {
+                            metric: metric_s.clone(),
+                            metric_py: PyString::intern_bound(py, &metric_s).unbind(),
+                            cycle_metric: cycle_s.clone(),
+                            cycle_metric_py: cycle_s
+                                .as_deref()
+                                .map(|s| PyString::intern_bound(py, s).unbind()),
+                            start: NAN,
+                            last_cycle: NAN,
+                            out: NAN,
+                        });
+                        core.cycle_keys.insert(key, c);
+                        c
+                    }
+                };
+            }
+            "value" | "delta" => {
+                core.tracks[trk].need(1, 2);
+            }
+            s => {
+                let w = need_window()?;
+                win = core.window(trk, w, min_points);
+                let wd = &mut core.windows[win];
+                if matches!(s, "mean" | "std" | "zscore" | "slope" | "rel_trend" | "flat_range") {
+                    wd.need_sums();
+                }
+                if matches!(s, "trend_z" | "trend_tau") {
+                    wd.need_mk();
+                } else if matches!(
+                    s,
+                    "median"
+                        | "min"
+                        | "max"
+                        | "range"
+                        | "ratio_to_median"
+                        | "robust_z"
+                        | "rel_drop"
+                        | "rel_rise"
+                        | "flat_range"
+                        | "rel_trend"
+                        | "shift_z"
+                        | "level_ratio"
+                        | "shift_rel"
+                        | "range_pos"
+                        | "level_to_max"
+                        | "over_max_z"
+                        | "ratio_to_max"
+                ) {
+                    wd.need_sorted();
+                }
+            }
+        }
+        let sig = Sig::parse(&signal_s)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown signal {:?}", signal_s)))?;
+        let spec = Spec {
+            sig,
+            trk,
+            win,
+            other,
+            cycle,
+            window: window_i.unwrap_or(0),
+            need_points: ready_points.max(min_steps.min(5)),
+            warm: 0i64.max(min_steps - 1),
+        };
+        let idx = core.readers.len();
+        core.readers.push(ReaderDef { spec, memo_version: -1, memo: NAN });
+        drop(core);
+        let reader = Py::new(py, Reader { core: self.core.clone(), idx })?;
+        readers.set_item(key, &reader)?;
+        Ok(reader.into_py(py))
+    }
+
+    /// Push one step's metrics into the tracks that rules read.
+    fn update(&self, py: Python<'_>, step: i64, metrics: &Bound<'_, PyDict>) -> PyResult<()> {
+        let mut guard = lock(&self.core)?;
+        let core = &mut *guard;
+        core.step = step;
+        core.version += 1;
+        for (name, tracks) in &core.by_metric {
+            if let Some(x) = metrics.get_item(name.bind(py))? {
+                let x: f64 = x.extract()?;
+                for &t in tracks {
+                    core.tracks[t].push(py, step, x)?;
+                }
+            }
+        }
+        for cyc in core.cycles.iter_mut() {
+            if let Some(x) = metrics.get_item(cyc.metric_py.bind(py))? {
+                let x: f64 = x.extract()?;
+                if x - x == 0.0 {
+                    cyc.update(x, metrics)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The EMA of each metric that rules read smoothed (the shortest span), as they read it.
+    fn smoothed(&self, py: Python<'_>) -> PyResult<PyObject> {
+        let core = lock(&self.core)?;
+        let mut out: BTreeMap<String, (i64, f64)> = BTreeMap::new();
+        for t in &core.tracks {
+            let mut spans: Vec<(i64, f64)> = t.ema_spans.iter().map(|s| (*s, t.ema(*s))).collect();
+            if let Some(s) = t.smooth {
+                if s != 0 {
+                    spans.push((s, t.smoothed()));
+                }
+            }
+            for (span, v) in spans {
+                if v == v {
+                    let better = match out.get(&t.metric) {
+                        None => true,
+                        Some((s0, _)) => span < *s0,
+                    };
+                    if better {
+                        out.insert(t.metric.clone(), (span, v));
+                    }
+                }
+            }
+        }
+        let d = PyDict::new_bound(py);
+        for (m, (_, v)) in out {
+            d.set_item(m, v)?;
+        }
+        Ok(d.into_py(py))
+    }
+
+    fn to_state(&self, py: Python<'_>) -> PyResult<PyObject> {
+        let core = lock(&self.core)?;
+        let tracks = PyList::empty_bound(py);
+        for t in &core.tracks {
+            if t.n != 0 || t.last_step.is_some() {
+                let item = PyList::empty_bound(py);
+                item.append(&t.metric)?;
+                item.append(t.smooth)?;
+                item.append(t.to_state(py)?)?;
+                tracks.append(item)?;
+            }
+        }
+        let cycles = PyList::empty_bound(py);
+        for c in &core.cycles {
+            let vals = PyList::new_bound(
+                py,
+                [enc(py, c.start), enc(py, c.last_cycle), enc(py, c.out)],
+            );
+            let item = PyList::empty_bound(py);
+            item.append(&c.metric)?;
+            item.append(&c.cycle_metric)?;
+            item.append(vals)?;
+            cycles.append(item)?;
+        }
+        let d = PyDict::new_bound(py);
+        d.set_item("tracks", tracks)?;
+        d.set_item("cycles", cycles)?;
+        Ok(d.into_py(py))
+    }
+
+    /// Restore values into the tracks this bank was compiled with (others are dropped).
+    fn load(&self, state: &Bound<'_, PyAny>) -> PyResult<()> {
+        let mut core = lock(&self.core)?;
+        core.version += 1;
+        let empty = PyList::empty_bound(state.py());
+        let tracks = state.call_method1("get", ("tracks", &empty))?;
+        for item in tracks.iter()? {
+            let item = item?;
+            let m = item.get_item(0)?;
+            let s = item.get_item(1)?;
+            let st = item.get_item(2)?;
+            if item.len()? != 3 {
+                return Err(PyValueError::new_err("a track of a state is [metric, smooth, state]"));
+            }
+            let Ok(m) = m.extract::<String>() else { continue };
+            let Some(s) = key_smooth(&s) else { continue };
+            if let Some(&i) = core.track_keys.get(&(m, s)) {
+                core.tracks[i].load(&st)?;
+            }
+        }
+        let cycles = state.call_method1("get", ("cycles", &empty))?;
+        for item in cycles.iter()? {
+            let item = item?;
+            let m = item.get_item(0)?;
+            let c = item.get_item(1)?;
+            let vals = item.get_item(2)?;
+            let (a, b, o) = (vals.get_item(0)?, vals.get_item(1)?, vals.get_item(2)?);
+            if vals.len()? != 3 {
+                return Err(PyValueError::new_err("a cycle of a state holds three values"));
+            }
+            let Ok(m) = m.extract::<String>() else { continue };
+            let c: Option<String> = if c.is_none() {
+                None
+            } else {
+                match c.extract::<String>() {
+                    Ok(c) => Some(c),
+                    Err(_) => continue,
+                }
+            };
+            if let Some(&i) = core.cycle_keys.get(&(m, c)) {
+                let x = &mut core.cycles[i];
+                x.start = dec(&a)?;
+                x.last_cycle = dec(&b)?;
+                x.out = dec(&o)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[pymodule]
+#[pyo3(name = "_native")]
+fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Bank>()?;
+    m.add_class::<Reader>()?;
+    m.add_class::<TrackView>()?;
+    Ok(())
+}

@@ -1,0 +1,341 @@
+"""The native signal bank (streams._native, built from native/ in Rust) gives the numbers of the
+pure one (streams.signals.PyBank, the reference) bit for bit: every reader of every signal at
+every step, on random streams with gaps, NaN/inf, constant stretches and long runs, read at
+irregular steps; the same run states; the same alerts through the whole pipeline.
+
+The native module must be built for these tests (scripts/install.sh builds it; CI too): they
+fail when it is missing, unless RLWATCH_NATIVE=0 is set (the pure core on purpose)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rules.schema import MIN_POINTS, READY_POINTS
+from streams import signals
+from streams.signals import PyBank
+
+if os.environ.get("RLWATCH_NATIVE", "1") == "0":
+    pytest.skip("RLWATCH_NATIVE=0: the pure core was asked for", allow_module_level=True)
+
+try:
+    from streams._native import Bank as NativeBank
+except ImportError as e:   # a broken build must not pass silently
+    raise AssertionError(
+        f"streams._native is not built ({e}): run `pip install -e .` with a Rust toolchain "
+        "(scripts/install.sh), or set RLWATCH_NATIVE=0 to test the pure core only") from e
+
+SIGNALS = ("value", "ema", "cycle_rise", "follow_z", "ratio_to_start", "start_z", "gain_t",
+           "noise_ratio", "ratio_to_start_max", "delta", "shift_z", "level_ratio", "shift_rel",
+           "range_pos", "level_to_max", "ratio_to_max", "over_max_z", "median", "min", "max",
+           "range", "mean", "std", "trend_z", "trend_tau", "slope", "ratio_to_median", "zscore",
+           "robust_z", "rel_drop", "rel_rise", "flat_range", "rel_trend", "level_change",
+           "sign_flip_rate", "diff_ratio", "autocorr")
+
+
+def test_every_signal_of_the_pure_bank_is_ported():
+    import inspect
+    src = inspect.getsource(signals._signal_reader)
+    named = {s for s in SIGNALS if f'"{s}"' in src}
+    assert named == set(SIGNALS)
+    assert set(MIN_POINTS) == set(SIGNALS)
+
+
+def test_the_native_bank_is_the_one_in_use():
+    assert signals.CORE == "native" and signals.Bank is NativeBank
+    assert signals.core_note() is None
+
+
+# -- the comparison ----------------------------------------------------------------------------
+
+def same(a, b) -> bool:
+    """Equal bit for bit (any NaN equals any NaN: the reference's NaNs carry no meaning)."""
+    if isinstance(a, float) and isinstance(b, float):
+        if a != a or b != b:
+            return a != a and b != b
+        return struct.pack("<d", a) == struct.pack("<d", b)
+    return type(a) is type(b) and a == b
+
+
+def call(read):
+    try:
+        return read()
+    except Exception as e:   # what the pure bank raises (or numpy warns, as an error under
+        return type(e).__name__   # pytest), the native one must raise too
+
+
+def canon(state) -> str:
+    """A state as JSON text (what a run state becomes): floats by repr, so 0.0 != -0.0."""
+    return json.dumps(state, sort_keys=True, allow_nan=True)
+
+
+def spec(sig, window, smooth, min_steps, *, second="c", ready=None, points=None):
+    return ("m", sig, window, smooth, second if sig in ("cycle_rise", "follow_z") else None,
+            min_steps, MIN_POINTS[sig] if points is None else points,
+            READY_POINTS[sig] if ready is None else ready)
+
+
+class Pair:
+    """The pure and the native bank, compiled with the same readers, fed the same steps."""
+
+    def __init__(self, specs):
+        self.banks = (PyBank(), NativeBank())
+        self.specs = list(specs)
+        self.readers = [[b.metric(*s) for s in self.specs] for b in self.banks]
+        # readers are shared for the same key, as in the pure bank
+        assert self.banks[1].metric(*self.specs[0]) is self.readers[1][0]
+
+    def update(self, step, metrics):
+        for b in self.banks:
+            b.update(step, dict(metrics))
+
+    def check(self, which=None, where=""):
+        py, nat = self.readers
+        for i in (range(len(self.specs)) if which is None else which):
+            a, b = call(py[i]), call(nat[i])
+            assert same(a, b), f"{self.specs[i]} {where}: pure {a!r}, native {b!r}"
+
+    def check_state(self, where=""):
+        sp, sn = (b.to_state() for b in self.banks)
+        assert canon(sp) == canon(sn), where
+        assert self.banks[0].smoothed() == self.banks[1].smoothed(), where
+        assert self.banks[0].version == self.banks[1].version
+        assert self.banks[0].step == self.banks[1].step
+
+
+def stream(rng: random.Random, n: int, *, gaps=True, specials=True, flat=True):
+    """(step, metrics) of a metric "m" and a sawtooth "c" (an update cycle, a second metric)."""
+    step, level, cyc = rng.randrange(0, 50), rng.uniform(-5, 5), 0.0
+    out = []
+    for i in range(n):
+        r = rng.random()
+        if gaps and r < 0.05:
+            step += rng.randrange(2, 12)
+        elif gaps and r < 0.06:
+            step += rng.randrange(30, 400)     # longer than most windows: everything evicted
+        elif gaps and r < 0.065:
+            step -= rng.randrange(0, 3)        # a repeated or older step
+        else:
+            step += 1
+        if rng.random() < 0.02:
+            level += rng.gauss(0, 3)           # a shift
+        x = level + rng.gauss(0, 0.3) + (0.01 * i if rng.random() < 0.3 else 0.0)
+        r = rng.random()
+        if flat and 0.3 < (i % 97) / 97 < 0.45:
+            x = round(level, 1)                # a constant stretch: ties everywhere
+        if specials and r < 0.02:
+            x = rng.choice([math.nan, math.inf, -math.inf])
+        elif specials and r < 0.03:
+            x = rng.choice([0.0, -0.0, 1e-300, -1e12, 1e12])
+        cyc = 0.0 if rng.random() < 0.1 else cyc + 1.0
+        metrics = {"m": x, "c": cyc if rng.random() > 0.03 else math.nan}
+        if rng.random() < 0.05:
+            del metrics["m"]                   # not logged at this step
+        if rng.random() < 0.05:
+            del metrics["c"]
+        out.append((step, metrics))
+    return out
+
+
+ALL_SPECS = [spec(sig, w, sm, ms)
+             for sig in SIGNALS
+             for w in (5, 8, 20, 64)
+             for sm in (None, 3)
+             for ms in (0, 12)]
+
+
+def run_pair(pair: Pair, events, rng: random.Random, *, read_p=0.7, state_every=0):
+    n = len(pair.specs)
+    for i, (step, metrics) in enumerate(events):
+        pair.update(step, metrics)
+        if rng.random() < read_p:
+            which = [j for j in range(n) if rng.random() < read_p]
+            pair.check(which, where=f"event {i} step {step}")
+            if rng.random() < 0.2:      # a second read at the same version: the memo
+                pair.check(which, where=f"event {i} step {step} (again)")
+        if state_every and i % state_every == state_every - 1:
+            pair.check_state(where=f"event {i}")
+    pair.check(where="end")
+    pair.check_state(where="end")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_every_signal_long_seeded_streams(seed):
+    rng = random.Random(seed)
+    pair = Pair(ALL_SPECS)
+    run_pair(pair, stream(rng, 1500), rng, state_every=250)
+
+
+def test_every_signal_read_at_every_step_without_specials():
+    rng = random.Random(7)
+    pair = Pair(ALL_SPECS)
+    run_pair(pair, stream(rng, 700, specials=False), rng, read_p=1.0)
+
+
+def test_a_long_clean_run_with_every_step_logged():
+    """No gaps, no NaN: windows fill and slide, the every-128-points re-summing happens."""
+    rng = random.Random(11)
+    specs = [spec(sig, w, sm, 0) for sig in SIGNALS for w in (20, 300) for sm in (None, 7)]
+    pair = Pair(specs)
+    run_pair(pair, stream(rng, 2000, gaps=False, specials=False, flat=False), rng, read_p=0.5)
+
+
+def test_extreme_magnitudes_give_the_same_numbers_or_the_same_errors():
+    rng = random.Random(5)
+    events = []
+    for i in range(400):
+        x = rng.choice([1e300, -1e300, 1e-310, 5e-324, 1e154, -1e160, 0.0, -0.0,
+                        rng.gauss(0, 1e200), rng.gauss(0, 1)])
+        events.append((i, {"m": x, "c": float(i % 7)}))
+    pair = Pair(ALL_SPECS)
+    run_pair(pair, events, rng, read_p=0.8)
+
+
+@st.composite
+def cases(draw):
+    sigs = draw(st.lists(st.sampled_from(SIGNALS), min_size=1, max_size=4))
+    specs = []
+    for sig in sigs:
+        specs.append(spec(sig, draw(st.sampled_from([1, 2, 3, 5, 6, 10, 25, 40])),
+                          draw(st.sampled_from([None, 1, 2, 5])),
+                          draw(st.sampled_from([0, 1, 3, 8])),
+                          ready=draw(st.sampled_from([None, 0, 1, 6])),
+                          points=draw(st.sampled_from([None, 0, 1, 4, 13]))))
+    value = st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True, width=64),
+        st.floats(-10, 10), st.sampled_from([0.0, -0.0, 1.0, 2.5, -1.0]),
+        st.integers(-3, 3).map(float))
+    n = draw(st.integers(1, 160))
+    steps, s = [], draw(st.integers(0, 5))
+    for _ in range(n):
+        s += draw(st.sampled_from([1, 1, 1, 1, 2, 3, 0, 7, 30]))
+        steps.append(s)
+    events = []
+    for step in steps:
+        m = {}
+        if draw(st.booleans()) or draw(st.booleans()):
+            m["m"] = draw(value)
+        if draw(st.booleans()):
+            m["c"] = draw(st.sampled_from([0.0, 1.0, 2.0, 3.0, math.nan]))
+        events.append((step, m))
+    reads = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    return specs, events, reads
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(cases())
+def test_random_streams_hypothesis(case):
+    specs, events, reads = case
+    pair = Pair(specs)
+    for i, ((step, metrics), read) in enumerate(zip(events, reads)):
+        pair.update(step, metrics)
+        if read:
+            pair.check(where=f"event {i} step {step}")
+    pair.check(where="end")
+    pair.check_state(where="end")
+
+
+# -- states --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("direction", ["pure->native", "native->pure"])
+def test_a_state_written_by_one_bank_continues_in_the_other(direction):
+    rng = random.Random(3)
+    events = stream(rng, 900)
+    first, rest = events[:500], events[500:]
+    src_cls, dst_cls = (PyBank, NativeBank) if direction == "pure->native" else (NativeBank, PyBank)
+
+    def compiled(cls):
+        b = cls()
+        return b, [b.metric(*s) for s in ALL_SPECS]
+
+    src, _ = compiled(src_cls)
+    ref, ref_readers = compiled(PyBank)          # the pure bank that never restarted
+    for step, m in first:
+        src.update(step, dict(m))
+        ref.update(step, dict(m))
+    # through JSON, as a run state is written and read back
+    state = json.loads(json.dumps(src.to_state()))
+    dst, dst_readers = compiled(dst_cls)
+    dst.load(state)
+    dst.step = src.step
+    ref2, ref2_readers = compiled(PyBank)        # the pure bank restarted from the same state
+    ref2.load(json.loads(json.dumps(ref.to_state())))
+    ref2.step = ref.step
+    assert canon(dst.to_state()) == canon(ref2.to_state())
+    for i, (step, m) in enumerate(rest):
+        dst.update(step, dict(m))
+        ref2.update(step, dict(m))
+        for s, a, b in zip(ALL_SPECS, ref2_readers, dst_readers):
+            x, y = call(a), call(b)
+            assert same(x, y), f"{s} event {i}: pure {x!r}, {direction} {y!r}"
+    assert canon(dst.to_state()) == canon(ref2.to_state())
+
+
+def test_load_without_json_keeps_the_same_state():
+    """RunState.bind hands a bank's to_state straight to a new bank's load (no JSON)."""
+    rng = random.Random(9)
+    pair = Pair(ALL_SPECS)
+    for step, m in stream(rng, 400):
+        pair.update(step, m)
+    again = Pair(ALL_SPECS)
+    for b, old in zip(again.banks, pair.banks):
+        b.load(old.to_state())
+        b.step = old.step
+    again.check_state()
+    again.check()
+    for step, m in stream(rng, 200):
+        again.update(step, m)
+        again.check()
+    again.check_state()
+
+
+def test_the_tracks_are_visible_as_in_the_pure_bank():
+    pair = Pair([spec("value", None, 5, 0), spec("ema", 10, None, 0)])
+    for s in range(30):
+        pair.update(s, {"m": float(s % 4)})
+    py, nat = (b.tracks for b in pair.banks)
+    assert set(py) == set(nat) == {("m", 5), ("m", None)}
+    for k in py:
+        assert list(py[k].values) == list(nat[k].values)
+        assert same(py[k].smoothed(), nat[k].smoothed())
+    assert pair.banks[1].by_metric and not NativeBank().by_metric
+
+
+# -- the whole pipeline ----------------------------------------------------------------------
+
+def test_the_fleet_gives_the_same_alerts_with_either_bank(monkeypatch):
+    import sys
+    from pathlib import Path
+
+    import streams.run
+    from contract.events import parse_event
+    from rules.loader import load_pack
+    from streams.processor import Pipeline
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from bench_fleet_replay import fleet_lines
+
+    lines = fleet_lines(6, 160)
+    pack = load_pack("rlhf")
+    out = {}
+    for name, cls in (("pure", PyBank), ("native", NativeBank)):
+        monkeypatch.setattr(streams.run, "Bank", cls)
+        pipe = Pipeline(pack)
+        alerts = []
+        for raw in lines:
+            ev = parse_event(raw, 0.0)
+            alerts += [json.dumps(a.model_dump(), sort_keys=True, default=repr)
+                       for a in pipe.feed(ev, ev.ts)]
+        out[name] = alerts
+        states = {r: canon(st.to_state()) for r, st in pipe.runs.items()}
+        out[name + " states"] = states
+    assert out["pure"], "the fleet raises alerts"
+    assert out["native"] == out["pure"]
+    assert out["native states"] == out["pure states"]
