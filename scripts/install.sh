@@ -49,10 +49,19 @@ if [ ! -x "$venv/bin/python" ]; then
   fi
 fi
 
-# skip the install when this checkout is installed with these extras and pyproject.toml is unchanged
+# The native signal bank (native/, Rust) is built by pip when cargo is there; rustup installs
+# cargo in ~/.cargo/bin, which a fresh shell may not have on its PATH yet.
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+  PATH="$HOME/.cargo/bin:$PATH"
+fi
+native_built() { "$venv/bin/python" -c 'import streams._native' >/dev/null 2>&1; }
+
+# skip the install when this checkout is installed with these extras and pyproject.toml is
+# unchanged (and the native core is built, or still cannot be: no cargo)
 stamp="$venv/.rlwatch-install"
 want="$root $(sha256sum "$root/pyproject.toml" | cut -c1-16)"
-if [ -f "$stamp" ] && [ -x "$venv/bin/rlwatch" ]; then
+if [ -f "$stamp" ] && [ -x "$venv/bin/rlwatch" ] \
+   && { native_built || ! command -v cargo >/dev/null 2>&1; }; then
   read -r have_root have_hash have_extras < "$stamp" || true
   if [ "$have_root $have_hash" = "$want" ]; then
     covered=1
@@ -71,5 +80,14 @@ echo "install.sh: installing rlwatch[$extras] into $venv (a minute or two the fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$root[$extras]" \
   || die "pip could not install rlwatch[$extras] (see above)"
 ver="$("$venv/bin/rlwatch" --version 2>&1)" || die "the installed rlwatch does not start: $ver"
+if ! native_built; then
+  if command -v cargo >/dev/null 2>&1; then
+    why="cargo is there but the build failed (see pip's output above)"
+  else
+    why="no Rust toolchain: install it (https://rustup.rs) and run this again"
+  fi
+  echo "install.sh: NOTE: the native core (streams._native) was not built ($why);" \
+       "rlwatch works, with the pure Python signal bank, about 2 times slower"
+fi
 echo "$want $extras" > "$stamp"
 echo "install.sh: done: $ver in $venv; '. $venv/bin/activate' puts rlwatch on your PATH"
