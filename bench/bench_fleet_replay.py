@@ -2,15 +2,17 @@
 
 Simulates a fleet of interleaved PPO/GRPO runs (8 ranks each, about 32 metrics, per-sample
 dists and groups on rank 0, samples and checkpoints), writes it as one JSON Lines file, and
-times three readers of that same file in one run:
+times these readers of that same file in one run:
 
 * a bare ``json.loads`` loop (the parse floor: no reader of JSON can go faster in Python);
 * a simple reference detector: plain Python, dicts and deques, 17 rules (below, about 200 lines);
-* rlwatch: ``parse_event`` + ``Pipeline.feed`` with the built-in pack.
+* rlwatch: ``parse_event`` + ``Pipeline.feed`` with the built-in pack;
+* when the native signal bank is in use (streams._native), the same rlwatch pass with the pure
+  Python bank (``streams.signals.PyBank``): "rlwatch core (pure)".
 
 Prints events per CPU second of each and rlwatch's ratios to the other two. ``--profile`` adds a cProfile
 top 15 of the rlwatch pass. The garbage collector is set as the worker sets it
-(``streams.processor.tune_gc``) for all three readers; ``--default-gc`` keeps Python's defaults.
+(``streams.processor.tune_gc``) for all the readers; ``--default-gc`` keeps Python's defaults.
 
     python bench/bench_fleet_replay.py [--runs 12] [--steps 400] [--profile]
 """
@@ -32,6 +34,11 @@ from contract.events import dump_event, parse_event
 from producers.sim import SimConfig, simulate
 from rules.loader import load_pack
 from streams.processor import Pipeline
+
+try:
+    from streams.signals import CORE, PyBank
+except ImportError:   # a tree from before the native bank
+    CORE, PyBank = "pure", None
 
 try:
     from streams.processor import tune_gc
@@ -213,7 +220,7 @@ def main() -> None:
     n = len(lines)
     pack = load_pack("rlhf")
     if not args.default_gc and tune_gc is not None:
-        tune_gc()   # what the worker does after start-up; applies to all three readers alike
+        tune_gc()   # what the worker does after start-up; applies to all the readers alike
     alerts = [0]
 
     def bare():
@@ -234,8 +241,25 @@ def main() -> None:
             fired += len(pipe.feed(ev, ev.ts))
         alerts.append(fired)
 
-    # round robin, best of each: a machine whose load changes during the run skews all three alike
+    pure_alerts = []
+
+    def rlwatch_pure():
+        """The same pass with the pure Python signal bank (streams.signals.PyBank), side by side
+        with the native one."""
+        import streams.run
+
+        native = streams.run.Bank
+        streams.run.Bank = PyBank
+        try:
+            rlwatch()
+        finally:
+            streams.run.Bank = native
+        pure_alerts.append(alerts.pop())
+
+    # round robin, best of each: a machine whose load changes during the run skews all alike
     readers = (("json.loads loop", bare), ("reference detector", reference), ("rlwatch core", rlwatch))
+    if CORE == "native":
+        readers += (("rlwatch core (pure)", rlwatch_pure),)
     best = {name: math.inf for name, _ in readers}
     for _ in range(args.repeats):
         for name, fn in readers:
@@ -251,6 +275,10 @@ def main() -> None:
     print(f"rlwatch / json.loads floor:     {core / rates['json.loads loop']:.2f}")
     print(f"rlwatch / reference detector:   {core / rates['reference detector']:.2f}")
     print(f"alerts: reference {alerts[0]} state changes, rlwatch {alerts[-1]} alerts")
+    print(f"signal bank: {CORE}")
+    if pure_alerts:
+        print(f"rlwatch native / pure bank:     {core / rates['rlwatch core (pure)']:.2f} "
+              f"(alerts: native {alerts[-1]}, pure {pure_alerts[-1]})")
 
     if args.profile:
         prof = cProfile.Profile()
