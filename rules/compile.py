@@ -50,6 +50,11 @@ class Source(Protocol):
     def sample_stat(self, field: str, stat: str) -> Callable[[], tuple[float, str | None]]: ...
     def seconds_since_event(self) -> Callable[[], float]: ...
 
+    # Optional: a source whose readers are native may also offer ``join(op, tests)``, the
+    # native ``all``/``any``/``not`` ("all", "any", "not") of compiled tests, or None; and its
+    # readers a ``compare(kind, threshold)`` giving the native test of the reader against a
+    # threshold. Both give exactly the verdicts of the closures in this module.
+
 
 def resolve_threshold(spec, targets: dict[str, float], params: dict[str, float]) -> float | None:
     """A threshold as a number; None when it names a target nobody set."""
@@ -186,7 +191,10 @@ def _comparison(cond: Condition, targets, params):
 def _compare_value(read: Callable[[], float], kind: str, thr: float | None, metric: str) -> tuple[Test, Explain]:
     if thr is None:
         return (lambda: None), (lambda: (None, None, None, metric, None, None))
-    if kind == "above":
+    native = getattr(read, "compare", None)   # a native reader's own test: the same verdicts
+    if native is not None:
+        test = native(kind, float(thr))
+    elif kind == "above":
         def test():
             v = read()
             if v > thr:
@@ -334,7 +342,10 @@ def _node(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
         if not any(timed for _, timed in costs):
             order.sort(key=lambda i: costs[i][0])   # the result does not depend on the order
         tests = [parts[i][0] for i in order]
-        if len(tests) == 2:
+        joined = _join(src, "all", tests)
+        if joined is not None:
+            test = joined
+        elif len(tests) == 2:
             first, second = tests
 
             def test():
@@ -366,7 +377,10 @@ def _node(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
         # false as soon as every branch that could be decided at this step is false: a branch
         # on a metric this run does not log (grad_norm/critic in a GRPO run) must not hold a
         # pending `for` open or keep a firing alert from resolving
-        if len(tests) == 2:
+        joined = _join(src, "any", tests)
+        if joined is not None:
+            test = joined
+        elif len(tests) == 2:
             first, second = tests
 
             def test():
@@ -399,12 +413,20 @@ def _node(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
         def test():
             h = inner_test()
             return None if h is None else not h
+        test = _join(src, "not", [inner_test]) or test
 
         def explain():
             e = inner_explain()
             return (test(), *e[1:])
         return test, explain
     return _leaf(c, src, targets, params)
+
+
+def _join(src: Source, op: str, tests: list[Test]) -> Test | None:
+    """The source's native ``all``/``any``/``not`` of ``tests`` when it has one (the same
+    verdicts as the closures here, read in the same order), else None."""
+    join = getattr(src, "join", None)
+    return None if join is None else join(op, tests)
 
 
 def _first_numbers(parts: list[Explained]) -> tuple:

@@ -37,6 +37,7 @@ from contract.presets import PRESETS, Preset, guess_preset
 from rules.compile import Program, resolve_threshold
 from rules.engine import RunRules, evaluate
 from rules.state import AlertState
+from streams import signals
 from streams.signals import NAN, Bank, median_of
 from streams.text import repetition_score
 
@@ -74,6 +75,10 @@ class _Moments:
     __slots__ = ("xs", "n", "mean", "m2", "m3", "m4", "_sorted")
 
     def __init__(self, xs: list[float]):
+        if _native_moments is not None:
+            kept, n, self.mean, self.m2, self.m3, self.m4 = _native_moments(xs)
+            self.xs, self.n, self._sorted = xs if kept is None else kept, n, None
+            return
         n = len(xs)
         s = sum(xs)
         if s - s != 0.0:      # a NaN or an infinity among the samples: leave them out
@@ -99,13 +104,16 @@ class _Moments:
         if stat in ("skewness", "bimodality"):
             if n < 3 or self.m2 <= 0:
                 return NAN
-            g1 = self.m3 / self.m2 ** 1.5 * math.sqrt(n * (n - 1.0)) / (n - 2.0)
-            if stat == "skewness":
-                return g1
-            if n < 4:
-                return NAN
-            g2 = ((n * n - 1.0) * self.m4 / (self.m2 * self.m2) - 3.0 * (n - 1.0) ** 2) / ((n - 2.0) * (n - 3.0))
-            return (g1 * g1 + 1.0) / (g2 + 3.0 * (n - 1.0) ** 2 / ((n - 2.0) * (n - 3.0)))
+            try:
+                g1 = self.m3 / self.m2 ** 1.5 * math.sqrt(n * (n - 1.0)) / (n - 2.0)
+                if stat == "skewness":
+                    return g1
+                if n < 4:
+                    return NAN
+                g2 = ((n * n - 1.0) * self.m4 / (self.m2 * self.m2) - 3.0 * (n - 1.0) ** 2) / ((n - 2.0) * (n - 3.0))
+                return (g1 * g1 + 1.0) / (g2 + 3.0 * (n - 1.0) ** 2 / ((n - 2.0) * (n - 3.0)))
+            except (OverflowError, ZeroDivisionError):
+                return NAN   # samples near the ends of the float range (1e103, 1e-160): no shape
         if stat == "max":
             return max(self.xs)
         if stat in ("median", "p99"):
@@ -123,10 +131,11 @@ class _Moments:
         raise ValueError(f"unknown dist stat {stat!r}")
 
 
-def spearman(x: list[float], y: list[float]) -> float:
+def py_spearman(x: list[float], y: list[float]) -> float:
     """Spearman's rank correlation of two per-sample arrays (ties ranked in order of
     appearance, which keeps it to one sort per array). Plain Python: for the few hundred
-    samples of a step it is faster than numpy's per-call cost."""
+    samples of a step it is faster than numpy's per-call cost. The reference of the native
+    ``spearman`` (native/src/dists.rs), used when that is not built."""
     n = len(x)
     if n != len(y):
         return NAN
@@ -144,6 +153,15 @@ def spearman(x: list[float], y: list[float]) -> float:
         ry[i] = r
     d2 = sum([(a - b) * (a - b) for a, b in zip(rx, ry)])
     return 1.0 - 6.0 * float(d2) / (n * (n * n - 1.0))
+
+
+#: the native versions of spearman and of _Moments' sums (native/src/dists.rs), number for
+#: number the same, and the native all/any/not of compiled tests (native/src/logic.rs), when
+#: the native core is in use (streams.signals.CORE)
+_native_moments = _native_join = None
+spearman = py_spearman
+if signals.CORE == "native":
+    from streams._native import join as _native_join, moments as _native_moments, spearman  # noqa: F811
 
 
 def _ls_slope(steps: list[int], xs: list[float]) -> float:
@@ -167,6 +185,10 @@ class _Source:
 
     def metric(self, *args):
         return self.bank.metric(*args)
+
+    def join(self, op, tests):
+        """The native all/any/not of compiled tests (rules.compile), when the core is native."""
+        return None if _native_join is None else _native_join(op, tests)
 
     def nonfinite(self, names):
         run = self.run

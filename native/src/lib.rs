@@ -29,6 +29,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hint::black_box;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+mod dists;
+mod logic;
+
 const NAN: f64 = f64::NAN;
 const INF: f64 = f64::INFINITY;
 const LEVEL_STEPS: i64 = 5;
@@ -1614,6 +1617,11 @@ impl Reader {
     fn __call__(&self, py: Python<'_>) -> PyResult<f64> {
         lock(&self.core)?.read(py, self.idx)
     }
+    /// The native test of this reader against a threshold (rules/compile.py uses it when it
+    /// is there): kind is "above", "below" or "abs_above".
+    fn compare(&self, kind: &str, threshold: f64) -> PyResult<logic::Compare> {
+        logic::compare(self, kind, threshold)
+    }
 }
 
 /// A copy of one track's values (Bank.tracks), for inspection.
@@ -2037,5 +2045,10 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Bank>()?;
     m.add_class::<Reader>()?;
     m.add_class::<TrackView>()?;
+    m.add_function(wrap_pyfunction!(dists::spearman, m)?)?;
+    m.add_function(wrap_pyfunction!(dists::moments, m)?)?;
+    m.add_class::<logic::Compare>()?;
+    m.add_class::<logic::Node>()?;
+    m.add_function(wrap_pyfunction!(logic::join, m)?)?;
     Ok(())
 }

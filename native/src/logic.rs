@@ -1,0 +1,189 @@
+//! Compiled conditions in Rust: a comparison of a native reader with its threshold, and the
+//! three-valued `all` / `any` / `not` over such tests (rules/compile.py: `_compare_value` and
+//! `_node`, which stay the reference and are used for everything else).
+//!
+//! A test gives True, False or None (undecided). The semantics are those of the Python
+//! closures exactly, including the order in which branches are read and where they stop:
+//!
+//! * `above`: True when value > threshold, False when value <= threshold, else None (NaN);
+//!   `below` the mirror; `abs_above` compares |value|;
+//! * `all`: False at the first False branch (the later ones are not read); else None when a
+//!   branch was None; else True;
+//! * `any`: True at the first truthy branch; else False when a branch was decided; else None;
+//! * `not`: None stays None, else the negation.
+//!
+//! A branch that is a Python callable (a condition on dists, ranks, samples...) is called and
+//! its result (True, False or None) taken as it is.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use std::sync::{Arc, Mutex};
+
+use super::{lock, Core, Reader};
+
+#[derive(Clone, Copy)]
+enum Cmp {
+    Above,
+    Below,
+    AbsAbove,
+}
+
+/// `read() > threshold` (or `<`, or `abs(read()) >`), three-valued.
+#[pyclass(module = "streams._native", frozen)]
+pub struct Compare {
+    core: Arc<Mutex<Core>>,
+    idx: usize,
+    cmp: Cmp,
+    thr: f64,
+}
+
+impl Compare {
+    #[inline]
+    fn eval(&self, py: Python<'_>) -> PyResult<Option<bool>> {
+        let v = lock(&self.core)?.read(py, self.idx)?;
+        let thr = self.thr;
+        Ok(match self.cmp {
+            Cmp::Above => decide(v > thr, v <= thr),
+            Cmp::Below => decide(v < thr, v >= thr),
+            Cmp::AbsAbove => {
+                let a = v.abs();
+                decide(a > thr, a <= thr)
+            }
+        })
+    }
+}
+
+#[inline]
+fn decide(holds: bool, fails: bool) -> Option<bool> {
+    if holds {
+        Some(true)
+    } else if fails {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+#[pymethods]
+impl Compare {
+    fn __call__(&self, py: Python<'_>) -> PyResult<Option<bool>> {
+        self.eval(py)
+    }
+}
+
+/// `Reader.compare(kind, threshold)`: the native test of that reader against a threshold.
+pub fn compare(reader: &Reader, kind: &str, thr: f64) -> PyResult<Compare> {
+    let cmp = match kind {
+        "above" => Cmp::Above,
+        "below" => Cmp::Below,
+        "abs_above" => Cmp::AbsAbove,
+        _ => return Err(PyValueError::new_err(format!("unknown comparison {kind:?}"))),
+    };
+    Ok(Compare { core: reader.core.clone(), idx: reader.idx, cmp, thr })
+}
+
+enum Branch {
+    Compare(Py<Compare>),
+    Node(Py<Node>),
+    Python(PyObject),
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Op {
+    All,
+    Any,
+    Not,
+}
+
+/// `all`, `any` or `not` of tests.
+#[pyclass(module = "streams._native", frozen)]
+pub struct Node {
+    op: Op,
+    branches: Vec<Branch>,
+}
+
+impl Branch {
+    #[inline]
+    fn eval(&self, py: Python<'_>) -> PyResult<Option<bool>> {
+        match self {
+            Branch::Compare(c) => c.get().eval(py),
+            Branch::Node(n) => n.get().eval(py),
+            Branch::Python(f) => {
+                let r = f.call0(py)?;
+                let r = r.bind(py);
+                if r.is_none() {
+                    Ok(None)
+                } else {
+                    Ok(Some(r.is_truthy()?))
+                }
+            }
+        }
+    }
+}
+
+impl Node {
+    fn eval(&self, py: Python<'_>) -> PyResult<Option<bool>> {
+        match self.op {
+            Op::All => {
+                let mut unknown = false;
+                for b in &self.branches {
+                    match b.eval(py)? {
+                        Some(false) => return Ok(Some(false)),
+                        None => unknown = true,
+                        Some(true) => {}
+                    }
+                }
+                Ok(if unknown { None } else { Some(true) })
+            }
+            Op::Any => {
+                let mut decided = false;
+                for b in &self.branches {
+                    match b.eval(py)? {
+                        Some(true) => return Ok(Some(true)),
+                        Some(false) => decided = true,
+                        None => {}
+                    }
+                }
+                Ok(if decided { Some(false) } else { None })
+            }
+            Op::Not => Ok(self.branches[0].eval(py)?.map(|h| !h)),
+        }
+    }
+}
+
+#[pymethods]
+impl Node {
+    fn __call__(&self, py: Python<'_>) -> PyResult<Option<bool>> {
+        self.eval(py)
+    }
+}
+
+/// `join(op, tests)`: the native `all` / `any` / `not` of ``tests``; None when no test is
+/// native (the Python closure is then as fast).
+#[pyfunction]
+pub fn join(py: Python<'_>, op: &str, tests: Vec<PyObject>) -> PyResult<Option<Node>> {
+    let op = match op {
+        "all" => Op::All,
+        "any" => Op::Any,
+        "not" => Op::Not,
+        _ => return Err(PyValueError::new_err(format!("unknown operator {op:?}"))),
+    };
+    if tests.is_empty() || (op == Op::Not && tests.len() != 1) {
+        return Err(PyValueError::new_err("join: `not` takes one test, `all`/`any` at least one"));
+    }
+    let mut native = false;
+    let mut branches = Vec::with_capacity(tests.len());
+    for t in tests {
+        let b = t.bind(py);
+        if let Ok(c) = b.downcast::<Compare>() {
+            native = true;
+            branches.push(Branch::Compare(c.clone().unbind()));
+        } else if let Ok(n) = b.downcast::<Node>() {
+            native = true;
+            branches.push(Branch::Node(n.clone().unbind()));
+        } else {
+            branches.push(Branch::Python(t));
+        }
+    }
+    Ok(if native { Some(Node { op, branches }) } else { None })
+}

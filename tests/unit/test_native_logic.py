@@ -1,0 +1,192 @@
+"""The native per-sample statistics and compiled conditions (native/src/dists.rs, logic.rs)
+give exactly what their Python references give (streams/run.py, rules/compile.py).
+
+Like tests/unit/test_native_bank.py, these fail (they do not skip) when the native module is
+missing, unless RLWATCH_NATIVE=0 says the pure core is wanted: CI builds it.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+PURE_ASKED = os.environ.get("RLWATCH_NATIVE", "1") == "0"
+
+if PURE_ASKED:
+    pytest.skip("RLWATCH_NATIVE=0: the pure core was asked for", allow_module_level=True)
+
+import streams._native as native  # noqa: E402 - an ImportError here fails the run, as it should
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (a != a and b != b)
+
+
+def test_the_native_module_is_built_and_in_use():
+    import streams.run
+    import streams.signals
+
+    assert streams.signals.CORE == "native", streams.signals.core_note()
+    assert streams.run.spearman is native.spearman
+    assert streams.run._native_join is native.join
+
+
+# -- per-sample statistics ----------------------------------------------------------------------
+
+SPECIAL = [0.0, -0.0, 1.0, 2.5, math.nan, math.inf, -math.inf, 1e308, -1e308, 5e-324]
+values = st.one_of(st.sampled_from(SPECIAL), st.integers(-3, 3).map(float),
+                   st.floats(allow_nan=True, allow_infinity=True, width=64))
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(values, max_size=70), st.lists(values, max_size=70), st.booleans())
+def test_spearman_is_the_python_one_number_for_number(x, y, same_length):
+    from streams.run import py_spearman
+
+    if same_length:
+        y = (y + x)[:len(x)] if len(y) < len(x) else y[:len(x)]
+    assert _same(native.spearman(x, y), py_spearman(x, y))
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(values, max_size=70))
+def test_moments_are_the_python_ones_number_for_number(xs):
+    import streams.run as run
+
+    saved = run._native_moments
+    try:
+        run._native_moments = None
+        ref = run._Moments(list(xs))
+    finally:
+        run._native_moments = saved
+    got = run._Moments(list(xs))
+    assert got.n == ref.n
+    assert got.xs == ref.xs or (got.xs != got.xs)   # the finite values, in order
+    for stat in ("mean", "std", "skewness", "bimodality", "max", "median", "p99", "tail_mass",
+                 "frac_at_cap"):
+        assert _same(got.value(stat, 1.0), ref.value(stat, 1.0)), stat
+
+
+def test_spearman_ranks_ties_in_order_of_appearance():
+    # 0.0 and -0.0 are equal: ranked by where they appear, as Python's stable sort does
+    x = [0.0, -0.0, 1.0, 0.0, 2.0]
+    y = [1.0, 2.0, 3.0, 4.0, 5.0]
+    from streams.run import py_spearman
+
+    assert native.spearman(x, y) == py_spearman(x, y)
+    assert math.isnan(native.spearman([1.0, 1.0, 1.0], y[:3]))     # constant: undefined
+    assert math.isnan(native.spearman(x, y[:4]))                    # lengths differ
+
+
+# -- compiled conditions ------------------------------------------------------------------------
+
+def _python_and_native(kind, thr, stream):
+    """A reader over a native bank, compared natively and by the Python closure."""
+    from rules.compile import _compare_value
+
+    bank = native.Bank()
+    read = bank.metric("m", "value", 1, None, None, 1, 1, 1)
+    nat, _ = _compare_value(read, kind, thr, "m")
+
+    class Plain:      # the same reader without its native test: the Python closure
+        def __call__(self):
+            return read()
+    py, _ = _compare_value(Plain(), kind, thr, "m")
+    assert type(nat).__name__ == "Compare" and type(py).__name__ == "function"
+    out = []
+    for step, x in enumerate(stream):
+        bank.update(step, {"m": x})
+        bank.step = step
+        out.append((nat(), py()))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["above", "below", "abs_above"])
+def test_native_comparisons_give_the_python_verdicts(kind):
+    stream = [0.5, 1.0, 1.5, -2.0, math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0000001]
+    for nat, py in _python_and_native(kind, 1.0, stream):
+        assert nat is py      # True, False or None: the same object
+    # NaN is undecided; +inf holds for above/abs_above; the threshold itself does not hold
+    got = dict(zip(stream[:4], [p for p, _ in _python_and_native(kind, 1.0, stream)]))
+    if kind == "above":
+        assert got == {0.5: False, 1.0: False, 1.5: True, -2.0: False}
+    elif kind == "abs_above":
+        assert got[-2.0] is True
+
+
+class _Fixed:
+    """A Python test giving fixed verdicts, counting its calls."""
+
+    def __init__(self, verdicts):
+        self.verdicts, self.calls = list(verdicts), 0
+
+    def __call__(self):
+        v = self.verdicts[self.calls % len(self.verdicts)]
+        self.calls += 1
+        return v
+
+
+def _native_test(verdict):
+    """A native Compare that gives ``verdict`` (True, False or None) on the bank's step."""
+    bank = native.Bank()
+    read = bank.metric("m", "value", 1, None, None, 1, 1, 1)
+    bank.update(0, {"m": {True: 2.0, False: 0.0, None: math.nan}[verdict]})
+    bank.step = 0
+    return read.compare("above", 1.0)
+
+
+def _python_all(tests):
+    unknown = False
+    for t in tests:
+        h = t()
+        if h is False:
+            return False
+        if h is None:
+            unknown = True
+    return None if unknown else True
+
+
+def _python_any(tests):
+    decided = False
+    for t in tests:
+        h = t()
+        if h:
+            return True
+        if h is not None:
+            decided = True
+    return False if decided else None
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_native_all_any_not_give_the_python_verdicts_and_stop_where_it_stops(seed):
+    rng = random.Random(seed)
+    verdicts = [rng.choice([True, False, None]) for _ in range(rng.randint(1, 5))]
+    natives = [rng.random() < 0.6 for _ in verdicts]
+    if not any(natives):
+        natives[0] = True
+
+    def make():
+        return [_native_test(v) if n else _Fixed([v]) for v, n in zip(verdicts, natives)]
+    for op, ref in (("all", _python_all), ("any", _python_any)):
+        a, b = make(), make()
+        node = native.join(op, a)
+        assert node() is ref(b), (op, verdicts, natives)
+        # the Python branches after the one that decided are not called
+        assert [t.calls for t in a if isinstance(t, _Fixed)] == [t.calls for t in b if isinstance(t, _Fixed)]
+    inner = native.join("all", make())
+    expected = _python_all(make())
+    assert native.join("not", [inner])() is (None if expected is None else not expected)
+
+
+def test_join_leaves_pure_python_tests_to_python_and_refuses_nonsense():
+    assert native.join("all", [_Fixed([True]), _Fixed([False])]) is None
+    with pytest.raises(ValueError):
+        native.join("xor", [_native_test(True)])
+    with pytest.raises(ValueError):
+        native.join("not", [_native_test(True), _native_test(False)])
+    with pytest.raises(ValueError):
+        native.Bank().metric("m", "value", 1, None, None, 1, 1, 1).compare("around", 1.0)
