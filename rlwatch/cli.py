@@ -27,9 +27,12 @@ def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("rlwatch")
+        ver = version("rlwatch")
     except PackageNotFoundError:
         return "unknown (not installed: run scripts/install.sh)"
+    from streams.signals import CORE
+
+    return f"{ver} ({CORE} core)"
 
 
 def _settings(args, what: str, **overrides):
@@ -134,6 +137,11 @@ def cmd_worker(args) -> int:
     _check_redis(settings.redis, "worker")
     _check_kafka(settings.kafka, "worker")
     logging.getLogger("rlwatch").info("rlwatch worker: %s", settings.describe())
+    from streams.signals import core_note
+
+    note = core_note()
+    if note:   # the pure Python core works, but a fleet needs the native one: say it loudly
+        logging.getLogger("rlwatch").warning("rlwatch worker: %s", note)
     kafka_log = logging.getLogger("kafka")
     level = kafka_log.level
     kafka_log.setLevel(logging.CRITICAL)      # the client's retries say nothing new; we say it once

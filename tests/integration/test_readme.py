@@ -97,6 +97,8 @@ def test_the_readme_quick_start_on_a_clean_clone(services):
     assert "Traceback" not in out, out[-4000:]
     assert "worker ppo-kl-blowup is PAUSED" in r.stdout          # the demo's brake
     assert "\nrlwatch 0." in r.stdout and "published" in r.stdout
+    # the install built the native core (Rust, cargo is on this kind of machine): a fleet needs it
+    assert "(native core)" in r.stdout, out[-4000:]
 
     # 2. the test command resolves and starts; pytest is asked only to collect one file
     r = shell(f"{test_suite} --collect-only tests/unit/test_cli.py", clone, env, timeout=1200)
