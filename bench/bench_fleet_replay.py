@@ -7,8 +7,9 @@ times these readers of that same file in one run:
 * a bare ``json.loads`` loop (the parse floor: no reader of JSON can go faster in Python);
 * a simple reference detector: plain Python, dicts and deques, 17 rules (below, about 200 lines);
 * rlwatch: ``parse_event`` + ``Pipeline.feed`` with the built-in pack;
-* when the native signal bank is in use (streams._native), the same rlwatch pass with the pure
-  Python bank (``streams.signals.PyBank``): "rlwatch core (pure)".
+* when the native core is in use (streams._native), the same rlwatch pass with the pure Python
+  core (``streams.signals.PyBank`` and the Python per-sample statistics and compiled
+  conditions): "rlwatch core (pure)".
 
 Prints events per CPU second of each and rlwatch's ratios to the other two. ``--profile`` adds a cProfile
 top 15 of the rlwatch pass. The garbage collector is set as the worker sets it
@@ -244,16 +245,21 @@ def main() -> None:
     pure_alerts = []
 
     def rlwatch_pure():
-        """The same pass with the pure Python signal bank (streams.signals.PyBank), side by side
-        with the native one."""
+        """The same pass with the pure Python core (streams.signals.PyBank, and the Python
+        spearman, moments and compiled conditions), side by side with the native one."""
         import streams.run
 
-        native = streams.run.Bank
-        streams.run.Bank = PyBank
+        pure = {"Bank": PyBank, "spearman": getattr(streams.run, "py_spearman", None),
+                "_native_moments": None, "_native_join": None}
+        saved = {k: getattr(streams.run, k) for k in pure if hasattr(streams.run, k)}
+        for k in saved:
+            if pure[k] is not None or k.startswith("_native"):
+                setattr(streams.run, k, pure[k])
         try:
             rlwatch()
         finally:
-            streams.run.Bank = native
+            for k, v in saved.items():
+                setattr(streams.run, k, v)
         pure_alerts.append(alerts.pop())
 
     # round robin, best of each: a machine whose load changes during the run skews all alike
