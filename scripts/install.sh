@@ -56,10 +56,10 @@ if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
 fi
 native_built() { "$venv/bin/python" -c 'import streams._native' >/dev/null 2>&1; }
 
-# skip the install when this checkout is installed with these extras and pyproject.toml is
-# unchanged (and the native core is built, or still cannot be: no cargo)
+# skip the install when this checkout is installed with these extras, pyproject.toml and the
+# native core's sources are unchanged (and the native core is built, or still cannot be: no cargo)
 stamp="$venv/.rlwatch-install"
-want="$root $(sha256sum "$root/pyproject.toml" | cut -c1-16)"
+want="$root $(cat "$root/pyproject.toml" "$root"/native/Cargo.* "$root"/native/src/*.rs 2>/dev/null | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ -x "$venv/bin/rlwatch" ] \
    && { native_built || ! command -v cargo >/dev/null 2>&1; }; then
   read -r have_root have_hash have_extras < "$stamp" || true
