@@ -77,6 +77,9 @@ if [ -f "$stamp" ] && [ -x "$venv/bin/rlwatch" ] \
 fi
 
 echo "install.sh: installing rlwatch[$extras] into $venv (a minute or two the first time) ..."
+# unlink the built native core first: the build writes a new file instead of overwriting the
+# one that running workers and benchmarks of this checkout have mapped (that crashes them)
+rm -f "$root"/streams/_native*.so
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$root[$extras]" \
   || die "pip could not install rlwatch[$extras] (see above)"
 ver="$("$venv/bin/rlwatch" --version 2>&1)" || die "the installed rlwatch does not start: $ver"
