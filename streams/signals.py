@@ -86,31 +86,6 @@ def diff_scale(values) -> float:
     return robust_scale(d, median_of(sorted(d)))
 
 
-def split_level(steps, values, level_steps: int = 5, level_points: int = 3,
-                ref_points: int = SPLIT_REF_POINTS) -> tuple[float, float, float]:
-    """A change point at the end of a window: ``(level, reference median, reference scale)``.
-
-    The *level* is the median of the window's points of the last ``level_steps`` steps (at
-    least ``level_points`` of them), so one outlying point never moves it and a shift shows
-    once it has held for most of them; the *reference* is every earlier point of the window,
-    summarised by its median and robust scale (1.4826 x MAD). NaNs when the reference has fewer
-    than ``ref_points`` points."""
-    n = len(values)
-    if n == 0:
-        return NAN, NAN, NAN
-    edge = steps[-1] - level_steps
-    k = 0
-    while k < n and steps[n - 1 - k] > edge:
-        k += 1
-    k = max(k, level_points)
-    if n - k < ref_points:
-        return NAN, NAN, NAN
-    v = list(values)
-    ref = sorted(v[:n - k])
-    med = median_of(ref)
-    return median_of(sorted(v[n - k:])), med, robust_scale(ref, med)
-
-
 def _zscore(x: float, center: float, scale: float) -> float:
     """(x - center) / scale; +-inf when the scale is 0 and x differs (a change from a constant)."""
     if x != x or center != center or scale != scale:

@@ -14,7 +14,7 @@ import pytest
 from rlwatch.rule_tests import run_rule_tests
 from rules.schema import MIN_POINTS, READY_POINTS, SIGNALS
 from streams.processor import Pipeline
-from streams.signals import Bank, robust_scale, split_level
+from streams.signals import Bank, robust_scale
 from tests.unit._core import feed_series, firing, resolved, rlhf_pack, step_event
 
 PACKS = Path(__file__).resolve().parents[2] / "rules" / "packs"
@@ -65,14 +65,14 @@ def test_robust_scale_does_not_collapse_on_mostly_constant_data():
     assert robust_scale([1.0] * 10, 1.0) == 0.0
 
 
-def test_split_level_is_the_median_of_the_last_steps_against_the_points_before():
-    steps = list(range(20))
+def test_the_level_is_the_median_of_the_last_steps_against_the_points_before():
     values = [1.0] * 17 + [5.0, 1.0, 5.0]
-    level, med, scale = split_level(steps, values)
-    assert med == 1.0 and scale == 0.0
     # the last 5 steps hold 1, 1, 5, 1, 5: two high points of five do not move the level
-    assert level == 1.0
-    assert math.isnan(split_level(steps[:6], values[:6])[0])   # too few reference points
+    assert run(values, "level_ratio", 20)[-1] == 1.0
+    assert run(values, "shift_z", 20)[-1] == 0.0        # level == reference median, scale 0
+    assert run(values, "level_to_max", 20)[-1] == 1.0   # the reference's maximum is 1 too
+    assert math.isnan(run(values[:6], "level_ratio", 20)[-1])   # too few reference points
+    assert run(values[:16] + [5.0, 5.0, 5.0, 1.0], "level_ratio", 20)[-1] == 5.0  # held: moved
 
 
 def test_shift_z_sees_a_level_that_held_for_two_points_not_one_spike():
