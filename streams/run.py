@@ -158,10 +158,16 @@ def py_spearman(x: list[float], y: list[float]) -> float:
 #: the native versions of spearman and of _Moments' sums (native/src/dists.rs), number for
 #: number the same, and the native all/any/not of compiled tests (native/src/logic.rs), when
 #: the native core is in use (streams.signals.CORE)
+def py_slope_of_points(pts: list) -> float:
+    """The least-squares slope of ``[[step, value], ...]`` (the reference of the native one)."""
+    return _ls_slope([p[0] for p in pts], [p[1] for p in pts])
+
+
 _native_moments = _native_join = None
-spearman = py_spearman
+spearman, _slope_of_points = py_spearman, py_slope_of_points
 if signals.CORE == "native":
     from streams._native import join as _native_join, moments as _native_moments, spearman  # noqa: F811
+    from streams._native import ls_slope_points as _slope_of_points  # noqa: F811
 
 
 def _ls_slope(steps: list[int], xs: list[float]) -> float:
@@ -207,17 +213,24 @@ class _Source:
         run.cross_rank = True
 
         def read():
-            values = {r: e["m"][metric] for r, e in run.rank_step.items()
-                      if metric in e["m"] and e["m"][metric] - e["m"][metric] == 0.0}
-            if len(values) < 2:
+            got = run._rank_memo.get(metric)     # once per complete step and metric
+            if got is None:
+                values = {r: e["m"][metric] for r, e in run.rank_step.items()
+                          if metric in e["m"] and e["m"][metric] - e["m"][metric] == 0.0}
+                if len(values) < 2:
+                    got = ()
+                else:
+                    top = max(values, key=values.get)
+                    got = (values[top], top, median_of(sorted(values.values())))
+                run._rank_memo[metric] = got
+            if not got:
                 return NAN, None
-            med = median_of(sorted(values.values()))
-            top = max(values, key=values.get)
+            top_value, top, med = got
             if stat == "max":
-                return values[top], top
+                return top_value, top
             if stat == "median":
                 return med, None
-            return (_ratio_pos(values[top], med), top)
+            return (_ratio_pos(top_value, med), top)
         return read
 
     def hash_mismatch(self, name):
@@ -267,19 +280,18 @@ class _Source:
             when an alert shows it."""
             if metric not in run.groups_step:
                 return NAN, None
-            slopes, gap_slope, gap = run.group_trends(key, window)
+            slopes, gap_slope, gap, lo, hi = run.group_trends(key, window)
             if stat == "gap":
                 return gap, None
             if stat == "gap_slope":
                 return gap_slope, slopes
-            finite = [v for v in slopes.values() if v == v]
-            if not finite:
+            if lo is None:
                 return NAN, None
             if stat == "min_slope":
-                return min(finite), slopes
+                return lo, slopes
             if stat == "max_slope":
-                return max(finite), slopes
-            return max(finite) - min(finite), slopes
+                return hi, slopes
+            return hi - lo, slopes
         return read
 
     def sample_stat(self, field, stat):
@@ -370,6 +382,7 @@ class RunState:
         self.dists: dict[str, list[float]] = {}
         self.groups_step: dict[str, dict[str, float]] = {}
         self.rank_step: dict[int, dict] = {}
+        self._rank_memo: dict[str, tuple] = {}   # metric -> (top value, its rank, median) of rank_step
         self.samples: list = []
         self._moments: dict[str, _Moments | None] = {}
         self._group_cache: dict[str, tuple] = {}
@@ -583,6 +596,7 @@ class RunState:
         out: list[Alert] = []
         for done in self._take_rank_values(event):
             self.rank_step = self.pending.pop(done, {})
+            self._rank_memo = {}
             out += evaluate(self.run_id, self.programs[0].by_trigger.get("ranks", ()),
                             self.rules.targets, self.alerts, step=done, ts=ts, rank=None,
                             checkpoint_before=self.checkpoint_before)
@@ -748,20 +762,24 @@ class RunState:
             if len(finite) >= 2:
                 g["gap"].append([step, max(finite) - min(finite)])
 
-    def group_trends(self, key: str, window: int) -> tuple[dict[str, float], float, float]:
-        """Per-category slopes, the gap's slope and the gap, recomputed every
-        GROUP_TREND_EVERY steps (category trends move slowly)."""
+    def group_trends(self, key: str, window: int) -> tuple:
+        """(per-category slopes, the gap's slope, the gap, the smallest and the largest finite
+        slope or None), recomputed every GROUP_TREND_EVERY steps (category trends move
+        slowly)."""
         g = self.groups[key]
         step = self.last_step.get(0, 0)
         cached = self._group_cache.get(key)
         if cached is None or step - cached[0] >= GROUP_TREND_EVERY or step < cached[0]:
             span_ok = lambda pts: pts and pts[-1][0] - pts[0][0] + 1 >= window // 2  # noqa: E731
-            slopes = {c: (_ls_slope([p[0] for p in pts], [p[1] for p in pts]) if span_ok(pts) else NAN)
+            slopes = {c: (_slope_of_points(pts) if span_ok(pts) else NAN)
                       for c, pts in g["points"].items()}
             gap = g["gap"]
-            gap_slope = _ls_slope([p[0] for p in gap], [p[1] for p in gap]) if span_ok(gap) else NAN
-            cached = self._group_cache[key] = (step, slopes, gap_slope, gap[-1][1] if gap else NAN)
-        return cached[1], cached[2], cached[3]
+            gap_slope = _slope_of_points(gap) if span_ok(gap) else NAN
+            finite = [v for v in slopes.values() if v == v]
+            cached = self._group_cache[key] = (
+                step, slopes, gap_slope, gap[-1][1] if gap else NAN,
+                min(finite) if finite else None, max(finite) if finite else None)
+        return cached[1:]
 
     def _tally(self, event) -> None:
         """Tally per-prompt reward extremes (z against the batch) for prompt_extreme_reward."""

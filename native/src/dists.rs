@@ -4,6 +4,7 @@
 //! bit for bit.
 
 use pyo3::prelude::*;
+use pyo3::types::PyList;
 use std::cmp::Ordering;
 
 const NAN: f64 = f64::NAN;
@@ -124,4 +125,40 @@ pub fn moments(py: Python<'_>, xs: Vec<f64>) -> (Option<PyObject>, usize, f64, f
         m4 = s4 / nf;
     }
     (kept.map(|f| f.into_py(py)), n, mean, m2, m3, m4)
+}
+
+/// The least-squares slope per step of ``points`` (a list of ``[step, value]``), as
+/// streams.run._ls_slope gives it for the steps and values: NaN under 3 points or when the
+/// steps do not vary. Integer sums are exact, as Python's ints are.
+#[pyfunction]
+pub fn ls_slope_points(py: Python<'_>, points: &Bound<'_, PyList>) -> PyResult<f64> {
+    let n = points.len();
+    if n < 3 {
+        return Ok(NAN);
+    }
+    let mut t: Vec<i128> = Vec::with_capacity(n);
+    let mut d: Vec<f64> = Vec::with_capacity(n);
+    let (mut t0, mut c) = (0i128, 0.0f64);
+    for (i, p) in points.iter().enumerate() {
+        let s: i64 = p.get_item(0)?.extract()?;
+        let x: f64 = p.get_item(1)?.extract()?;
+        if i == 0 {
+            t0 = s as i128;
+            c = x;
+        }
+        t.push(s as i128 - t0);
+        d.push(x - c);
+    }
+    let st1: i128 = t.iter().sum();
+    let sd1 = psum(&d);
+    let stt: i128 = t.iter().map(|&v| v * v).sum();
+    let var = stt as f64 - super::int_truediv(py, st1 * st1, n as i128)?;
+    if var <= 0.0 {
+        return Ok(NAN);
+    }
+    let mut std = 0.0;
+    for i in 0..n {
+        std += (t[i] as f64) * d[i];
+    }
+    Ok((std - (st1 as f64) * sd1 / (n as f64)) / var)
 }

@@ -190,3 +190,23 @@ def test_join_leaves_pure_python_tests_to_python_and_refuses_nonsense():
         native.join("not", [_native_test(True), _native_test(False)])
     with pytest.raises(ValueError):
         native.Bank().metric("m", "value", 1, None, None, 1, 1, 1).compare("around", 1.0)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**12), st.floats(allow_nan=False, allow_infinity=False,
+                                                            width=64)), max_size=40),
+       st.booleans())
+def test_the_slope_of_points_is_the_python_one_number_for_number(pts, ordered):
+    from streams.run import py_slope_of_points
+
+    if ordered:
+        pts = sorted(pts)
+    points = [[s, v] for s, v in pts]
+    assert _same(native.ls_slope_points(points), py_slope_of_points(points))
+
+
+def test_the_slope_of_points_of_a_line():
+    points = [[s, 2.0 + 0.5 * s] for s in range(0, 100, 5)]
+    assert native.ls_slope_points(points) == pytest.approx(0.5)
+    assert math.isnan(native.ls_slope_points(points[:2]))           # under 3 points
+    assert math.isnan(native.ls_slope_points([[3, 1.0]] * 5))       # the steps do not vary
