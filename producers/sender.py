@@ -16,16 +16,27 @@ from typing import Callable, Protocol
 
 from contract.events import dump_event
 
-__all__ = ["BackgroundSender", "KafkaTransport", "Transport"]
+__all__ = ["BackgroundSender", "KafkaTransport", "PartialDelivery", "Transport"]
 
 log = logging.getLogger("rlwatch.producers")
+
+
+class PartialDelivery(Exception):
+    """Some of a batch was delivered: ``failed`` holds the positions (in the batch handed to
+    ``send``) of the items that were not, the only ones sent again (a retry of the whole batch
+    would write a second copy of the others)."""
+
+    def __init__(self, failed: list[int], cause: BaseException):
+        super().__init__(f"{len(failed)} event(s) not delivered: {type(cause).__name__}: {cause}")
+        self.failed = failed
 
 
 class Transport(Protocol):
     """Where serialised events go. ``send`` may block; it runs on the sender thread."""
 
     def send(self, items: list[tuple[bytes, bytes]]) -> None:
-        """Deliver (key, value) pairs; raise on failure (the batch is then retried)."""
+        """Deliver (key, value) pairs; raise on failure: :class:`PartialDelivery` when only
+        some items failed (those are retried), anything else to retry the whole batch."""
 
     def close(self, timeout: float) -> None: ...
 
@@ -59,8 +70,17 @@ class KafkaTransport:
             self._producer = self._connect()
         futures = [self._producer.send(self.topic, key=k, value=v) for k, v in items]
         self._producer.flush(timeout=10)
-        for f in futures:
-            f.get(timeout=0)  # raises the delivery error, if any
+        failed, first = [], None
+        for i, f in enumerate(futures):
+            try:
+                f.get(timeout=0)  # raises the delivery error, if any
+            except Exception as exc:  # noqa: BLE001 - any delivery error: this item is retried
+                failed.append(i)
+                first = first or exc
+        if failed:
+            if len(failed) == len(items):
+                raise first
+            raise PartialDelivery(failed, first)
 
     def close(self, timeout):
         if self._producer is not None:
@@ -138,12 +158,22 @@ class BackgroundSender:
                 if self.dropped:
                     first_key = items[0][0]
                     report = (first_key, self._drop_report(items[0][1]))
-                payload = [(k, v) for k, v in ((k, self._serialise(e)) for k, e in items) if v]
+                sendable = [(k, e, v) for k, e, v in ((k, e, self._serialise(e)) for k, e in items) if v]
+                payload = [(k, v) for k, _, v in sendable]
                 if report is not None:
                     payload.append((report[0], dump_event(report[1])))
                 try:
                     self.transport.send(payload)
                 except Exception as exc:  # noqa: BLE001 - any transport failure is survivable
+                    failed = getattr(exc, "failed", None)
+                    if isinstance(exc, PartialDelivery) and failed:
+                        # the others are in the topic: only the failed ones go again
+                        again = [(sendable[i][0], sendable[i][1]) for i in failed if i < len(sendable)]
+                        self.sent += len(sendable) - len(again)
+                        if report is not None and len(payload) - 1 not in failed:
+                            with self._lock:
+                                self.dropped -= report[1]["dropped_events"]
+                        items = again
                     self.failures += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"
                     if not self._reported_down:

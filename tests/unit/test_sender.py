@@ -189,3 +189,40 @@ def test_errors_are_reported_once_while_down(senders):
 def test_capacity_must_be_positive():
     with pytest.raises(ValueError):
         BackgroundSender(FakeTransport(), capacity=0)
+
+
+class HalfDelivered(FakeTransport):
+    """Delivers only the items at even positions of the first ``partial`` batches (a partition
+    whose batch expired while the others were written), then everything."""
+
+    def __init__(self, partial: int = 1):
+        super().__init__()
+        self.partial = partial
+
+    def send(self, items):
+        from producers.sender import PartialDelivery
+
+        with self.lock:
+            self.attempts += 1
+            if self.partial:
+                self.partial -= 1
+                self.delivered.extend((k, json.loads(v)) for i, (k, v) in enumerate(items) if i % 2 == 0)
+                failed = [i for i in range(len(items)) if i % 2]
+                if failed:
+                    raise PartialDelivery(failed, TimeoutError("batch expired"))
+                return
+            self.delivered.extend((k, json.loads(v)) for k, v in items)
+
+
+def test_a_partly_delivered_batch_sends_again_only_what_failed():
+    t = HalfDelivered()
+    s = BackgroundSender(t, capacity=100, batch=10)
+    try:
+        for i in range(10):
+            s.put(b"run-a", ev(i))
+        assert s.flush(WAIT)
+    finally:
+        s.close(timeout=2)
+    # every event arrived once: the delivered half was not written a second time
+    assert sorted(t.steps()) == list(range(10))
+    assert t.attempts >= 2 and s.sent == 10 and s.failures == 1
