@@ -342,30 +342,7 @@ def _node(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
         if not any(timed for _, timed in costs):
             order.sort(key=lambda i: costs[i][0])   # the result does not depend on the order
         tests = [parts[i][0] for i in order]
-        joined = _join(src, "all", tests)
-        if joined is not None:
-            test = joined
-        elif len(tests) == 2:
-            first, second = tests
-
-            def test():
-                h = first()
-                if h is False:
-                    return False
-                g = second()
-                if g is False:
-                    return False
-                return None if h is None or g is None else True
-        else:
-            def test():
-                unknown = False
-                for t in tests:
-                    h = t()
-                    if h is False:
-                        return False
-                    if h is None:
-                        unknown = True
-                return None if unknown else True
+        test = _join(src, "all", tests) or all_of(tests)
 
         def explain():
             got = [e() for _, e in parts]
@@ -374,33 +351,7 @@ def _node(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
     if c.any is not None:
         parts = [_node(x, src, targets, params) for x in c.any]
         tests = [p[0] for p in parts]
-        # false as soon as every branch that could be decided at this step is false: a branch
-        # on a metric this run does not log (grad_norm/critic in a GRPO run) must not hold a
-        # pending `for` open or keep a firing alert from resolving
-        joined = _join(src, "any", tests)
-        if joined is not None:
-            test = joined
-        elif len(tests) == 2:
-            first, second = tests
-
-            def test():
-                h = first()
-                if h:
-                    return True
-                g = second()
-                if g:
-                    return True
-                return None if h is None and g is None else False
-        else:
-            def test():
-                decided = False
-                for t in tests:
-                    h = t()
-                    if h:
-                        return True
-                    if h is not None:
-                        decided = True
-                return False if decided else None
+        test = _join(src, "any", tests) or any_of(tests)
 
         def explain():
             got = [e() for _, e in parts]
@@ -409,17 +360,77 @@ def _node(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
         return test, explain
     if c.not_ is not None:
         inner_test, inner_explain = _node(c.not_, src, targets, params)
-
-        def test():
-            h = inner_test()
-            return None if h is None else not h
-        test = _join(src, "not", [inner_test]) or test
+        test = _join(src, "not", [inner_test]) or not_of(inner_test)
 
         def explain():
             e = inner_explain()
             return (test(), *e[1:])
         return test, explain
     return _leaf(c, src, targets, params)
+
+
+def all_of(tests: list[Test]) -> Test:
+    """False at the first false test (the later ones are not read); else None when one was
+    undecided; else True. (The native ``join("all", ...)`` must give the same.)"""
+    if len(tests) == 2:
+        first, second = tests
+
+        def test():
+            h = first()
+            if h is False:
+                return False
+            g = second()
+            if g is False:
+                return False
+            return None if h is None or g is None else True
+        return test
+
+    def test():
+        unknown = False
+        for t in tests:
+            h = t()
+            if h is False:
+                return False
+            if h is None:
+                unknown = True
+        return None if unknown else True
+    return test
+
+
+def any_of(tests: list[Test]) -> Test:
+    """True at the first true test; else False when one was decided; else None: a branch on a
+    metric this run does not log (grad_norm/critic in a GRPO run) must not hold a pending
+    ``for`` open or keep a firing alert from resolving."""
+    if len(tests) == 2:
+        first, second = tests
+
+        def test():
+            h = first()
+            if h:
+                return True
+            g = second()
+            if g:
+                return True
+            return None if h is None and g is None else False
+        return test
+
+    def test():
+        decided = False
+        for t in tests:
+            h = t()
+            if h:
+                return True
+            if h is not None:
+                decided = True
+        return False if decided else None
+    return test
+
+
+def not_of(inner: Test) -> Test:
+    def test():
+        h = inner()
+        return None if h is None else not h
+    return test
 
 
 def _join(src: Source, op: str, tests: list[Test]) -> Test | None:

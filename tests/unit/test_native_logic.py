@@ -139,28 +139,6 @@ def _native_test(verdict):
     return read.compare("above", 1.0)
 
 
-def _python_all(tests):
-    unknown = False
-    for t in tests:
-        h = t()
-        if h is False:
-            return False
-        if h is None:
-            unknown = True
-    return None if unknown else True
-
-
-def _python_any(tests):
-    decided = False
-    for t in tests:
-        h = t()
-        if h:
-            return True
-        if h is not None:
-            decided = True
-    return False if decided else None
-
-
 @pytest.mark.parametrize("seed", range(40))
 def test_native_all_any_not_give_the_python_verdicts_and_stop_where_it_stops(seed):
     rng = random.Random(seed)
@@ -171,15 +149,16 @@ def test_native_all_any_not_give_the_python_verdicts_and_stop_where_it_stops(see
 
     def make():
         return [_native_test(v) if n else _Fixed([v]) for v, n in zip(verdicts, natives)]
-    for op, ref in (("all", _python_all), ("any", _python_any)):
+    from rules.compile import all_of, any_of, not_of
+
+    for op, ref in (("all", all_of), ("any", any_of)):
         a, b = make(), make()
         node = native.join(op, a)
-        assert node() is ref(b), (op, verdicts, natives)
+        assert node() is ref(b)(), (op, verdicts, natives)
         # the Python branches after the one that decided are not called
         assert [t.calls for t in a if isinstance(t, _Fixed)] == [t.calls for t in b if isinstance(t, _Fixed)]
     inner = native.join("all", make())
-    expected = _python_all(make())
-    assert native.join("not", [inner])() is (None if expected is None else not expected)
+    assert native.join("not", [inner])() is not_of(all_of(make()))()
 
 
 def test_join_leaves_pure_python_tests_to_python_and_refuses_nonsense():
