@@ -14,8 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_image_has_the_dashboard_and_runs_as_a_user():
     docker = (ROOT / "Dockerfile").read_text()
-    install = re.search(r'pip install[^\n]*"\.\[([a-z,]+)\]"', docker)
+    install = re.search(r'pip install[^\n]*"rlwatch\[([a-z,]+)\]"', docker)
     assert install and {"worker", "web"} <= set(install.group(1).split(","))
+    # the wheels are built with a Rust toolchain, and the image checks it runs the native core
+    assert re.search(r'pip wheel[^\n]*"\.\[worker,web\]"', docker) and "rustup" in docker
+    assert 'grep -q "native core"' in docker
     users = re.findall(r"^USER\s+(\S+)", docker, re.M)
     assert users and users[-1] not in ("root", "0")
     assert "EXPOSE 8765" in docker and '"--web", "0.0.0.0:8765"' in docker
