@@ -165,12 +165,11 @@ class BackgroundSender:
                 try:
                     self.transport.send(payload)
                 except Exception as exc:  # noqa: BLE001 - any transport failure is survivable
-                    failed = getattr(exc, "failed", None)
-                    if isinstance(exc, PartialDelivery) and failed:
+                    if isinstance(exc, PartialDelivery):
                         # the others are in the topic: only the failed ones go again
-                        again = [(sendable[i][0], sendable[i][1]) for i in failed if i < len(sendable)]
+                        again = [(sendable[i][0], sendable[i][1]) for i in exc.failed if i < len(sendable)]
                         self.sent += len(sendable) - len(again)
-                        if report is not None and len(payload) - 1 not in failed:
+                        if report is not None and len(payload) - 1 not in exc.failed:
                             with self._lock:
                                 self.dropped -= report[1]["dropped_events"]
                         items = again

@@ -372,19 +372,6 @@ def _node(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
 def all_of(tests: list[Test]) -> Test:
     """False at the first false test (the later ones are not read); else None when one was
     undecided; else True. (The native ``join("all", ...)`` must give the same.)"""
-    if len(tests) == 2:
-        first, second = tests
-
-        def test():
-            h = first()
-            if h is False:
-                return False
-            g = second()
-            if g is False:
-                return False
-            return None if h is None or g is None else True
-        return test
-
     def test():
         unknown = False
         for t in tests:
@@ -401,19 +388,6 @@ def any_of(tests: list[Test]) -> Test:
     """True at the first true test; else False when one was decided; else None: a branch on a
     metric this run does not log (grad_norm/critic in a GRPO run) must not hold a pending
     ``for`` open or keep a firing alert from resolving."""
-    if len(tests) == 2:
-        first, second = tests
-
-        def test():
-            h = first()
-            if h:
-                return True
-            g = second()
-            if g:
-                return True
-            return None if h is None and g is None else False
-        return test
-
     def test():
         decided = False
         for t in tests:
