@@ -63,6 +63,7 @@ from streams.fleet_store import FleetStore, FleetWriter, summary_of
 from streams.processor import Processor
 from streams.run import RunState
 from streams.snapshot import SnapshotRecorder, attach_snapshot
+from streams.state_codec import StateDecodeError, decode_state, encode_state
 
 __all__ = ["build_app", "ensure_topics", "worker_instance_id"]
 
@@ -71,7 +72,7 @@ log = logging.getLogger("rlwatch.worker")
 FLUSH_SECONDS = 1.0       # the fleet view's flush to Redis
 LANE_SLICE = 200          # events of a batch between two turns of the event loop
 _DEAD, _ALERTS = "dead", "alerts"
-MAX_STATE_BYTES = 900_000   # under Kafka's default 1 MB message limit
+MAX_STATE_BYTES = 900_000   # an encoded state's limit, under Kafka's default 1 MB message limit
 PARTITIONS = 4   # the events topic and the run table are co-partitioned by run_id
 MAX_DECODED_RUNS = 2000   # run states kept decoded in memory; the others wait in the table
 
@@ -190,13 +191,27 @@ class RunStates:
         st = self.cache.get(run_id)
         if st is None:
             raw = self.table.get(run_id.encode())
-            st = self.processor.load_state(json.loads(raw)) if raw else self.processor.new_state(run_id)
+            st = self._restore(run_id, raw) if raw else self.processor.new_state(run_id)
             self.cache[run_id] = st
             if len(self.cache) > self.limit:
                 self._evict()
         else:
             self.cache.move_to_end(run_id)
         return st
+
+    def _restore(self, run_id: str, raw) -> RunState:
+        """The run's state from its stored value (MessagePack, or JSON from an older worker); a
+        value that cannot be read or restored is logged and the run starts afresh: one bad
+        value must not stop the worker."""
+        try:
+            return self.processor.load_state(decode_state(raw))
+        except StateDecodeError as exc:
+            log.error("rlwatch: the stored state of run %s is unreadable (%d bytes, %s): "
+                      "the run starts afresh", run_id, len(raw), exc)
+        except Exception as exc:  # noqa: BLE001 - a state this version cannot restore
+            log.error("rlwatch: the stored state of run %s could not be restored (%s: %s): "
+                      "the run starts afresh", run_id, type(exc).__name__, exc)
+        return self.processor.new_state(run_id)
 
     def _evict(self) -> None:
         """Keep the least recently seen runs in the table only (written first if changed)."""
@@ -228,7 +243,7 @@ class RunStates:
             self.dirty.discard(run_id)
 
     def _write(self, run_id: str, st: RunState) -> bool:
-        value = json.dumps(st.to_state(), allow_nan=True).encode()
+        value = encode_state(st.to_state())
         if len(value) > MAX_STATE_BYTES:
             log.error("rlwatch: state of run %s is %d bytes, over %d: kept in memory "
                       "only (a restart loses it)", run_id, len(value), MAX_STATE_BYTES)

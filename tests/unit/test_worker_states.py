@@ -4,14 +4,13 @@ timer's flush, and nothing is lost then."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 pytest.importorskip("faust")
 
 from streams.app import RunStates  # noqa: E402
 from streams.processor import Processor  # noqa: E402
+from streams.state_codec import decode_state  # noqa: E402
 from tests.unit._core import rlhf_pack, step_event  # noqa: E402
 
 
@@ -31,9 +30,9 @@ def test_an_alerting_run_is_written_at_once_and_the_others_on_the_next_flush():
 
     states.flush_run("loud")
     assert set(table) == {b"loud"}
-    restored = processor.load_state(json.loads(table[b"loud"]))
+    restored = processor.load_state(decode_state(table[b"loud"]))
     assert any(st.status == "firing" for st in restored.alerts.values())
 
     assert states.flush() == 1            # the quiet run, written by the timer's flush
     assert set(table) == {b"loud", b"quiet"}
-    assert json.loads(table[b"quiet"])["last_step"] == {"0": 2}
+    assert decode_state(table[b"quiet"])["last_step"] == {"0": 2}
