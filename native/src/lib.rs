@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 mod dists;
 mod logic;
+mod text;
 
 const NAN: f64 = f64::NAN;
 const INF: f64 = f64::INFINITY;
@@ -2051,5 +2052,6 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<logic::Compare>()?;
     m.add_class::<logic::Node>()?;
     m.add_function(wrap_pyfunction!(logic::join, m)?)?;
+    m.add_function(wrap_pyfunction!(text::repetition_score, m)?)?;
     Ok(())
 }
