@@ -3,8 +3,9 @@
 Runs the processor over
 
 * the fleet of ``bench/bench_fleet_replay.py`` (12 interleaved 8-rank PPO/GRPO runs);
-* the same fleet with each run's state written out and read back (``to_state`` /
-  ``load_state``) every few hundred events, as a restarted worker would;
+* the same fleet with each run's state written out and read back (``to_state``, the worker's
+  table codec ``streams.state_codec``, ``load_state``) every few hundred events, as a restarted
+  worker would;
 * every labelled file of the real logs (``../shared/real-logs``) through the backtest's replay
   path (``rlwatch.backtest.replay_labelled``);
 * simulated runs: every fault of the simulator (its first algorithm, one seed, logging every
@@ -48,6 +49,7 @@ def fleet_case(roundtrip: int = 0) -> list[str]:
     from contract.events import parse_event
     from rules.loader import load_pack
     from streams.processor import Pipeline
+    from streams.state_codec import decode_state, encode_state
 
     pipe = Pipeline(load_pack(PACK))
     alerts = []
@@ -56,7 +58,7 @@ def fleet_case(roundtrip: int = 0) -> list[str]:
         alerts += pipe.feed(ev, ev.ts)
         if roundtrip and i % roundtrip == roundtrip - 1:
             st = pipe.runs[ev.run_id]
-            data = json.loads(json.dumps(st.to_state()))
+            data = decode_state(encode_state(st.to_state()))   # as the worker's table does
             pipe.runs[ev.run_id] = pipe.processor.load_state(data)
     return _record(f"fleet{'-roundtrip' if roundtrip else ''}", alerts)
 
