@@ -75,7 +75,8 @@ def main() -> None:
           f"({len(alerts)} alert changes, {len(state['alerts'])} alert states), {CORE} core")
     print(f"  to_state() (the same for both formats): {to_state:9.1f} us")
     print(f"{'':20s} {'JSON (before)':>14s} {'MessagePack':>14s} {'JSON / msgpack':>15s}")
-    print(f"{'bytes':20s} {len(as_json):14,d} {len(as_msgpack):14,d} {len(as_json) / len(as_msgpack):15.2f}")
+    print(f"{'bytes':20s} {len(as_json):14,d} {len(as_msgpack):14,d} "
+          f"{len(as_json) / len(as_msgpack):15.2f}")
     print(f"{'encode, us':20s} {enc_j:14.1f} {enc_m:14.1f} {enc_j / enc_m:15.1f}")
     print(f"{'decode, us':20s} {dec_j:14.1f} {dec_m:14.1f} {dec_j / dec_m:15.1f}")
     print(f"{'encode + decode, us':20s} {enc_j + dec_j:14.1f} {enc_m + dec_m:14.1f} "

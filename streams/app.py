@@ -31,7 +31,8 @@ is short (``RLWATCH_SESSION_TIMEOUT``, 10 s). While the broker is down, its clie
 reduced to one line when the trouble starts and one when it ends (:mod:`streams.broker_log`).
 
 Run states live in a Faust table (changelog-backed), so a restarted worker resumes where the
-last one stopped. The decoded states are cached in memory and the changed ones written back
+last one stopped; its values are MessagePack (:mod:`streams.state_codec`, which also reads the
+JSON of older workers). The decoded states are cached in memory and the changed ones written back
 to the table right before each offset commit (every 2.8 s, Faust's commit interval) and on
 every alert, which keeps the changelog small; Faust flushes the producer before it commits,
 so a committed event's state is in the changelog first. Events re-read after a restart (those

@@ -35,6 +35,8 @@ MAP_FIRST_BYTES = set(range(0x80, 0x90)) | {0xDE, 0xDF}   # fixmap, map16, map32
 RUNS = [("ppo", "kl_above_target"), ("grpo", "nan_inf"), ("ppo", "category_imbalance"),
         ("grpo", "prompt_extreme_reward")]
 STEPS, ONSET = 160, 70
+#: parts of a run's state the restored runs must have had something in
+PARTS = ("alerts", "groups", "prompts", "pending", "dist_bases", "corr_ema", "checkpoints")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,8 @@ def restore_point(events) -> int:
     pipe = Pipeline(rlhf_pack())
     for i, e in enumerate(events):
         pipe.feed(e, e.ts)
-        if e.kind == "step" and e.step >= ONSET + 25 and any(st.pending for st in pipe.runs.values()):
+        pending = any(st.pending for st in pipe.runs.values())
+        if e.kind == "step" and e.step >= ONSET + 25 and pending:
             return i
     raise AssertionError("no step was ever pending")
 
@@ -126,7 +129,7 @@ def test_a_real_state_reads_back_exactly_as_its_json_did_and_restores_the_same(f
     covered = set()
     for rid, st in pipe.runs.items():
         state = st.to_state()
-        for part in ("alerts", "groups", "prompts", "pending", "dist_bases", "corr_ema", "checkpoints"):
+        for part in PARTS:
             if state[part]:
                 covered.add(part)
         assert len(state["banks"]) == 8
@@ -138,7 +141,7 @@ def test_a_real_state_reads_back_exactly_as_its_json_did_and_restores_the_same(f
                                    pipe.processor.load_state(via_json(state)))
         exactly(restored.to_state(), restored_json.to_state(), rid)
         exactly(restored.to_state(), state, rid, numbers=True)   # the banks' states included
-    assert covered == {"alerts", "groups", "prompts", "pending", "dist_bases", "corr_ema", "checkpoints"}
+    assert covered == set(PARTS)
 
 
 def test_runs_restored_mid_way_raise_the_alerts_of_runs_never_restored(fleet):
@@ -153,7 +156,8 @@ def test_runs_restored_mid_way_raise_the_alerts_of_runs_never_restored(fleet):
     assert alert_lines(from_json) == alert_lines(never)
     assert set(written) == {f"{a}-{f}" for a, f in RUNS}
     assert all(v[0] in MAP_FIRST_BYTES for v in table.values())      # written as MessagePack
-    assert all(v[0] in MAP_FIRST_BYTES for v in old_table.values())  # JSON read, MessagePack written
+    # read as JSON, written back as MessagePack
+    assert all(v[0] in MAP_FIRST_BYTES for v in old_table.values())
 
 
 def test_nan_alert_values_survive_the_table_as_nan(fleet):
@@ -206,7 +210,8 @@ def test_a_state_an_older_worker_wrote_as_json_loads_and_is_written_back_as_msgp
     processor = Processor(rlhf_pack())
     old = Pipeline(rlhf_pack())
     for step in range(6):
-        old.feed(step_event("old", step, {"loss/policy": math.nan if step > 2 else 0.1}), 1e9 + step)
+        loss = math.nan if step > 2 else 0.1
+        old.feed(step_event("old", step, {"loss/policy": loss}), 1e9 + step)
     state = old.state("old").to_state()
     assert any(math.isnan(a["value"]) for a in state["alerts"].values())
     table = {b"old": json.dumps(state, allow_nan=True).encode()}   # as an older worker wrote it
@@ -232,7 +237,8 @@ def _bad_values() -> dict[str, bytes]:
         "not a map": msgspec.msgpack.encode([1, 2, 3]),
         "no run id": msgspec.msgpack.encode({"banks": {}}),
         "a bank that is no bank": msgspec.msgpack.encode({"run_id": "bad", "banks": {"0": "zzz"}}),
-        "a rank that is no number": msgspec.msgpack.encode({"run_id": "bad", "last_step": {"x": 1}}),
+        "a rank that is no number": msgspec.msgpack.encode({"run_id": "bad",
+                                                            "last_step": {"x": 1}}),
     }
 
 
@@ -250,7 +256,8 @@ def test_a_bad_value_is_logged_and_its_run_starts_afresh(name, caplog):
     # the run goes on as a new one: its events count, its alerts fire, its state is written
     alerts = []
     for step in range(3):
-        alerts += processor.process(st, step_event("bad", step, {"loss/policy": math.nan}), 1e9 + step)
+        ev = step_event("bad", step, {"loss/policy": math.nan})
+        alerts += processor.process(st, ev, 1e9 + step)
         states.touch("bad")
     assert any(a.rule == "nan_inf" and a.state == "firing" for a in alerts)
     assert states.flush() == 1
@@ -263,7 +270,8 @@ def test_the_size_limit_applies_to_the_encoded_value(monkeypatch, caplog):
     states = RunStates(table, processor)
     st = states.get("big")
     for step in range(5):
-        processor.process(st, step_event("big", step, {"kl/mean": 0.01, "loss/policy": 0.2}), 1e9 + step)
+        ev = step_event("big", step, {"kl/mean": 0.01, "loss/policy": 0.2})
+        processor.process(st, ev, 1e9 + step)
     size = len(encode_state(st.to_state()))
     assert size < len(json.dumps(st.to_state(), allow_nan=True))
     monkeypatch.setattr(worker_app, "MAX_STATE_BYTES", size)
