@@ -8,8 +8,8 @@ times these readers of that same file in one run:
 * a simple reference detector: plain Python, dicts and deques, 17 rules (below, about 200 lines);
 * rlwatch: ``parse_event`` + ``Pipeline.feed`` with the built-in pack;
 * when the native core is in use (streams._native), the same rlwatch pass with the pure Python
-  core (``streams.signals.PyBank`` and the Python per-sample statistics and compiled
-  conditions): "rlwatch core (pure)".
+  core (``streams.signals.PyBank``, and the Python per-sample statistics, text scores and
+  compiled conditions): "rlwatch core (pure)".
 
 Prints events per CPU second of each and rlwatch's ratios to the other two. ``--profile`` adds a cProfile
 top 15 of the rlwatch pass. The garbage collector is set as the worker sets it
@@ -250,6 +250,9 @@ def main() -> None:
         import streams.run
 
         pure = {"Bank": PyBank, "spearman": getattr(streams.run, "py_spearman", None),
+                "Moments": getattr(streams.run, "_Moments", None),
+                "_slope_of_points": getattr(streams.run, "py_slope_of_points", None),
+                "repetition_score": getattr(__import__("streams.text").text, "py_repetition_score", None),
                 "_native_moments": None, "_native_join": None}
         saved = {k: getattr(streams.run, k) for k in pure if hasattr(streams.run, k)}
         for k in saved:

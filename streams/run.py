@@ -75,10 +75,6 @@ class _Moments:
     __slots__ = ("xs", "n", "mean", "m2", "m3", "m4", "_sorted")
 
     def __init__(self, xs: list[float]):
-        if _native_moments is not None:
-            kept, n, self.mean, self.m2, self.m3, self.m4 = _native_moments(xs)
-            self.xs, self.n, self._sorted = xs if kept is None else kept, n, None
-            return
         n = len(xs)
         s = sum(xs)
         if s - s != 0.0:      # a NaN or an infinity among the samples: leave them out
@@ -155,18 +151,18 @@ def py_spearman(x: list[float], y: list[float]) -> float:
     return 1.0 - 6.0 * float(d2) / (n * (n * n - 1.0))
 
 
-#: the native versions of spearman and of _Moments' sums (native/src/dists.rs), number for
-#: number the same, and the native all/any/not of compiled tests (native/src/logic.rs), when
-#: the native core is in use (streams.signals.CORE)
 def py_slope_of_points(pts: list) -> float:
     """The least-squares slope of ``[[step, value], ...]`` (the reference of the native one)."""
     return _ls_slope([p[0] for p in pts], [p[1] for p in pts])
 
 
-_native_moments = _native_join = None
-spearman, _slope_of_points = py_spearman, py_slope_of_points
+#: the native versions of spearman, _Moments and the slope of points (native/src/dists.rs),
+#: number for number the same, and the native all/any/not of compiled tests
+#: (native/src/logic.rs), when the native core is in use (streams.signals.CORE)
+_native_join = None
+spearman, _slope_of_points, Moments = py_spearman, py_slope_of_points, _Moments
 if signals.CORE == "native":
-    from streams._native import join as _native_join, moments as _native_moments, spearman  # noqa: F811
+    from streams._native import Moments, join as _native_join, spearman  # noqa: F811
     from streams._native import ls_slope_points as _slope_of_points  # noqa: F811
 
 
@@ -200,12 +196,17 @@ class _Source:
         run = self.run
         if names is None:
             def read():
-                for x in run.metrics.values():
-                    if x - x != 0.0:
-                        return sorted(n for n, x in run.metrics.items() if x - x != 0.0)
-                return []
+                if run.metrics_finite():
+                    return []
+                return sorted(n for n, x in run.metrics.items() if x - x != 0.0)
             return read
-        return lambda: sorted(n for n in names if n in run.metrics and run.metrics[n] - run.metrics[n] != 0.0)
+
+        def read_names():
+            if run.metrics_finite():
+                return []
+            m = run.metrics
+            return sorted(n for n in names if n in m and m[n] - m[n] != 0.0)
+        return read_names
 
     def rank_stat(self, metric, stat):
         run = self.run
@@ -215,13 +216,14 @@ class _Source:
         def read():
             got = run._rank_memo.get(metric)     # once per complete step and metric
             if got is None:
-                values = {r: e["m"][metric] for r, e in run.rank_step.items()
-                          if metric in e["m"] and e["m"][metric] - e["m"][metric] == 0.0}
-                if len(values) < 2:
-                    got = ()
-                else:
-                    top = max(values, key=values.get)
-                    got = (values[top], top, median_of(sorted(values.values())))
+                values, top, top_value = [], None, NAN
+                for r, e in run.rank_step.items():
+                    v = e["m"].get(metric)
+                    if v is not None and v - v == 0.0:
+                        values.append(v)
+                        if top is None or v > top_value:   # the first of the largest
+                            top, top_value = r, v
+                got = () if len(values) < 2 else (top_value, top, median_of(sorted(values)))
                 run._rank_memo[metric] = got
             if not got:
                 return NAN, None
@@ -238,11 +240,19 @@ class _Source:
         run.cross_rank = True
 
         def read():
-            hashes = {r: e["h"][name] for r, e in run.rank_step.items() if name in e["h"]}
-            if len(hashes) < 2 or 0 not in hashes:
+            steps = run.rank_step
+            first = steps.get(0)
+            ref = None if first is None else first["h"].get(name)
+            if ref is None:
                 return None
-            ref = hashes[0]
-            return sorted(r for r, h in hashes.items() if h != ref)
+            differ, seen = [], 0
+            for r, e in steps.items():
+                h = e["h"].get(name)
+                if h is not None:
+                    seen += 1
+                    if h != ref:
+                        differ.append(r)
+            return None if seen < 2 else sorted(differ)
         return read
 
     def dist_stat(self, name, stat, window, cap):
@@ -338,6 +348,28 @@ def quiet_when_finite(program: Program) -> bool:
     return True
 
 
+_KEYS: dict[str, tuple] = {}
+_CORR_KEYS: dict[str, tuple] = {}
+
+
+def _split_key(key: str) -> tuple[str, int]:
+    """``"name|window"`` (the keys of dist baselines and groups) as (name, window), remembered."""
+    got = _KEYS.get(key)
+    if got is None:
+        name, window = key.rsplit("|", 1)
+        got = _KEYS[key] = (name, int(window))
+    return got
+
+
+def _split_corr_key(key: str) -> tuple[str, str, int]:
+    """``"x|y|window"`` (the keys of rank correlations) as (x, y, window), remembered."""
+    got = _CORR_KEYS.get(key)
+    if got is None:
+        x, y, window = key.split("|")
+        got = _CORR_KEYS[key] = (x, y, int(window))
+    return got
+
+
 def _ratio_pos(x: float, base: float) -> float:
     if base == 0:
         return math.inf if x > 0 else NAN
@@ -379,12 +411,13 @@ class RunState:
         # the evaluation at hand (not serialised)
         self.now: float = NAN
         self.metrics: dict[str, float] = {}
+        self._finite, self._finite_of = True, self.metrics   # metrics_finite(), per step
         self.dists: dict[str, list[float]] = {}
         self.groups_step: dict[str, dict[str, float]] = {}
         self.rank_step: dict[int, dict] = {}
         self._rank_memo: dict[str, tuple] = {}   # metric -> (top value, its rank, median) of rank_step
         self.samples: list = []
-        self._moments: dict[str, _Moments | None] = {}
+        self._moments: dict[str, Moments | None] = {}
         self._group_cache: dict[str, tuple] = {}
         self._tags_seen: dict = {}
         self._tags_obj: dict | None = None
@@ -394,6 +427,16 @@ class RunState:
         self._renamer: Preset | None = None
         self._preset_tries = 0 if detect_preset else PRESET_TRIES
         self.cross_rank = False         # a rule compares ranks: buffer their values per step
+
+    def metrics_finite(self) -> bool:
+        """Whether every metric of the step at hand is finite (worked out once per step:
+        the checks for non-finite values of every tier read it)."""
+        m = self.metrics
+        if self._finite_of is not m:
+            total = sum(m.values())
+            # a sum that overflowed reads "not finite": the readers then look value by value
+            self._finite, self._finite_of = total - total == 0.0, m
+        return self._finite
 
     # -- compiled rules ------------------------------------------------------------------------
     def bind(self, rules: RunRules | None = None) -> None:
@@ -574,10 +617,8 @@ class RunState:
         if bank.by_metric:
             bank.update(step, metrics)
         rules = program.every_step if not program.by_input else program.step_rules(metrics)
-        if rules and program.finite_gate and rank not in self._ranks_open:
-            total = sum(metrics.values())
-            if total - total == 0.0:
-                rules = ()     # all finite, nothing open on this rank: nothing can change
+        if rules and program.finite_gate and rank not in self._ranks_open and self.metrics_finite():
+            rules = ()     # all finite, nothing open on this rank: nothing can change
         if rules:
             out = evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
                            rank=rank, checkpoint_before=self.checkpoint_before)
@@ -687,13 +728,18 @@ class RunState:
 
     def _take_rank_values(self, event: StepEvent) -> list[int]:
         """Buffer what cross-rank checks need; return the steps now complete (all ranks in)."""
-        if event.world_size:
-            self.world_size = max(self.world_size, min(event.world_size, MAX_RANKS))
+        world = event.world_size
+        if world and world > self.world_size:
+            self.world_size = min(world, MAX_RANKS)
         if self.world_size <= 1:
             return []
         m = event.metrics
         step = event.step
-        entry = {"m": {k: m[k] for k in self.rank_metrics if k in m}, "h": event.hashes}
+        kept = {}
+        for k in self.rank_metrics:
+            if k in m:
+                kept[k] = m[k]
+        entry = {"m": kept, "h": event.hashes}
         pending = self.pending
         ranks = pending.get(step)
         if ranks is None:
@@ -708,56 +754,64 @@ class RunState:
         return [step] if complete else []
 
     # -- dists, groups, samples ----------------------------------------------------------------
-    def moments(self, name: str) -> _Moments | None:
+    def moments(self, name: str) -> "Moments | None":
         m = self._moments.get(name, False)
         if m is False:
             xs = self.dists.get(name)
-            m = self._moments[name] = None if xs is None else _Moments(xs)
+            m = self._moments[name] = None if xs is None else Moments(xs)
         return m
 
     def _update_dists(self, event: StepEvent) -> None:
         step = event.step
         for key, base in self.dist_bases.items():
-            name, window = key.rsplit("|", 1)
-            if name not in event.dists or (base and isinstance(base[0], tuple)):
+            if base and isinstance(base[0], tuple):
+                continue    # the baseline is complete
+            name, window = _split_key(key)
+            if name not in event.dists:
                 continue
             m = self.moments(name)
             if m is None or m.n == 0:
                 continue
             if not base:
                 base.append(step)   # first step of the baseline
-            if step < base[0] + int(window) or len(base) - 1 < 3:
+            if step < base[0] + window or len(base) - 1 < 3:
                 base.append(m.mean)
             else:
                 vals = base[1:]
                 base[:] = [(sum(vals) / len(vals),)]
         for key, ema in self.corr_ema.items():
-            x, y, window = key.split("|")
+            x, y, window = _split_corr_key(key)
             if x in event.dists and y in event.dists:
                 r = spearman(event.dists[x], event.dists[y])
                 if r == r:
                     gap = 1 if ema[2] is None else max(1, step - ema[2])
-                    decay = (1.0 - 2.0 / (int(window) + 1.0)) ** gap
+                    decay = (1.0 - 2.0 / (window + 1.0)) ** gap
                     ema[0] = decay * ema[0] + (1 - decay) * r
                     ema[1] = decay * ema[1] + (1 - decay)
                     ema[2] = step
         for key, g in self.groups.items():
-            metric, window = key.rsplit("|", 1)
+            metric, window = _split_key(key)
             cats = event.groups.get(metric)
             if not cats:
                 continue
-            edge = step - int(window)
-            finite = [v for v in cats.values() if v - v == 0.0]
-            for series in [*g["points"].values(), g["gap"]]:
-                while series and series[0][0] <= edge and len(series) > 3:
-                    series.pop(0)
+            edge = step - window
+            points = g["points"]
+            for series in (*points.values(), g["gap"]):
+                # points older than the window go, keeping at least 3
+                if len(series) > 3 and series[0][0] <= edge:
+                    i, keep = 1, len(series) - 3
+                    while i < keep and series[i][0] <= edge:
+                        i += 1
+                    del series[:i]
+            finite = []
             for c, v in cats.items():
                 if v - v == 0.0:
-                    pts = g["points"].get(c)
+                    finite.append(v)
+                    pts = points.get(c)
                     if pts is None:
-                        if len(g["points"]) >= 64:
+                        if len(points) >= 64:
                             continue
-                        pts = g["points"][c] = []
+                        pts = points[c] = []
                     pts.append([step, v])
             if len(finite) >= 2:
                 g["gap"].append([step, max(finite) - min(finite)])

@@ -95,36 +95,169 @@ pub fn spearman(x: Vec<f64>, y: Vec<f64>) -> f64 {
     1.0 - 6.0 * (d2 as f64) / (nf * (nn - 1.0))
 }
 
-/// The moments of one step's per-sample array (streams.run._Moments): ``(finite values or
-/// None when all were finite, n, mean, m2, m3, m4)``; the moments are NaN when n is 0.
-#[pyfunction]
-pub fn moments(py: Python<'_>, xs: Vec<f64>) -> (Option<PyObject>, usize, f64, f64, f64, f64) {
-    let mut s = psum(&xs);
-    let mut kept: Option<Vec<f64>> = None;
-    if !finite(s) {
-        let f: Vec<f64> = xs.iter().copied().filter(|&x| finite(x)).collect();
-        s = psum(&f);
-        kept = Some(f);
+/// Python's float division: `ZeroDivisionError` for a zero divisor (any numerator), read as
+/// NaN here as `_Moments.value` reads it.
+#[inline]
+fn pdiv(a: f64, b: f64) -> Option<f64> {
+    if b == 0.0 {
+        None
+    } else {
+        Some(a / b)
     }
-    let v: &[f64] = kept.as_deref().unwrap_or(&xs);
-    let n = v.len();
-    let (mut mean, mut m2, mut m3, mut m4) = (NAN, NAN, NAN, NAN);
-    if n > 0 {
+}
+
+/// Python's `x ** y` for floats: `OverflowError` when a finite base gives an infinite result
+/// (read as NaN), else C's `pow`.
+#[inline]
+fn ppow(x: f64, y: f64) -> Option<f64> {
+    let r = x.powf(y);
+    if r.is_infinite() && x.is_finite() {
+        None
+    } else {
+        Some(r)
+    }
+}
+
+/// The statistics of one step's per-sample array (streams.run._Moments, the reference): the
+/// finite values and their moments, computed once; `value(stat, cap)` reads one statistic.
+#[pyclass(module = "streams._native")]
+pub struct Moments {
+    xs: Vec<f64>,
+    #[pyo3(get)]
+    n: usize,
+    #[pyo3(get)]
+    mean: f64,
+    m2: f64,
+    m3: f64,
+    m4: f64,
+    sorted: Option<Vec<f64>>,
+}
+
+impl Moments {
+    fn shape(&self, skew_only: bool) -> Option<f64> {
+        let n = self.n;
         let nf = n as f64;
-        mean = s / nf;
-        let (mut s2, mut s3, mut s4) = (0.0, 0.0, 0.0);
-        for &x in v {
-            let d = x - mean;
-            let d2 = d * d;
-            s2 += d2;
-            s3 += d2 * d;
-            s4 += d2 * d2;
+        let g1 = pdiv(self.m3, ppow(self.m2, 1.5)?)? * (nf * (nf - 1.0)).sqrt();
+        let g1 = pdiv(g1, nf - 2.0)?;
+        if skew_only {
+            return Some(g1);
         }
-        m2 = s2 / nf;
-        m3 = s3 / nf;
-        m4 = s4 / nf;
+        if n < 4 {
+            return Some(NAN);
+        }
+        let n1sq = ppow(nf - 1.0, 2.0)?;
+        let den = (nf - 2.0) * (nf - 3.0);
+        let g2 = pdiv(pdiv(((n * n) as f64 - 1.0) * self.m4, self.m2 * self.m2)? - 3.0 * n1sq, den)?;
+        pdiv(g1 * g1 + 1.0, g2 + pdiv(3.0 * n1sq, den)?)
     }
-    (kept.map(|f| f.into_py(py)), n, mean, m2, m3, m4)
+
+    fn quantile(&mut self, q: f64) -> f64 {
+        let n = self.n;
+        if self.sorted.is_none() {
+            let mut s = self.xs.clone();
+            // a stable sort on `<`, as Python's sorted (equal values keep their order)
+            s.sort_by(|a, b| {
+                if a < b {
+                    Ordering::Less
+                } else if b < a {
+                    Ordering::Greater
+                } else {
+                    Ordering::Equal
+                }
+            });
+            self.sorted = Some(s);
+        }
+        let s = self.sorted.as_ref().unwrap();
+        let pos = q * ((n - 1) as f64);
+        let lo = pos as usize;
+        let hi = (lo + 1).min(n - 1);
+        s[lo] + (s[hi] - s[lo]) * (pos - lo as f64)
+    }
+}
+
+#[pymethods]
+impl Moments {
+    #[new]
+    fn new(xs: Vec<f64>) -> Self {
+        let mut s = psum(&xs);
+        let xs = if finite(s) {
+            xs
+        } else {
+            // a NaN or an infinity among the samples: leave them out
+            let f: Vec<f64> = xs.into_iter().filter(|&x| finite(x)).collect();
+            s = psum(&f);
+            f
+        };
+        let n = xs.len();
+        let (mut mean, mut m2, mut m3, mut m4) = (NAN, NAN, NAN, NAN);
+        if n > 0 {
+            let nf = n as f64;
+            mean = s / nf;
+            let (mut s2, mut s3, mut s4) = (0.0, 0.0, 0.0);
+            for &x in &xs {
+                let d = x - mean;
+                let d2 = d * d;
+                s2 += d2;
+                s3 += d2 * d;
+                s4 += d2 * d2;
+            }
+            m2 = s2 / nf;
+            m3 = s3 / nf;
+            m4 = s4 / nf;
+        }
+        Moments { xs, n, mean, m2, m3, m4, sorted: None }
+    }
+
+    /// The finite values, in order.
+    #[getter]
+    fn xs(&self) -> Vec<f64> {
+        self.xs.clone()
+    }
+
+    #[pyo3(signature = (stat, cap))]
+    fn value(&mut self, stat: &str, cap: Option<f64>) -> PyResult<f64> {
+        let n = self.n;
+        if n == 0 {
+            return Ok(NAN);
+        }
+        let nf = n as f64;
+        Ok(match stat {
+            "mean" | "ratio_to_start" => self.mean,
+            "std" => {
+                if n > 1 {
+                    (self.m2 * nf / (nf - 1.0)).sqrt()
+                } else {
+                    NAN
+                }
+            }
+            "skewness" | "bimodality" => {
+                if n < 3 || self.m2 <= 0.0 {
+                    NAN
+                } else {
+                    self.shape(stat == "skewness").unwrap_or(NAN)
+                }
+            }
+            "max" => py_max(&self.xs),
+            "median" => self.quantile(0.5),
+            "p99" => self.quantile(0.99),
+            "tail_mass" | "frac_at_cap" => match cap {
+                None => NAN,
+                Some(c) => {
+                    let count = if stat == "tail_mass" {
+                        self.xs.iter().filter(|&&x| x > c).count()
+                    } else {
+                        self.xs.iter().filter(|&&x| x >= c).count()
+                    };
+                    count as f64 / nf
+                }
+            },
+            _ => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "unknown dist stat '{stat}'"
+                )))
+            }
+        })
+    }
 }
 
 /// The least-squares slope per step of ``points`` (a list of ``[step, value]``), as

@@ -2047,7 +2047,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Reader>()?;
     m.add_class::<TrackView>()?;
     m.add_function(wrap_pyfunction!(dists::spearman, m)?)?;
-    m.add_function(wrap_pyfunction!(dists::moments, m)?)?;
+    m.add_class::<dists::Moments>()?;
     m.add_function(wrap_pyfunction!(dists::ls_slope_points, m)?)?;
     m.add_class::<logic::Compare>()?;
     m.add_class::<logic::Node>()?;

@@ -57,18 +57,38 @@ def test_spearman_is_the_python_one_number_for_number(x, y, same_length):
 def test_moments_are_the_python_ones_number_for_number(xs):
     import streams.run as run
 
-    saved = run._native_moments
-    try:
-        run._native_moments = None
-        ref = run._Moments(list(xs))
-    finally:
-        run._native_moments = saved
-    got = run._Moments(list(xs))
+    assert run.Moments is native.Moments
+    ref = run._Moments(list(xs))
+    got = native.Moments(list(xs))
     assert got.n == ref.n
     assert got.xs == ref.xs or (got.xs != got.xs)   # the finite values, in order
-    for stat in ("mean", "std", "skewness", "bimodality", "max", "median", "p99", "tail_mass",
-                 "frac_at_cap"):
-        assert _same(got.value(stat, 1.0), ref.value(stat, 1.0)), stat
+    for cap in (1.0, 0.0, -0.0, math.nan, None, 1e300, xs[0] if xs else 2.0):
+        for stat in ("mean", "ratio_to_start", "std", "skewness", "bimodality", "max", "median",
+                     "p99", "tail_mass", "frac_at_cap"):
+            assert _same(got.value(stat, cap), ref.value(stat, cap)), (stat, cap)
+    if ref.n == 0:   # an empty dist reads NaN whatever is asked (as the Python does)
+        assert _same(got.value("no_such_stat", None), math.nan)
+        return
+    for m in (got, ref):
+        with pytest.raises(ValueError, match="unknown dist stat"):
+            m.value("no_such_stat", None)
+
+
+@pytest.mark.parametrize("xs", [
+    [1e103, -1e103, 3e103, 7.0],          # m2 ** 1.5 overflows: Python raises, both read NaN
+    [1e-160, 2e-160, -3e-160, 0.0, 5e-161],   # m2 * m2 underflows to 0: a division by zero
+    [1e200, 1e200, -1e200, 3.0],          # the squares overflow to inf
+    [2.0, 2.0, 2.0, 2.0],                 # no spread: no shape
+    [1.0, 2.0, 3.0], [1.0, 2.0], [5.0],
+    [0.0, -0.0, 0.0, -0.0, 1.0],          # signed zeros keep their order when sorted
+])
+def test_moments_at_the_edges_of_the_float_range(xs):
+    import streams.run as run
+
+    ref, got = run._Moments(list(xs)), native.Moments(list(xs))
+    for stat in ("std", "skewness", "bimodality", "median", "p99", "max"):
+        a, b = got.value(stat, None), ref.value(stat, None)
+        assert _same(a, b) and math.copysign(1, a) == math.copysign(1, b), (stat, a, b)
 
 
 def test_spearman_ranks_ties_in_order_of_appearance():
