@@ -21,8 +21,8 @@ from typing import Callable, Protocol
 
 from rules.schema import MIN_POINTS, READY_POINTS, Condition, Rule, Threshold, Tier, leaves
 
-__all__ = ["CompiledRule", "CompiledTier", "Explained", "Program", "Source", "compile_rules",
-           "resolve_threshold", "rule_inputs", "rule_trigger"]
+__all__ = ["CompiledRule", "CompiledTier", "Explained", "Program", "RuleList", "Source",
+           "compile_rules", "flat_tiers", "resolve_threshold", "rule_inputs", "rule_trigger"]
 
 Test = Callable[[], "bool | None"]
 #: (holds, value, threshold, metric, detail, rank)
@@ -88,6 +88,24 @@ class CompiledRule:
     trigger: str                     # step | ranks | samples | tick
 
 
+class RuleList(list):
+    """Compiled rules in pack order, with their tiers flattened once for
+    :func:`rules.engine.evaluate`: ``(test, state key, rule, tier)`` per tier."""
+
+    __slots__ = ("_tiers",)
+
+    def tiers(self) -> list[tuple]:
+        try:
+            return self._tiers
+        except AttributeError:
+            self._tiers = flat_tiers(self)
+            return self._tiers
+
+
+def flat_tiers(rules) -> list[tuple]:
+    return [(ct.test, ct.key, cr, ct) for cr in rules for ct in cr.tiers]
+
+
 @dataclass
 class Program:
     """A run's rules compiled against one rank's statistics."""
@@ -95,8 +113,8 @@ class Program:
     rules: list[CompiledRule]
     targets: dict[str, float]
     by_input: dict[str, list[CompiledRule]] = field(default_factory=dict)
-    every_step: list[CompiledRule] = field(default_factory=list)
-    by_trigger: dict[str, list[CompiledRule]] = field(default_factory=dict)
+    every_step: RuleList = field(default_factory=RuleList)
+    by_trigger: dict[str, RuleList] = field(default_factory=dict)
     _memo: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -109,7 +127,7 @@ class Program:
             for cr in self.rules)
         for cr in self.rules:
             if cr.trigger != "step":
-                self.by_trigger.setdefault(cr.trigger, []).append(cr)
+                self.by_trigger.setdefault(cr.trigger, RuleList()).append(cr)
             elif cr.inputs is None:
                 self.every_step.append(cr)
             else:
@@ -129,7 +147,7 @@ class Program:
             found = self._memo[key] = self._step_rules(key)
         return found
 
-    def _step_rules(self, names) -> list[CompiledRule]:
+    def _step_rules(self, names) -> RuleList:
         hit = {cr.index: cr for cr in self.every_step}
         index = self.by_input
         for name in names:
@@ -137,7 +155,7 @@ class Program:
             if rules is not None:
                 for cr in rules:
                     hit[cr.index] = cr
-        return [hit[i] for i in sorted(hit)]
+        return RuleList(hit[i] for i in sorted(hit))
 
 
 def rule_inputs(rule: Rule) -> frozenset[str] | None:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from contract.alert import SEVERITIES, Alert
-from rules.compile import CompiledRule, CompiledTier, Program, Source, compile_rules
+from rules.compile import (CompiledRule, CompiledTier, Program, RuleList, Source, compile_rules,
+                           flat_tiers)
 from rules.schema import Condition, Pack, Rule, Threshold, leaves
 from rules.state import AlertState, advance
 
@@ -77,25 +78,25 @@ def evaluate(run_id: str, rules: Iterable[CompiledRule], targets: dict[str, floa
     out: list[Alert] = []
     keyed = rank is not None
     get = states.get
-    for cr in rules:
-        for ct in cr.tiers:
-            holds = ct.test()
-            key = f"{ct.key}{rank}" if keyed else ct.key
-            st = get(key)
-            if st is None:
-                if not holds:
-                    continue
-                st = states[key] = AlertState()
-            tier = ct.tier
-            was_escalated = st.escalated
-            change = advance(st, holds, step, ts, for_steps=tier.for_,
-                             for_seconds=tier.for_seconds, keep_firing_for=tier.keep_firing_for,
-                             escalate_after=tier.escalate_after)
-            if change is not None:
-                out += _announce(run_id, cr, ct, st, change, targets, step, ts, rank,
-                                 checkpoint_before, was_escalated)
-            if st.status == "inactive":
-                del states[key]
+    for test, key, cr, ct in (rules.tiers() if type(rules) is RuleList else flat_tiers(rules)):
+        holds = test()
+        if keyed:
+            key = f"{key}{rank}"
+        st = get(key)
+        if st is None:
+            if not holds:
+                continue
+            st = states[key] = AlertState()
+        tier = ct.tier
+        was_escalated = st.escalated
+        change = advance(st, holds, step, ts, for_steps=tier.for_,
+                         for_seconds=tier.for_seconds, keep_firing_for=tier.keep_firing_for,
+                         escalate_after=tier.escalate_after)
+        if change is not None:
+            out += _announce(run_id, cr, ct, st, change, targets, step, ts, rank,
+                             checkpoint_before, was_escalated)
+        if st.status == "inactive":
+            del states[key]
     return out
 
 

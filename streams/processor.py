@@ -73,9 +73,9 @@ class Processor:
 
     # -- state ----------------------------------------------------------------------------------
     def new_state(self, run_id: str) -> RunState:
-        st = RunState(run_id, self.resolve, detect_preset=self.detect_presets)
-        st.bind()
-        return st
+        # compiled on first use (RunState.program): a run's first event usually reports its
+        # targets, which would otherwise compile it twice
+        return RunState(run_id, self.resolve, detect_preset=self.detect_presets)
 
     def load_state(self, data: dict) -> RunState:
         return RunState.from_state(data, self.resolve, detect_preset=self.detect_presets)

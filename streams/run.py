@@ -455,6 +455,11 @@ class RunState:
     def program(self, rank: int) -> Program:
         p = self.programs.get(rank)
         if p is None:
+            if self.rules is None:   # compiled on first use: by then the first event's targets are in
+                self.bind()
+                p = self.programs.get(rank)
+                if p is not None:
+                    return p
             self.banks[rank] = Bank()
             keep = (lambda r: True) if rank == 0 else (lambda r: r.scope == "each_rank")
             p = self.programs[rank] = self.rules.compile(_Source(self, rank), keep)
