@@ -251,7 +251,7 @@ def main() -> None:
 
         pure = {"Bank": PyBank, "spearman": getattr(streams.run, "py_spearman", None),
                 "Moments": getattr(streams.run, "_Moments", None),
-                "_slope_of_points": getattr(streams.run, "py_slope_of_points", None),
+                "Series": getattr(streams.run, "PySeries", None),
                 "repetition_score": getattr(__import__("streams.text").text, "py_repetition_score", None),
                 "_native_moments": None, "_native_join": None}
         saved = {k: getattr(streams.run, k) for k in pure if hasattr(streams.run, k)}

@@ -151,19 +151,52 @@ def py_spearman(x: list[float], y: list[float]) -> float:
     return 1.0 - 6.0 * float(d2) / (n * (n * n - 1.0))
 
 
-def py_slope_of_points(pts: list) -> float:
-    """The least-squares slope of ``[[step, value], ...]`` (the reference of the native one)."""
-    return _ls_slope([p[0] for p in pts], [p[1] for p in pts])
+class PySeries:
+    """The points ``[step, value]`` of one series of a group (a category, or the gap between
+    the categories), oldest first, and their least-squares slope per step. The reference of
+    the native ``Series`` (native/src/dists.rs)."""
+
+    __slots__ = ("pts",)
+
+    def __init__(self, points=None):
+        self.pts = [[int(s), float(x)] for s, x in points] if points else []
+
+    def append(self, step: int, value: float) -> None:
+        self.pts.append([step, value])
+
+    def trim(self, edge: int, keep: int) -> None:
+        """Drop the oldest points whose step is at most ``edge``, keeping at least ``keep``."""
+        pts = self.pts
+        if len(pts) > keep and pts[0][0] <= edge:
+            i, most = 1, len(pts) - keep
+            while i < most and pts[i][0] <= edge:
+                i += 1
+            del pts[:i]
+
+    def __len__(self) -> int:
+        return len(self.pts)
+
+    def span(self) -> int:
+        """Steps from the first point to the last, both counted; 0 when empty."""
+        return self.pts[-1][0] - self.pts[0][0] + 1 if self.pts else 0
+
+    def last(self) -> float:
+        return self.pts[-1][1] if self.pts else NAN
+
+    def slope(self) -> float:
+        return _ls_slope([p[0] for p in self.pts], [p[1] for p in self.pts])
+
+    def to_list(self) -> list:
+        return [list(p) for p in self.pts]
 
 
-#: the native versions of spearman, _Moments and the slope of points (native/src/dists.rs),
+#: the native versions of spearman, _Moments and PySeries (native/src/dists.rs),
 #: number for number the same, and the native all/any/not of compiled tests
 #: (native/src/logic.rs), when the native core is in use (streams.signals.CORE)
 _native_join = None
-spearman, _slope_of_points, Moments = py_spearman, py_slope_of_points, _Moments
+spearman, Moments, Series = py_spearman, _Moments, PySeries
 if signals.CORE == "native":
-    from streams._native import Moments, join as _native_join, spearman  # noqa: F811
-    from streams._native import ls_slope_points as _slope_of_points  # noqa: F811
+    from streams._native import Moments, Series, join as _native_join, spearman  # noqa: F811
 
 
 def _ls_slope(steps: list[int], xs: list[float]) -> float:
@@ -283,7 +316,7 @@ class _Source:
     def group_stat(self, metric, stat, window):
         run = self.run
         key = f"{metric}|{window}"
-        run.groups.setdefault(key, {"points": {}, "gap": []})
+        run.groups.setdefault(key, {"points": {}, "gap": Series()})
 
         def read():
             """(value, slopes by category): the detail text is made from the slopes only
@@ -405,7 +438,7 @@ class RunState:
         self.pending: dict[int, dict[int, dict]] = {}
         self.dist_bases: dict[str, list] = {}     # name|window -> [means...] or [(mean,)]
         self.corr_ema: dict[str, list] = {}       # x|y|window -> [num, den, last step]
-        self.groups: dict[str, dict] = {}         # metric|window -> {points: {cat: [[s, x]]}, gap}
+        self.groups: dict[str, dict] = {}         # metric|window -> {points: {cat: Series}, gap: Series}
         self.prompts: dict[str, list[float]] = {}   # prompt_id -> [count, sum z, sum |z|]
         self.latest_metrics: dict[str, float] = {}
         # the evaluation at hand (not serialised)
@@ -575,7 +608,7 @@ class RunState:
         self._ranks_open.clear()
         self.dist_bases = {k: [] for k in self.dist_bases}
         self.corr_ema = {k: [0.0, 0.0, None] for k in self.corr_ema}
-        self.groups = {k: {"points": {}, "gap": []} for k in self.groups}
+        self.groups = {k: {"points": {}, "gap": Series()} for k in self.groups}
         self._group_cache.clear()
         self.prompts.clear()
         if self.rules is not None:
@@ -801,13 +834,9 @@ class RunState:
                 continue
             edge = step - window
             points = g["points"]
-            for series in (*points.values(), g["gap"]):
-                # points older than the window go, keeping at least 3
-                if len(series) > 3 and series[0][0] <= edge:
-                    i, keep = 1, len(series) - 3
-                    while i < keep and series[i][0] <= edge:
-                        i += 1
-                    del series[:i]
+            for series in points.values():
+                series.trim(edge, 3)    # points older than the window go, keeping at least 3
+            g["gap"].trim(edge, 3)
             finite = []
             for c, v in cats.items():
                 if v - v == 0.0:
@@ -816,10 +845,10 @@ class RunState:
                     if pts is None:
                         if len(points) >= 64:
                             continue
-                        pts = points[c] = []
-                    pts.append([step, v])
+                        pts = points[c] = Series()
+                    pts.append(step, v)
             if len(finite) >= 2:
-                g["gap"].append([step, max(finite) - min(finite)])
+                g["gap"].append(step, max(finite) - min(finite))
 
     def group_trends(self, key: str, window: int) -> tuple:
         """(per-category slopes, the gap's slope, the gap, the smallest and the largest finite
@@ -829,14 +858,14 @@ class RunState:
         step = self.last_step.get(0, 0)
         cached = self._group_cache.get(key)
         if cached is None or step - cached[0] >= GROUP_TREND_EVERY or step < cached[0]:
-            span_ok = lambda pts: pts and pts[-1][0] - pts[0][0] + 1 >= window // 2  # noqa: E731
-            slopes = {c: (_slope_of_points(pts) if span_ok(pts) else NAN)
+            half = window // 2
+            slopes = {c: (pts.slope() if len(pts) and pts.span() >= half else NAN)
                       for c, pts in g["points"].items()}
             gap = g["gap"]
-            gap_slope = _slope_of_points(gap) if span_ok(gap) else NAN
+            gap_slope = gap.slope() if len(gap) and gap.span() >= half else NAN
             finite = [v for v in slopes.values() if v == v]
             cached = self._group_cache[key] = (
-                step, slopes, gap_slope, gap[-1][1] if gap else NAN,
+                step, slopes, gap_slope, gap.last(),
                 min(finite) if finite else None, max(finite) if finite else None)
         return cached[1:]
 
@@ -940,7 +969,8 @@ class RunState:
             "dist_bases": {k: ([{"m": v[0][0]}] if v and isinstance(v[0], tuple) else v)
                            for k, v in self.dist_bases.items()},
             "corr_ema": self.corr_ema,
-            "groups": self.groups,
+            "groups": {k: {"points": {c: p.to_list() for c, p in g["points"].items()},
+                           "gap": g["gap"].to_list()} for k, g in self.groups.items()},
             "prompts": self.prompts,
             "latest_metrics": {k: v for k, v in self.latest_metrics.items() if math.isfinite(v)},
         }
@@ -986,7 +1016,8 @@ class RunState:
                 rs.corr_ema[k] = list(v)
         for k, v in state.get("groups", {}).items():
             if k in rs.groups:
-                rs.groups[k] = v
+                rs.groups[k] = {"points": {c: Series(p) for c, p in v.get("points", {}).items()},
+                                "gap": Series(v.get("gap", []))}
         rs.prompts = state.get("prompts", {})
         rs.latest_metrics = state.get("latest_metrics", {})
         return rs

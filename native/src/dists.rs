@@ -6,6 +6,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use std::cmp::Ordering;
+use std::collections::VecDeque;
 
 const NAN: f64 = f64::NAN;
 
@@ -260,28 +261,17 @@ impl Moments {
     }
 }
 
-/// The least-squares slope per step of ``points`` (a list of ``[step, value]``), as
-/// streams.run._ls_slope gives it for the steps and values: NaN under 3 points or when the
-/// steps do not vary. Integer sums are exact, as Python's ints are.
-#[pyfunction]
-pub fn ls_slope_points(py: Python<'_>, points: &Bound<'_, PyList>) -> PyResult<f64> {
+/// The least-squares slope per step of the points ``(step, value)``, as streams.run._ls_slope
+/// gives it: NaN under 3 points or when the steps do not vary. Integer sums are exact, as
+/// Python's ints are.
+fn ls_slope(py: Python<'_>, points: &VecDeque<(i64, f64)>) -> PyResult<f64> {
     let n = points.len();
     if n < 3 {
         return Ok(NAN);
     }
-    let mut t: Vec<i128> = Vec::with_capacity(n);
-    let mut d: Vec<f64> = Vec::with_capacity(n);
-    let (mut t0, mut c) = (0i128, 0.0f64);
-    for (i, p) in points.iter().enumerate() {
-        let s: i64 = p.get_item(0)?.extract()?;
-        let x: f64 = p.get_item(1)?.extract()?;
-        if i == 0 {
-            t0 = s as i128;
-            c = x;
-        }
-        t.push(s as i128 - t0);
-        d.push(x - c);
-    }
+    let (t0, c) = (points[0].0 as i128, points[0].1);
+    let t: Vec<i128> = points.iter().map(|&(s, _)| s as i128 - t0).collect();
+    let d: Vec<f64> = points.iter().map(|&(_, x)| x - c).collect();
     let st1: i128 = t.iter().sum();
     let sd1 = psum(&d);
     let stt: i128 = t.iter().map(|&v| v * v).sum();
@@ -294,4 +284,68 @@ pub fn ls_slope_points(py: Python<'_>, points: &Bound<'_, PyList>) -> PyResult<f
         std += (t[i] as f64) * d[i];
     }
     Ok((std - (st1 as f64) * sd1 / (n as f64)) / var)
+}
+
+/// The points ``[step, value]`` of one series of a group (a category, or the gap between the
+/// categories), oldest first: streams.run.PySeries is the reference.
+#[pyclass(module = "streams._native")]
+pub struct Series {
+    pts: VecDeque<(i64, f64)>,
+}
+
+#[pymethods]
+impl Series {
+    /// From ``[[step, value], ...]`` (lists or tuples), as ``to_list`` gives them.
+    #[new]
+    #[pyo3(signature = (points=None))]
+    fn new(points: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let mut pts = VecDeque::new();
+        if let Some(points) = points {
+            for p in points.iter()? {
+                let p = p?;
+                let (s, x): (i64, f64) = match p.downcast::<PyList>() {
+                    Ok(l) if l.len() == 2 => (l.get_item(0)?.extract()?, l.get_item(1)?.extract()?),
+                    _ => p.extract()?,
+                };
+                pts.push_back((s, x));
+            }
+        }
+        Ok(Series { pts })
+    }
+
+    fn append(&mut self, step: i64, value: f64) {
+        self.pts.push_back((step, value));
+    }
+
+    /// Drop the oldest points whose step is at most ``edge``, keeping at least ``keep``.
+    fn trim(&mut self, edge: i64, keep: usize) {
+        while self.pts.len() > keep && self.pts[0].0 <= edge {
+            self.pts.pop_front();
+        }
+    }
+
+    fn __len__(&self) -> usize {
+        self.pts.len()
+    }
+
+    /// Steps from the first point to the last, both counted; 0 when empty.
+    fn span(&self) -> i64 {
+        match (self.pts.front(), self.pts.back()) {
+            (Some(a), Some(b)) => b.0 - a.0 + 1,
+            _ => 0,
+        }
+    }
+
+    /// The newest value; NaN when empty.
+    fn last(&self) -> f64 {
+        self.pts.back().map_or(NAN, |p| p.1)
+    }
+
+    fn slope(&self, py: Python<'_>) -> PyResult<f64> {
+        ls_slope(py, &self.pts)
+    }
+
+    fn to_list<'py>(&self, py: Python<'py>) -> Bound<'py, PyList> {
+        PyList::new_bound(py, self.pts.iter().map(|&(s, x)| PyList::new_bound(py, [s.into_py(py), x.into_py(py)])))
+    }
 }

@@ -192,20 +192,40 @@ def test_join_leaves_pure_python_tests_to_python_and_refuses_nonsense():
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 10**12), st.floats(allow_nan=False, allow_infinity=False,
+@given(st.lists(st.tuples(st.integers(0, 10**12), st.floats(allow_nan=True, allow_infinity=True,
                                                             width=64)), max_size=40),
-       st.booleans())
-def test_the_slope_of_points_is_the_python_one_number_for_number(pts, ordered):
-    from streams.run import py_slope_of_points
+       st.booleans(), st.integers(-5, 10**12), st.integers(0, 5))
+def test_a_series_is_the_python_one_number_for_number(pts, ordered, edge, keep):
+    from streams.run import PySeries
 
     if ordered:
         pts = sorted(pts)
-    points = [[s, v] for s, v in pts]
-    assert _same(native.ls_slope_points(points), py_slope_of_points(points))
+    nat, ref = native.Series([[s, v] for s, v in pts]), PySeries([[s, v] for s, v in pts])
+    for a, b in ((nat, ref), (native.Series(), PySeries())):
+        if a is not nat:      # the same points appended one by one
+            for s, v in pts:
+                a.append(s, v)
+                b.append(s, v)
+        assert _same(a.slope(), b.slope())
+        assert len(a) == len(b) and a.span() == b.span() and _same(a.last(), b.last())
+        assert str(a.to_list()) == str(b.to_list())    # (NaN != NaN: compare as text)
+        a.trim(edge, keep)
+        b.trim(edge, keep)
+        assert str(a.to_list()) == str(b.to_list())
+        assert _same(a.slope(), b.slope())
 
 
-def test_the_slope_of_points_of_a_line():
+def test_a_series_of_a_line_and_its_edges():
     points = [[s, 2.0 + 0.5 * s] for s in range(0, 100, 5)]
-    assert native.ls_slope_points(points) == pytest.approx(0.5)
-    assert math.isnan(native.ls_slope_points(points[:2]))           # under 3 points
-    assert math.isnan(native.ls_slope_points([[3, 1.0]] * 5))       # the steps do not vary
+    assert native.Series(points).slope() == pytest.approx(0.5)
+    assert math.isnan(native.Series(points[:2]).slope())           # under 3 points
+    assert math.isnan(native.Series([[3, 1.0]] * 5).slope())       # the steps do not vary
+    s = native.Series(points)
+    s.trim(50, 3)               # points at steps up to 50 go
+    assert s.to_list()[0] == [55, 2.0 + 0.5 * 55] and len(s) == 9 and s.span() == 41
+    s.trim(10**9, 3)            # never fewer than 3
+    assert len(s) == 3 and s.last() == 2.0 + 0.5 * 95
+    assert math.isnan(native.Series().last()) and native.Series().span() == 0
+    assert native.Series([(1, 2.0), [2, 3]]).to_list() == [[1, 2.0], [2, 3.0]]   # as a state loads
+    with pytest.raises(TypeError):
+        native.Series([["one", 2.0]])
