@@ -92,7 +92,7 @@ class RuleList(list):
     """Compiled rules in pack order, with their tiers flattened once for
     :func:`rules.engine.evaluate`: ``(test, state key, rule, tier)`` per tier."""
 
-    __slots__ = ("_tiers",)
+    __slots__ = ("_tiers", "_scan")
 
     def tiers(self) -> list[tuple]:
         try:
@@ -100,6 +100,16 @@ class RuleList(list):
         except AttributeError:
             self._tiers = flat_tiers(self)
             return self._tiers
+
+    def scan(self, scanner: Callable):
+        """``scanner(tests, keys)``, made once: a native reader of every tier's test at a step
+        (see :func:`rules.engine.evaluate`)."""
+        try:
+            return self._scan
+        except AttributeError:
+            tiers = self.tiers()
+            self._scan = scanner([t[0] for t in tiers], [t[1] for t in tiers])
+            return self._scan
 
 
 def flat_tiers(rules) -> list[tuple]:

@@ -72,10 +72,26 @@ class RunRules:
 
 def evaluate(run_id: str, rules: Iterable[CompiledRule], targets: dict[str, float],
              states: dict[str, AlertState], *, step: int, ts: float, rank: int | None,
-             checkpoint_before: Callable[[int], dict | None] = lambda s: None) -> list[Alert]:
+             checkpoint_before: Callable[[int], dict | None] = lambda s: None,
+             scanner: Callable | None = None) -> list[Alert]:
     """Evaluate ``rules`` at one step; ``states`` (keyed ``rule/severity/rank``) is updated in
-    place and keeps only alerts that are pending or firing."""
+    place and keeps only alerts that are pending or firing.
+
+    ``scanner(tests, keys)``, when given (the native ``Scan``), reads all the tests of a
+    :class:`RuleList` at once and names the tiers to take through the state machine: those
+    whose test holds or that have a state. The loop below is its reference: a tier with no
+    state whose test does not hold changes nothing."""
     out: list[Alert] = []
+    if scanner is not None and rank is None and type(rules) is RuleList:
+        tiers = rules.tiers()
+        for i, holds in rules.scan(scanner)(states):
+            _, key, cr, ct = tiers[i]
+            st = states.get(key)
+            if st is None:
+                st = states[key] = AlertState()
+            _advance(run_id, cr, ct, st, key, holds, states, targets, step, ts, rank,
+                     checkpoint_before, out)
+        return out
     keyed = rank is not None
     get = states.get
     for test, key, cr, ct in (rules.tiers() if type(rules) is RuleList else flat_tiers(rules)):
@@ -87,17 +103,25 @@ def evaluate(run_id: str, rules: Iterable[CompiledRule], targets: dict[str, floa
             if not holds:
                 continue
             st = states[key] = AlertState()
-        tier = ct.tier
-        was_escalated = st.escalated
-        change = advance(st, holds, step, ts, for_steps=tier.for_,
-                         for_seconds=tier.for_seconds, keep_firing_for=tier.keep_firing_for,
-                         escalate_after=tier.escalate_after)
-        if change is not None:
-            out += _announce(run_id, cr, ct, st, change, targets, step, ts, rank,
-                             checkpoint_before, was_escalated)
-        if st.status == "inactive":
-            del states[key]
+        _advance(run_id, cr, ct, st, key, holds, states, targets, step, ts, rank,
+                 checkpoint_before, out)
     return out
+
+
+def _advance(run_id: str, cr: CompiledRule, ct: CompiledTier, st: AlertState, key: str, holds,
+             states: dict[str, AlertState], targets, step: int, ts: float, rank: int | None,
+             checkpoint_before, out: list[Alert]) -> None:
+    """One tier's verdict through its alert state; the alerts of a change go to ``out``."""
+    tier = ct.tier
+    was_escalated = st.escalated
+    change = advance(st, holds, step, ts, for_steps=tier.for_,
+                     for_seconds=tier.for_seconds, keep_firing_for=tier.keep_firing_for,
+                     escalate_after=tier.escalate_after)
+    if change is not None:
+        out += _announce(run_id, cr, ct, st, change, targets, step, ts, rank,
+                         checkpoint_before, was_escalated)
+    if st.status == "inactive":
+        del states[key]
 
 
 def _announce(run_id: str, cr: CompiledRule, ct: CompiledTier, st: AlertState, change: str,

@@ -193,10 +193,10 @@ class PySeries:
 #: the native versions of spearman, _Moments and PySeries (native/src/dists.rs),
 #: number for number the same, and the native all/any/not of compiled tests
 #: (native/src/logic.rs), when the native core is in use (streams.signals.CORE)
-_native_join = None
+_native_join = _native_scan = None
 spearman, Moments, Series = py_spearman, _Moments, PySeries
 if signals.CORE == "native":
-    from streams._native import Moments, Series, join as _native_join, spearman  # noqa: F811
+    from streams._native import Moments, Scan as _native_scan, Series, join as _native_join, spearman  # noqa: F811
 
 
 def _ls_slope(steps: list[int], xs: list[float]) -> float:
@@ -636,7 +636,7 @@ class RunState:
             rules = program.step_rules(metrics)
         if rules:
             out = evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
-                           rank=None, checkpoint_before=self.checkpoint_before)
+                           rank=None, checkpoint_before=self.checkpoint_before, scanner=_native_scan)
         if self.cross_rank and (event.world_size or self.world_size) > 1:
             out += self._ranks_in(event, ts)
         self.metrics = {}
@@ -659,7 +659,7 @@ class RunState:
             rules = ()     # all finite, nothing open on this rank: nothing can change
         if rules:
             out = evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
-                           rank=rank, checkpoint_before=self.checkpoint_before)
+                           rank=rank, checkpoint_before=self.checkpoint_before, scanner=_native_scan)
             suffix = f"/{rank}"
             if any(k.endswith(suffix) for k in self.alerts):
                 self._ranks_open.add(rank)
@@ -678,7 +678,7 @@ class RunState:
             self._rank_memo = {}
             out += evaluate(self.run_id, self.programs[0].by_trigger.get("ranks", ()),
                             self.rules.targets, self.alerts, step=done, ts=ts, rank=None,
-                            checkpoint_before=self.checkpoint_before)
+                            checkpoint_before=self.checkpoint_before, scanner=_native_scan)
         self.rank_step = {}
         return out
 
@@ -687,7 +687,7 @@ class RunState:
         self.samples = event.samples
         out = evaluate(self.run_id, self.program(0).by_trigger.get("samples", ()),
                        self.rules.targets, self.alerts, step=event.step, ts=ts, rank=None,
-                       checkpoint_before=self.checkpoint_before)
+                       checkpoint_before=self.checkpoint_before, scanner=_native_scan)
         self.samples = []
         return out
 
@@ -700,7 +700,7 @@ class RunState:
         step = max(self.last_step.values(), default=0)
         return evaluate(self.run_id, self.program(0).by_trigger.get("tick", ()),
                         self.rules.targets, self.alerts, step=step, ts=now, rank=None,
-                        checkpoint_before=self.checkpoint_before)
+                        checkpoint_before=self.checkpoint_before, scanner=_native_scan)
 
     def _close_open(self, step: int, ts: float, reason: str) -> list[Alert]:
         """Resolved notices for every firing alert of the run (escalated ones too)."""

@@ -2052,6 +2052,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<logic::Compare>()?;
     m.add_class::<logic::Node>()?;
     m.add_function(wrap_pyfunction!(logic::join, m)?)?;
+    m.add_class::<logic::Scan>()?;
     m.add_function(wrap_pyfunction!(text::repetition_score, m)?)?;
     Ok(())
 }

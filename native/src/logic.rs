@@ -187,3 +187,54 @@ pub fn join(py: Python<'_>, op: &str, tests: Vec<PyObject>) -> PyResult<Option<N
     }
     Ok(if native { Some(Node { op, branches }) } else { None })
 }
+
+/// The tests of a list of tiers, in order, and the alert-state key of each (rules/engine.py:
+/// `evaluate`, whose Python loop is the reference). Called with a run's alert states, it reads
+/// every test once, in order, and gives ``(index, verdict)`` for the tiers the state machine
+/// must see: those whose test holds, and those with a state under their key. The others (no
+/// state, and False or None) change nothing.
+#[pyclass(module = "streams._native", frozen)]
+pub struct Scan {
+    branches: Vec<Branch>,
+    keys: Vec<Py<pyo3::types::PyString>>,
+}
+
+#[pymethods]
+impl Scan {
+    #[new]
+    fn new(py: Python<'_>, tests: Vec<PyObject>, keys: Vec<Py<pyo3::types::PyString>>) -> PyResult<Self> {
+        if tests.len() != keys.len() {
+            return Err(PyValueError::new_err("Scan: one key per test"));
+        }
+        let branches = tests
+            .into_iter()
+            .map(|t| {
+                let b = t.bind(py);
+                if let Ok(c) = b.downcast::<Compare>() {
+                    Branch::Compare(c.clone().unbind())
+                } else if let Ok(n) = b.downcast::<Node>() {
+                    Branch::Node(n.clone().unbind())
+                } else {
+                    Branch::Python(t)
+                }
+            })
+            .collect();
+        Ok(Scan { branches, keys })
+    }
+
+    fn __call__(
+        &self,
+        py: Python<'_>,
+        states: &Bound<'_, pyo3::types::PyDict>,
+    ) -> PyResult<Vec<(usize, Option<bool>)>> {
+        let any_state = !states.is_empty();
+        let mut out = Vec::new();
+        for (i, b) in self.branches.iter().enumerate() {
+            let v = b.eval(py)?;
+            if v == Some(true) || (any_state && states.contains(self.keys[i].bind(py))?) {
+                out.push((i, v));
+            }
+        }
+        Ok(out)
+    }
+}

@@ -229,3 +229,56 @@ def test_a_series_of_a_line_and_its_edges():
     assert native.Series([(1, 2.0), [2, 3]]).to_list() == [[1, 2.0], [2, 3.0]]   # as a state loads
     with pytest.raises(TypeError):
         native.Series([["one", 2.0]])
+
+
+# -- the scan of a rule list's tiers (rules.engine.evaluate) -----------------------------------
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_native_scan_gives_the_alerts_and_states_of_the_python_loop(seed):
+    """evaluate() with the native Scan and with its Python loop, over the same tiers (native and
+    Python tests, every verdict) and steps: the same alerts, the same states, every test read
+    once per step in both."""
+    from rules.compile import CompiledRule, CompiledTier, RuleList
+    from rules.engine import evaluate
+    from rules.schema import Rule
+
+    rng = random.Random(seed)
+    steps = 30
+    pattern = [[rng.choice([True, True, False, None]) for _ in range(steps)] for _ in range(6)]
+
+    def build():
+        rules = RuleList()
+        for i, verdicts in enumerate(pattern):
+            rule = Rule.model_validate({"id": f"r{i}", "tiers": [
+                {"severity": "orange", "when": {"metric": "m", "above": 1.0},
+                 "for": rng.choice([1, 2]), "keep_firing_for": rng.choice([0, 3])}]})
+            test = _Fixed(verdicts)
+            tier = CompiledTier(rule.tiers[0], f"r{i}/orange/", test,
+                                lambda: (None, 1.0, 0.5, "m", None, None))
+            rules.append(CompiledRule(rule, i, {}, [tier], [], frozenset({"m"}), "step"))
+        return rules
+
+    state = rng.getstate()
+    py_rules, py_states, py_out = build(), {}, []
+    rng.setstate(state)
+    nat_rules, nat_states, nat_out = build(), {}, []
+    for step in range(steps):
+        py_out += evaluate("run", py_rules, {}, py_states, step=step, ts=float(step), rank=None)
+        nat_out += evaluate("run", nat_rules, {}, nat_states, step=step, ts=float(step), rank=None,
+                            scanner=native.Scan)
+        assert {k: v.to_state() for k, v in nat_states.items()} == \
+               {k: v.to_state() for k, v in py_states.items()}
+    assert [a.model_dump() for a in nat_out] == [a.model_dump() for a in py_out]
+    assert any(a.state == "firing" for a in py_out)        # the case is not empty
+    assert [cr.tiers[0].test.calls for cr in nat_rules] == [steps] * 6
+
+
+def test_the_scan_reads_native_tests_and_names_tiers_with_a_state():
+    tests = [_native_test(True), _native_test(False), _Fixed([None]), _native_test(None),
+             _Fixed([True])]
+    keys = ["a/", "b/", "c/", "d/", "e/"]
+    scan = native.Scan(tests, keys)
+    assert scan({}) == [(0, True), (4, True)]
+    assert scan({"b/": object(), "c/": object()}) == [(0, True), (1, False), (2, None), (4, True)]
+    with pytest.raises(ValueError):
+        native.Scan(tests, keys[:2])
