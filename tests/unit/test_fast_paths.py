@@ -76,5 +76,6 @@ def test_a_rank_step_is_skipped_only_when_no_rule_can_hold_on_finite_values(tier
                                 "tiers": [{"severity": "yellow", "when": t} for t in tiers]})
     assert isinstance(rule.tiers[0].when, Condition)
     state = Pipeline(rlhf_pack()).state("q")
+    state.program(0)     # a run's rules are compiled on first use: its bank is made then
     program = compile_rules([rule], {}, {}, run_mod._Source(state, 0))
     assert run_mod.quiet_when_finite(program) is expected
