@@ -253,7 +253,7 @@ def main() -> None:
                 "Moments": getattr(streams.run, "_Moments", None),
                 "Series": getattr(streams.run, "PySeries", None),
                 "repetition_score": getattr(__import__("streams.text").text, "py_repetition_score", None),
-                "_native_join": None, "_native_scan": None}
+                "_native_join": None, "_native_scan": None, "_native_compare_call": None}
         saved = {k: getattr(streams.run, k) for k in pure if hasattr(streams.run, k)}
         for k in saved:
             if pure[k] is not None or k.startswith("_native"):

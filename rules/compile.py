@@ -51,9 +51,11 @@ class Source(Protocol):
     def seconds_since_event(self) -> Callable[[], float]: ...
 
     # Optional: a source whose readers are native may also offer ``join(op, tests)``, the
-    # native ``all``/``any``/``not`` ("all", "any", "not") of compiled tests, or None; and its
+    # native ``all``/``any``/``not`` ("all", "any", "not") of compiled tests, or None; its
     # readers a ``compare(kind, threshold)`` giving the native test of the reader against a
-    # threshold. Both give exactly the verdicts of the closures in this module.
+    # threshold; and ``compare_call(read, kind, threshold, first)``, the native test of any
+    # reader (of ``read()[0]`` when ``first``), or None. All give exactly the verdicts of the
+    # closures in this module.
 
 
 def resolve_threshold(spec, targets: dict[str, float], params: dict[str, float]) -> float | None:
@@ -216,12 +218,16 @@ def _comparison(cond: Condition, targets, params):
     return None, None
 
 
-def _compare_value(read: Callable[[], float], kind: str, thr: float | None, metric: str) -> tuple[Test, Explain]:
+def _compare_value(read: Callable[[], float], kind: str, thr: float | None, metric: str,
+                   src: Source | None = None) -> tuple[Test, Explain]:
     if thr is None:
         return (lambda: None), (lambda: (None, None, None, metric, None, None))
     native = getattr(read, "compare", None)   # a native reader's own test: the same verdicts
+    call = getattr(src, "compare_call", None)
     if native is not None:
         test = native(kind, float(thr))
+    elif call is not None and (test := call(read, kind, float(thr), False)) is not None:
+        pass
     elif kind == "above":
         def test():
             v = read()
@@ -254,9 +260,12 @@ def _compare_value(read: Callable[[], float], kind: str, thr: float | None, metr
 
 
 def _compare_pair(read: Callable[[], tuple], kind: str, thr: float | None, metric: str,
-                  detail: Callable[[object], str | None]) -> tuple[Test, Explain]:
+                  detail: Callable[[object], str | None], src: Source | None = None) -> tuple[Test, Explain]:
     """Like _compare_value for readers that return (value, extra)."""
-    test, _ = _compare_value(lambda: read()[0], kind, thr, metric)
+    call = getattr(src, "compare_call", None)
+    test = None if thr is None or call is None else call(read, kind, float(thr), True)
+    if test is None:
+        test, _ = _compare_value(lambda: read()[0], kind, thr, metric)
 
     def explain():
         v, extra = read()
@@ -285,7 +294,7 @@ def _leaf(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
         return test, explain
     if c.ranks is not None:
         return _compare_pair(src.rank_stat(c.ranks, c.stat), kind, thr, c.ranks,
-                             lambda r: None if r is None else f"rank {r}")
+                             lambda r: None if r is None else f"rank {r}", src)
     if c.hashes is not None:
         read = src.hash_mismatch(c.hashes)
         name = f"hashes.{c.hashes}"
@@ -305,19 +314,19 @@ def _leaf(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
     if c.dist is not None:
         cap = resolve_threshold(c.cap, targets, params)
         return _compare_value(src.dist_stat(c.dist, c.stat, c.window, cap), kind, thr,
-                              f"dists.{c.dist}")
+                              f"dists.{c.dist}", src)
     if c.corr is not None:
         x, y = c.corr
-        return _compare_value(src.corr(x, y, c.window), kind, thr, f"corr({x},{y})")
+        return _compare_value(src.corr(x, y, c.window), kind, thr, f"corr({x},{y})", src)
     if c.groups is not None:
         return _compare_pair(src.group_stat(c.groups, c.stat, c.window), kind, thr,
-                             f"groups.{c.groups}", _slopes_detail)
+                             f"groups.{c.groups}", _slopes_detail, src)
     if c.samples is not None:
         return _compare_pair(src.sample_stat(c.samples, c.stat), kind, thr,
-                             f"samples.{c.samples}", lambda d: d)
+                             f"samples.{c.samples}", lambda d: d, src)
     if c.stalled_seconds is not None:
         limit = resolve_threshold(c.stalled_seconds, targets, params)
-        return _compare_value(src.seconds_since_event(), "above", limit, "heartbeat")
+        return _compare_value(src.seconds_since_event(), "above", limit, "heartbeat", src)
     return (lambda: None), (lambda: _UNKNOWN)
 
 

@@ -193,10 +193,11 @@ class PySeries:
 #: the native versions of spearman, _Moments and PySeries (native/src/dists.rs),
 #: number for number the same, and the native all/any/not of compiled tests
 #: (native/src/logic.rs), when the native core is in use (streams.signals.CORE)
-_native_join = _native_scan = None
+_native_join = _native_scan = _native_compare_call = None
 spearman, Moments, Series = py_spearman, _Moments, PySeries
 if signals.CORE == "native":
     from streams._native import Moments, Scan as _native_scan, Series, join as _native_join, spearman  # noqa: F811
+    from streams._native import compare_call as _native_compare_call  # noqa: F811
 
 
 def _ls_slope(steps: list[int], xs: list[float]) -> float:
@@ -224,6 +225,10 @@ class _Source:
     def join(self, op, tests):
         """The native all/any/not of compiled tests (rules.compile), when the core is native."""
         return None if _native_join is None else _native_join(op, tests)
+
+    def compare_call(self, read, kind, threshold, first):
+        """The native test of a Python reader against a threshold, when the core is native."""
+        return None if _native_compare_call is None else _native_compare_call(read, kind, threshold, first)
 
     def nonfinite(self, names):
         run = self.run

@@ -2053,6 +2053,8 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<logic::Node>()?;
     m.add_function(wrap_pyfunction!(logic::join, m)?)?;
     m.add_class::<logic::Scan>()?;
+    m.add_class::<logic::CallCompare>()?;
+    m.add_function(wrap_pyfunction!(logic::compare_call, m)?)?;
     m.add_function(wrap_pyfunction!(text::repetition_score, m)?)?;
     Ok(())
 }

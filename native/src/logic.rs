@@ -73,19 +73,83 @@ impl Compare {
 
 /// `Reader.compare(kind, threshold)`: the native test of that reader against a threshold.
 pub fn compare(reader: &Reader, kind: &str, thr: f64) -> PyResult<Compare> {
-    let cmp = match kind {
+    let cmp = cmp_of(kind)?;
+    Ok(Compare { core: reader.core.clone(), idx: reader.idx, cmp, thr })
+}
+
+/// A Python reader (a condition on dists, groups, ranks, samples...) compared with its
+/// threshold here: ``read() > threshold`` (``read()[0]`` when ``first``: readers that return
+/// ``(value, detail)``), three-valued, as rules/compile.py's `_compare_value` closures.
+#[pyclass(module = "streams._native", frozen)]
+pub struct CallCompare {
+    read: PyObject,
+    first: bool,
+    cmp: Cmp,
+    thr: f64,
+}
+
+impl CallCompare {
+    #[inline]
+    fn eval(&self, py: Python<'_>) -> PyResult<Option<bool>> {
+        let r = self.read.call0(py)?;
+        let r = r.bind(py);
+        let v: f64 = if self.first { r.get_item(0)?.extract()? } else { r.extract()? };
+        let thr = self.thr;
+        Ok(match self.cmp {
+            Cmp::Above => decide(v > thr, v <= thr),
+            Cmp::Below => decide(v < thr, v >= thr),
+            Cmp::AbsAbove => {
+                let a = v.abs();
+                decide(a > thr, a <= thr)
+            }
+        })
+    }
+}
+
+#[pymethods]
+impl CallCompare {
+    fn __call__(&self, py: Python<'_>) -> PyResult<Option<bool>> {
+        self.eval(py)
+    }
+}
+
+/// `compare_call(read, kind, threshold, first)`: the native test of a Python reader.
+#[pyfunction]
+pub fn compare_call(read: PyObject, kind: &str, threshold: f64, first: bool) -> PyResult<CallCompare> {
+    let cmp = cmp_of(kind)?;
+    Ok(CallCompare { read, first, cmp, thr: threshold })
+}
+
+fn cmp_of(kind: &str) -> PyResult<Cmp> {
+    Ok(match kind {
         "above" => Cmp::Above,
         "below" => Cmp::Below,
         "abs_above" => Cmp::AbsAbove,
         _ => return Err(PyValueError::new_err(format!("unknown comparison {kind:?}"))),
-    };
-    Ok(Compare { core: reader.core.clone(), idx: reader.idx, cmp, thr })
+    })
 }
 
 enum Branch {
     Compare(Py<Compare>),
+    Call(Py<CallCompare>),
     Node(Py<Node>),
     Python(PyObject),
+}
+
+impl Branch {
+    /// A compiled test as a branch: native when it is one.
+    fn of(py: Python<'_>, t: PyObject) -> (Branch, bool) {
+        let b = t.bind(py);
+        if let Ok(c) = b.downcast::<Compare>() {
+            (Branch::Compare(c.clone().unbind()), true)
+        } else if let Ok(c) = b.downcast::<CallCompare>() {
+            (Branch::Call(c.clone().unbind()), true)
+        } else if let Ok(n) = b.downcast::<Node>() {
+            (Branch::Node(n.clone().unbind()), true)
+        } else {
+            (Branch::Python(t), false)
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -107,6 +171,7 @@ impl Branch {
     fn eval(&self, py: Python<'_>) -> PyResult<Option<bool>> {
         match self {
             Branch::Compare(c) => c.get().eval(py),
+            Branch::Call(c) => c.get().eval(py),
             Branch::Node(n) => n.get().eval(py),
             Branch::Python(f) => {
                 let r = f.call0(py)?;
@@ -174,16 +239,9 @@ pub fn join(py: Python<'_>, op: &str, tests: Vec<PyObject>) -> PyResult<Option<N
     let mut native = false;
     let mut branches = Vec::with_capacity(tests.len());
     for t in tests {
-        let b = t.bind(py);
-        if let Ok(c) = b.downcast::<Compare>() {
-            native = true;
-            branches.push(Branch::Compare(c.clone().unbind()));
-        } else if let Ok(n) = b.downcast::<Node>() {
-            native = true;
-            branches.push(Branch::Node(n.clone().unbind()));
-        } else {
-            branches.push(Branch::Python(t));
-        }
+        let (b, is_native) = Branch::of(py, t);
+        native |= is_native;
+        branches.push(b);
     }
     Ok(if native { Some(Node { op, branches }) } else { None })
 }
@@ -206,19 +264,7 @@ impl Scan {
         if tests.len() != keys.len() {
             return Err(PyValueError::new_err("Scan: one key per test"));
         }
-        let branches = tests
-            .into_iter()
-            .map(|t| {
-                let b = t.bind(py);
-                if let Ok(c) = b.downcast::<Compare>() {
-                    Branch::Compare(c.clone().unbind())
-                } else if let Ok(n) = b.downcast::<Node>() {
-                    Branch::Node(n.clone().unbind())
-                } else {
-                    Branch::Python(t)
-                }
-            })
-            .collect();
+        let branches = tests.into_iter().map(|t| Branch::of(py, t).0).collect();
         Ok(Scan { branches, keys })
     }
 

@@ -282,3 +282,45 @@ def test_the_scan_reads_native_tests_and_names_tiers_with_a_state():
     assert scan({"b/": object(), "c/": object()}) == [(0, True), (1, False), (2, None), (4, True)]
     with pytest.raises(ValueError):
         native.Scan(tests, keys[:2])
+
+
+@pytest.mark.parametrize("kind", ["above", "below", "abs_above"])
+@pytest.mark.parametrize("first", [False, True])
+def test_the_native_test_of_a_python_reader_gives_the_python_verdicts(kind, first):
+    """compare_call (dists, groups, ranks, samples: readers answered in Python) against the
+    closures of rules.compile, value by value, and as a branch of a native all/any/Scan."""
+    from rules.compile import _compare_pair, _compare_value
+
+    stream = [0.5, 1.0, 1.5, -2.0, -1.0, math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0000001]
+    box = [0.0]
+    if first:
+        def read():
+            return box[0], "detail"
+        py, _ = _compare_pair(read, kind, 1.0, "m", lambda d: d)
+    else:
+        def read():
+            return box[0]
+        py, _ = _compare_value(read, kind, 1.0, "m")
+    nat = native.compare_call(read, kind, 1.0, first)
+    both = native.join("all", [nat, _Fixed([True])])
+    for x in stream:
+        box[0] = x
+        assert nat() is py(), x
+        assert both() is py(), x
+        assert native.Scan([nat], ["k/"])({"k/": 1}) == [(0, py())]
+    with pytest.raises(ValueError):
+        native.compare_call(read, "around", 1.0, first)
+
+
+def test_compiled_conditions_on_python_readers_are_native_when_the_core_is():
+    """A run's compiled dist, group and rank conditions are native tests (no Python closure
+    between the tier and its reader), and their all/any native nodes."""
+    from rules.loader import load_pack
+    from streams.processor import Pipeline
+
+    state = Pipeline(load_pack("rlhf")).state("r")
+    program = state.program(0)
+    kinds = {cr.rule.id: type(cr.tiers[0].test).__name__ for cr in program.rules}
+    assert kinds["length_shape"] == "Node"          # any of three dist conditions
+    assert kinds["rank_outlier"] == "CallCompare"   # a cross-rank reader
+    assert kinds["category_imbalance"] == "Node"    # all of three group conditions
