@@ -325,30 +325,44 @@ class FleetWriter:
         self.errors = 0
 
     def note(self, state, event=None, *, urgent: bool = False) -> None:
-        """The run's state after ``event`` was processed."""
+        """The run's state after ``event`` was processed. Called for every event: it only
+        marks the run changed and keeps rank 0's sparkline values; the record is built when
+        written."""
         run_id = state.run_id
         self.states[run_id] = state
         self.dirty.add(run_id)
-        self.urgent = self.urgent or urgent
-        if event is not None and getattr(event, "kind", None) == "step" and not getattr(event, "rank", 0):
-            metrics = getattr(event, "metrics", None) or {}
-            values = {m: metrics[m] for m in SPARK_METRICS if m in metrics}
-            if values:
-                pts = self.points.setdefault(run_id, [])
-                pts.append((event.step, values))
-                if len(pts) > 4 * SPARK_POINTS:      # many steps between two writes: thin them
-                    pts[:] = pts[::2]
-        if (event is not None and getattr(event, "kind", None) == "heartbeat"
-                and getattr(event, "final", False) is True):
+        if urgent:
+            self.urgent = True
+        if event is None:
+            return
+        kind = getattr(event, "kind", None)
+        rank = None
+        if kind == "step":
+            rank = getattr(event, "rank", 0)
+            if not rank:
+                metrics = getattr(event, "metrics", None)
+                if metrics:
+                    values = {}
+                    for m in SPARK_METRICS:
+                        v = metrics.get(m)
+                        if v is not None or m in metrics:
+                            values[m] = v
+                    if values:
+                        pts = self.points.get(run_id)
+                        if pts is None:
+                            pts = self.points[run_id] = []
+                        pts.append((event.step, values))
+                        if len(pts) > 4 * SPARK_POINTS:  # many steps between two writes: thin
+                            pts[:] = pts[::2]
+        elif kind == "heartbeat" and getattr(event, "final", False) is True:
             self.closed[run_id] = {"ts": event.ts, "step": event.step,
                                    "reason": "the training script closed its monitor"}
             self.urgent = True
-        if self.local is not None and event is not None:
+        if self.local is not None:
             try:
                 # the summary (built per call) with rank 0's steps and the other kinds; the other
                 # ranks' steps of a run that has a rank 0 (most of a fleet's events) draw nothing
                 # that needs it
-                rank = getattr(event, "rank", 0) if getattr(event, "kind", None) == "step" else None
                 if rank == 0:
                     self.rank0.add(run_id)
                 skip = bool(rank) and run_id in self.rank0

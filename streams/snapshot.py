@@ -18,6 +18,14 @@ metrics and batch ids) and of recent sample batches; the processor feeds it ever
 :func:`attach_snapshot` puts that dict on the alert (``alert.snapshot``) on its way to the
 alerts topic; the dispatcher stores it in Redis as an incident and strips it from
 notifications. Everything is bounded: a snapshot stays well under Kafka's message limit.
+
+The recorder sees every event, so it does as little as it can per event: a step is kept as a
+tuple that refers to the event's own ``metrics`` dict and ``batch_ids`` list (no copies; the
+core never changes them in place: a preset's renaming replaces ``event.metrics`` with a new
+dict, and the recorder keeps the logged one, as it always did), and a sample batch keeps the
+event's first ``MAX_SAMPLES`` samples as they are; they become dicts (``model_dump``, texts
+clipped) only when a snapshot is built. Measured on the fleet of ``bench/bench_worker_kafka.py``:
+about 1 µs per event instead of about 6.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ __all__ = ["SnapshotRecorder", "attach_snapshot", "build_snapshot"]
 MAX_TEXT = 1500
 MAX_SAMPLES = 12
 MAX_WINDOW = 240
+MAX_BATCH_IDS = 64
 
 
 def _clip(x: Any) -> Any:
@@ -43,14 +52,18 @@ def _clip(x: Any) -> Any:
 
 
 class _RunTape:
-    """Rank 0's steps (the window), other ranks' recent steps (the offending step's ranks)."""
+    """Rank 0's steps (the window), other ranks' recent steps (the offending step's ranks) and
+    recent sample batches.
+
+    A step is ``(step, rank, metrics, batch_ids or None)``; a sample batch is ``(step, rank,
+    count, samples)``, ``samples`` the event's first samples (``Sample`` objects)."""
 
     __slots__ = ("others", "samples", "steps")
 
     def __init__(self, steps: int, sample_batches: int, other_ranks: int):
-        self.steps: deque[dict] = deque(maxlen=steps)
-        self.others: deque[dict] = deque(maxlen=other_ranks)
-        self.samples: deque[dict] = deque(maxlen=sample_batches)
+        self.steps: deque[tuple] = deque(maxlen=steps)
+        self.others: deque[tuple] = deque(maxlen=other_ranks)
+        self.samples: deque[tuple] = deque(maxlen=sample_batches)
 
 
 class SnapshotRecorder:
@@ -61,7 +74,7 @@ class SnapshotRecorder:
     >>> for s in range(6):
     ...     r.observe(parse_event({"schema": 1, "kind": "step", "run_id": "a", "step": s,
     ...                            "metrics": {"kl/mean": 0.01 * s}}, 0.0))
-    >>> [x["step"] for x in r.tape("a").steps]
+    >>> [step for step, rank, metrics, batch_ids in r.tape("a").steps]
     [2, 3, 4, 5]
     """
 
@@ -84,23 +97,31 @@ class SnapshotRecorder:
         return t
 
     def observe(self, event) -> None:
-        """Feed one parsed event (any kind; only steps and samples are kept)."""
+        """Feed one parsed event (any kind; only steps and samples are kept). Call it before the
+        core processes the event: the window shows the metrics as logged."""
         if isinstance(event, StepEvent):
-            rec = {"step": event.step, "rank": event.rank, "ts": event.ts, "metrics": dict(event.metrics)}
-            if event.batch_ids:
-                rec["batch_ids"] = list(event.batch_ids[:64])
+            ids = event.batch_ids
+            if ids:
+                ids = ids if len(ids) <= MAX_BATCH_IDS else ids[:MAX_BATCH_IDS]
+            else:
+                ids = None
+            rank = event.rank
             tape = self.tape(event.run_id)
-            (tape.steps if event.rank == 0 else tape.others).append(rec)
+            (tape.others if rank else tape.steps).append((event.step, rank, event.metrics, ids))
         elif isinstance(event, SamplesEvent):
-            samples = [{k: _clip(v) for k, v in s.model_dump(exclude_none=True).items()}
-                       for s in event.samples[:MAX_SAMPLES]]
+            samples = event.samples
             self.tape(event.run_id).samples.append(
-                {"step": event.step, "rank": event.rank, "count": len(event.samples), "samples": samples})
+                (event.step, event.rank, len(samples), samples[:MAX_SAMPLES]))
 
 
-def _samples_at(batches: list[dict], lo: int | None, hi: int) -> dict | None:
-    hits = [b for b in batches if b["step"] <= hi and (lo is None or b["step"] >= lo)]
-    return max(hits, key=lambda b: b["step"]) if hits else None
+def _dump_samples(samples: list) -> list[dict]:
+    """Samples as a snapshot shows them: their fields that are set, long texts clipped."""
+    return [{k: _clip(v) for k, v in s.model_dump(exclude_none=True).items()} for s in samples]
+
+
+def _samples_at(batches: list[tuple], lo: int | None, hi: int) -> tuple | None:
+    hits = [b for b in batches if b[0] <= hi and (lo is None or b[0] >= lo)]
+    return max(hits, key=lambda b: b[0]) if hits else None
 
 
 def _crosses(value: Any, threshold: float, above: bool) -> bool:
@@ -108,21 +129,22 @@ def _crosses(value: Any, threshold: float, above: bool) -> bool:
         value > threshold if above else value < threshold)
 
 
-def _last_stable_step(alert: Alert, rows: list[dict], onset: int) -> int:
+def _last_stable_step(alert: Alert, rows: list[tuple], onset: int) -> int:
     """The last step before ``onset`` whose logged value of the alert's metric does not cross
     the alert's threshold, when the threshold is on the metric's own scale (some logged value
-    from the onset to the alert crosses it); else ``onset - 1``."""
+    from the onset to the alert crosses it); else ``onset - 1``. ``rows``: the recorder's steps
+    of one rank."""
     metric, value, thr = alert.metric, alert.value, alert.threshold
     if not metric or not isinstance(value, (int, float)) or not isinstance(thr, (int, float)) \
             or not math.isfinite(value) or not math.isfinite(thr) or value == thr:
         return onset - 1
     above = value > thr
-    if not any(_crosses(r["metrics"].get(metric), thr, above) for r in rows if onset <= r["step"] <= alert.step):
+    if not any(_crosses(r[2].get(metric), thr, above) for r in rows if onset <= r[0] <= alert.step):
         return onset - 1                  # a signal's threshold (a z-score, a ratio), not the metric's
-    for r in sorted((r for r in rows if r["step"] < onset), key=lambda r: r["step"], reverse=True):
-        v = r["metrics"].get(metric)
+    for r in sorted((r for r in rows if r[0] < onset), key=lambda r: r[0], reverse=True):
+        v = r[2].get(metric)
         if isinstance(v, (int, float)) and math.isfinite(v) and not _crosses(v, thr, above):
-            return r["step"]
+            return r[0]
     return onset - 1
 
 
@@ -132,39 +154,39 @@ def build_snapshot(alert: Alert, recorder: SnapshotRecorder, state=None, before:
     tape = recorder.runs.get(alert.run_id)
     onset = alert.onset_step if alert.onset_step is not None else alert.step
     rank = alert.rank or 0
-    steps = (list(tape.steps) + list(tape.others)) if tape else []
-    batches = list(tape.samples) if tape else []
+    steps = (list(tape.steps) + list(tape.others)) if tape else []   # (step, rank, metrics, ids)
+    batches = list(tape.samples) if tape else []                      # (step, rank, count, samples)
     lo, hi = onset - before, max(alert.step, onset + after)
-    window = [{"step": r["step"], "metrics": r["metrics"]} for r in steps
-              if r["rank"] == rank and lo <= r["step"] <= hi]
+    mine = [r for r in steps if r[1] == rank]
+    window = [{"step": r[0], "metrics": r[2]} for r in mine if lo <= r[0] <= hi]
     if len(window) > MAX_WINDOW:  # a long way from onset to alert: both ends, not the middle
         head = min(before + after, MAX_WINDOW // 2)
         window = window[:head] + window[-(MAX_WINDOW - head):]
-    mine = [r for r in steps if r["rank"] == rank]
     stable_step = _last_stable_step(alert, mine, onset)
-    stable_metrics = max((r for r in mine if r["step"] <= stable_step), key=lambda r: r["step"], default=None)
+    stable_row = max((r for r in mine if r[0] <= stable_step), key=lambda r: r[0], default=None)
     offending = _samples_at(batches, onset, alert.step) or _samples_at(batches, None, alert.step)
     stable = _samples_at(batches, None, stable_step)
-    offending_step = offending["step"] if offending else alert.step
+    offending_step = offending[0] if offending else alert.step
     ranks: dict[str, dict] = {}
     for r in steps:
-        if r["step"] == alert.step:
+        if r[0] == alert.step:
             entry: dict[str, Any] = {}
-            if alert.metric and alert.metric in r["metrics"]:
-                entry["value"] = r["metrics"][alert.metric]
-            if "batch_ids" in r:
-                entry["batch_ids"] = r["batch_ids"]
-            ranks[str(r["rank"])] = entry
+            if alert.metric and alert.metric in r[2]:
+                entry["value"] = r[2][alert.metric]
+            if r[3] is not None:
+                entry["batch_ids"] = list(r[3])
+            ranks[str(r[1])] = entry
     snap: dict[str, Any] = {
         "run_id": alert.run_id, "rule": alert.rule, "severity": alert.severity, "rank": alert.rank,
         "step": alert.step, "onset_step": alert.onset_step, "metric": alert.metric,
         "value": alert.value, "threshold": alert.threshold,
         "window": {"from": lo, "to": hi, "rank": rank, "steps": window},
-        "offending": {"step": offending_step, "samples": offending["samples"] if offending else [],
-                      "samples_total": offending["count"] if offending else 0},
-        "last_stable": {"step": stable["step"] if stable else (stable_metrics or {}).get("step"),
-                        "samples": stable["samples"] if stable else [],
-                        "metrics": stable_metrics["metrics"] if stable_metrics else {}},
+        "offending": {"step": offending_step,
+                      "samples": _dump_samples(offending[3]) if offending else [],
+                      "samples_total": offending[2] if offending else 0},
+        "last_stable": {"step": stable[0] if stable else (stable_row[0] if stable_row else None),
+                        "samples": _dump_samples(stable[3]) if stable else [],
+                        "metrics": stable_row[2] if stable_row else {}},
         "ranks": ranks,
         "rollback_to": alert.rollback_to,
     }

@@ -1,0 +1,58 @@
+"""Incident snapshots (streams.snapshot) built from what the recorder kept of each event: the
+recorder keeps the events' own data and serialises samples only when a snapshot is built, and
+the snapshot shows what was logged, as it did when every event was copied on arrival."""
+
+from __future__ import annotations
+
+from contract.events import parse_event
+from streams.processor import Processor
+from streams.snapshot import MAX_SAMPLES, MAX_TEXT, SnapshotRecorder, build_snapshot
+from tests.unit._core import T0, rlhf_pack, step_event
+from tests.unit.alerts._helpers import alert
+
+
+def test_the_window_shows_the_metrics_as_logged_after_the_core_renamed_them():
+    """A run logging a framework's names (here TRL's) is mapped onto the canonical names by the
+    core, which replaces the event's metrics; the snapshot keeps the names the run logged."""
+    processor = Processor(rlhf_pack())
+    state = processor.new_state("trl")
+    rec = SnapshotRecorder()
+    for s in range(30):
+        ev = step_event("trl", s, {"objective/kl": 0.01 * s, "objective/scores": 1.0},
+                        batch_ids=[f"b{s}"])
+        rec.observe(ev)
+        processor.process(state, ev, T0 + s)
+    assert state.preset == "trl-ppo" and "kl/mean" in ev.metrics   # the core did rename them
+    snap = build_snapshot(alert(run_id="trl", step=20, onset_step=18, metric="objective/kl",
+                                value=0.2, threshold=0.15), rec, state, before=3, after=2)
+    assert [(w["step"], w["metrics"]) for w in snap["window"]["steps"]] == [
+        (s, {"objective/kl": 0.01 * s, "objective/scores": 1.0}) for s in range(15, 21)]
+    assert snap["ranks"] == {"0": {"value": 0.2, "batch_ids": ["b20"]}}
+    assert snap["last_stable"]["metrics"] == {"objective/kl": 0.01 * 15, "objective/scores": 1.0}
+
+
+def test_samples_are_serialised_when_the_snapshot_is_built_as_they_were_on_arrival():
+    rec = SnapshotRecorder()
+    long_text = "y" * (MAX_TEXT + 10)
+    samples = [{"prompt_id": f"p{i}", "response": long_text if i == 0 else "ok", "reward": float(i),
+                "truncated": None, "note": "an extra field"} for i in range(MAX_SAMPLES + 3)]
+    rec.observe(parse_event({"schema": 1, "kind": "samples", "run_id": "r", "step": 5, "ts": T0,
+                             "samples": samples}, T0))
+    for s in range(8):
+        rec.observe(step_event("r", s, {"kl/mean": 0.01}))
+    snap = build_snapshot(alert(run_id="r", step=7, onset_step=6), rec)
+    got = snap["offending"]
+    assert got["step"] == 5 and got["samples_total"] == MAX_SAMPLES + 3
+    assert got["samples"][0] == {   # unset fields left out, long texts clipped
+        "prompt_id": "p0", "response": "y" * MAX_TEXT + "... [10 more chars]", "reward": 0.0,
+        "note": "an extra field"}
+    assert got["samples"][1:] == [{"prompt_id": f"p{i}", "response": "ok", "reward": float(i),
+                                   "note": "an extra field"} for i in range(1, MAX_SAMPLES)]
+
+
+def test_a_rank_reports_at_most_64_batch_ids():
+    rec = SnapshotRecorder()
+    ids = [f"b{i}" for i in range(100)]
+    rec.observe(step_event("r", 3, {"kl/mean": 0.5}, rank=2, batch_ids=ids))
+    snap = build_snapshot(alert(run_id="r", step=3, onset_step=3, metric="kl/mean"), rec)
+    assert snap["ranks"] == {"2": {"value": 0.5, "batch_ids": ids[:64]}}
