@@ -228,11 +228,11 @@ def faust_floor_agent() -> None:
 
     if lane:
         @app.batch_lane(topic)
-        async def parse_batch(messages):
-            ack, loads = app.consumer.ack, json.loads
-            for m in messages:
-                loads(m.value)
-                ack(m)
+        async def parse_batch(batch):
+            loads = json.loads
+            for record in batch:
+                loads(record.value)
+            batch.ack(len(batch))
 
     sys.argv = ["rlwatch-bench-faust", "worker", "-l", "warn", "--without-web"]
     app.main()
@@ -346,7 +346,11 @@ def main() -> None:
                     "run per variable), before the worker as it is, to compare in one run")
     ap.add_argument("--no-core", action="store_true",
                     help="also run the worker with the core (Processor.process) replaced by a no-op: "
-                    "what the edges around the core cost, the ceiling of a faster core")
+                    "what the edges around the core cost, the ceiling of a faster core (with "
+                    "--spy, recorded too, into FILE.no-core)")
+    ap.add_argument("--no-core-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="with --no-core, also run the no-op-core worker with this environment "
+                    "variable set (repeatable), e.g. PYTHONPATH=<a copy of an older tree>")
     ap.add_argument("--faust-floor-agent", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.faust_floor_agent:
@@ -397,13 +401,20 @@ def main() -> None:
                                               args.loglevel,
                                               extra_env={**extra, "RLWATCH_WORKER_ID": f"bench-{sid}-v{i}"})
             show(label, w_s, w_n, w_cpu, how)
+        nc_variants = [(f"core a no-op, {e}", dict([e.split("=", 1)])) for e in args.no_core_env]
         if args.no_core:
-            v = dict(topics, app=f"{topics['app']}-nc", alerts=f"{topics['alerts']}.nc", dlq=f"{topics['dlq']}.nc")
+            nc_variants.append(("rlwatch worker, core a no-op", {}))
+        for i, (label, extra) in enumerate(nc_variants):
+            last = i == len(nc_variants) - 1
+            v = dict(topics, app=f"{topics['app']}-nc{i}", alerts=f"{topics['alerts']}.nc{i}",
+                     dlq=f"{topics['dlq']}.nc{i}")
             extra_topics.update({v["alerts"], v["dlq"]})
             extra_groups.add(v["app"])
-            w_s, w_n, w_cpu, _ = run_consumer("no-core", args.kafka, args.redis, sid, v, n, args.timeout,
-                                              args.loglevel, extra_env={"RLWATCH_WORKER_ID": f"bench-{sid}-nc"})
-            show("rlwatch worker, core a no-op", w_s, w_n, w_cpu, how)
+            spy = args.spy + ".no-core" if args.spy and last else None
+            w_s, w_n, w_cpu, _ = run_consumer(
+                "no-core", args.kafka, args.redis, sid, v, n, args.timeout, args.loglevel, spy,
+                extra_env={**extra, "RLWATCH_WORKER_ID": f"bench-{sid}-nc{i}"})
+            show(label, w_s, w_n, w_cpu, how)
         w_s, w_n, w_cpu, out = run_consumer("worker", args.kafka, args.redis, sid, topics, n, args.timeout,
                                             args.loglevel, args.spy)
         show("rlwatch worker", w_s, w_n, w_cpu, how)
@@ -414,7 +425,11 @@ def main() -> None:
         errors = [x for x in out if "Traceback" in x or " ERROR " in x or "rejected an event" in x]
         if errors:
             print(f"worker output had {len(errors)} error lines, first: {errors[0][:200]}")
+        if args.spy and os.path.exists(args.spy + ".no-core"):
+            print("the worker with the core a no-op:")
+            print(spy_report(args.spy + ".no-core"))
         if args.spy and os.path.exists(args.spy):
+            print("the worker:")
             print(spy_report(args.spy))
     finally:
         if not args.keep:

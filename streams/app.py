@@ -8,9 +8,10 @@ edge (:class:`alerts.dispatch.Dispatcher`).
   the reason -> the run's state from the ``rlwatch-runs`` table -> alerts to ``rlwatch.alerts``.
   The events come a fetched batch at a time (:mod:`streams.batch_lane`: Faust's consumer hands
   the batch to ``process_batch``, past Faust's per-message agent path, which alone costs about
-  13 times the CPU of a bare consumer); each event is acknowledged once processed, and Faust
-  commits only acknowledged offsets. ``RLWATCH_BATCH_LANE=0`` turns the lane off (every event
-  through the agent's stream, as before).
+  13 times the CPU of a bare consumer); the events processed are acknowledged before each
+  await (only then can Faust commit), and Faust commits only acknowledged offsets.
+  ``RLWATCH_BATCH_LANE=0`` turns the lane off (every event through the agent's stream, as
+  before).
 * a firing alert's brake is pulled at once from the events agent, on the brake's own thread
   (:class:`alerts.brake.BrakeThread`: its own event loop and Redis client, so a pause waits for
   no turn behind events or notifications), and again from the alerts topic, which is what makes
@@ -373,25 +374,29 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
             await publish(body)
 
     @app.batch_lane(events)
-    async def process_batch(messages: list) -> None:
-        """The events of one fetched batch, in order; each acknowledged once processed (Faust
-        commits acknowledged offsets only). A rebalance stops it: the rest is read again."""
-        ack = app.consumer.ack
-        active = app.lane_active
-        generation = messages[0].generation_id
+    async def process_batch(batch) -> None:
+        """The events of one fetched batch (a :class:`streams.batch_lane.LaneBatch` of records),
+        in order. Those processed are acknowledged before every await (Faust commits, and a
+        rebalance starts, only while this waits), so a commit covers exactly the events
+        processed, as if each were acknowledged on its own. A rebalance stops it: the rest is
+        read again."""
+        active = batch.checker()
         clock = time.time
-        n = 0
-        for message in messages:
-            if not active(generation):
-                return
-            out = take(message.key, message.value, clock())
-            if out is not None:
-                await after(out)
-            ack(message)
-            n += 1
-            if n == LANE_SLICE:        # the loop's other work (timers, the alerts lanes) gets
-                n = 0                  # a turn every few milliseconds
-                await asyncio.sleep(0)
+        done = 0            # batch[:done] processed (their dead letters and alerts sent)
+        try:
+            for record in batch:
+                if not active():
+                    return
+                out = take(record.key, record.value, clock())
+                if out is not None:
+                    batch.ack(done)
+                    await after(out)
+                done += 1
+                if done % LANE_SLICE == 0:    # the loop's other work (timers, the alerts lanes)
+                    batch.ack(done)           # gets a turn every few milliseconds
+                    await asyncio.sleep(0)
+        finally:
+            batch.ack(done)
 
     @app.agent(events)
     async def process_events(stream):

@@ -1,0 +1,173 @@
+"""The worker's batch lane (streams.batch_lane) keeps Faust's bookkeeping: the offsets it
+acknowledges are the ones Faust's own acknowledgements would record (so a commit covers the
+processed events and nothing else), records read already are dropped and gaps noted, the order
+is Faust's round robin over partitions; and the worker's events lane (streams.app) acknowledges
+exactly the events it processed before each await."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("faust")
+
+from aiokafka.structs import ConsumerRecord  # noqa: E402
+from faust.transport.utils import DefaultSchedulingStrategy  # noqa: E402
+from faust.types import TP  # noqa: E402
+from faust.types.tuples import ConsumerMessage  # noqa: E402
+
+from streams.batch_lane import BatchApp, LaneBatch, round_robin  # noqa: E402
+
+TOPIC = "lane.events"
+
+
+def record(partition: int, offset: int, value: bytes = b"{}", topic: str = TOPIC):
+    return ConsumerRecord(topic=topic, partition=partition, offset=offset,
+                          timestamp=1_700_000_000_000, timestamp_type=0, key=b"k", value=value,
+                          checksum=None, serialized_key_size=1, serialized_value_size=len(value),
+                          headers=[])
+
+
+def message(rec: ConsumerRecord, tp: TP) -> ConsumerMessage:
+    return ConsumerMessage(rec.topic, rec.partition, rec.offset, rec.timestamp / 1000.0,
+                           rec.timestamp_type, rec.headers, rec.key, rec.value, rec.checksum,
+                           rec.serialized_key_size, rec.serialized_value_size, tp, generation_id=1)
+
+
+def consumer():
+    """A lane app's consumer (never started), acknowledgements on for the lane topic."""
+    app = BatchApp("lane-test", broker="kafka://127.0.0.1:1", store="memory://",
+                   key_serializer="raw", value_serializer="raw")
+    topic = app.topic(TOPIC, key_type=bytes, value_type=bytes)
+
+    async def enable():
+        app.topics.add(topic)
+        await app.topics._update_indices()
+    asyncio.run(enable())
+    assert app.topics.acks_enabled_for(TOPIC)
+    return app.consumer
+
+
+def bookkeeping(c, tps):
+    return ({tp: list(c._acked[tp]) for tp in tps}, {tp: set(c._acked_index[tp]) for tp in tps},
+            c._n_acked)
+
+
+def test_lane_acks_record_what_fausts_own_acks_record():
+    tps = {0: TP(TOPIC, 0), 1: TP(TOPIC, 1)}
+    recs = round_robin([[record(0, o) for o in range(10, 16)],
+                        [record(1, o) for o in range(3, 6)]])
+    mine, faust = consumer(), consumer()
+    for c in (mine, faust):
+        c._committed_offset[tps[0]] = 12           # offsets up to 11 were committed before
+    batch = LaneBatch(recs, mine, TOPIC, tps, generation_id=1)
+    batch.ack(4)
+    batch.ack(4)                                     # nothing new
+    batch.ack(7)
+    assert batch.acked == 7
+    for rec in recs[:7]:
+        faust.ack(message(rec, tps[rec.partition]))
+    assert bookkeeping(mine, tps.values()) == bookkeeping(faust, tps.values())
+    # what the next commit takes (Faust's own reading): partition 0 after 13, partition 1 after 5
+    assert [mine._new_offset(tp) for tp in tps.values()] \
+        == [faust._new_offset(tp) for tp in tps.values()] == [14, 6]
+    mine._committed_offset[tps[0]] = 14              # as the commit leaves it
+    batch.ack(len(batch))
+    assert mine._new_offset(tps[0]) == 16 and mine._new_offset(tps[1]) is None
+
+
+def test_records_read_already_are_dropped_and_a_gap_is_noted():
+    c = consumer()
+    tp = TP(TOPIC, 0)
+    c._read_offset[tp] = 4
+    kept = asyncio.run(c._lane_records(tp, [record(0, o) for o in (2, 3, 4, 5, 6)], True))
+    # as Faust: the records from the read offset on
+    assert [r.offset for r in kept] == [4, 5, 6] and c._read_offset[tp] == 6
+    kept = asyncio.run(c._lane_records(tp, [record(0, o) for o in (9, 10)], True))
+    assert [r.offset for r in kept] == [9, 10] and c._read_offset[tp] == 10
+    # 7 and 8 never came: noted as Faust's fetch loop notes it (_add_gap(tp, 7, 9))
+    assert [(i.begin, i.end) for i in c._gap[tp]] == [(7, 10)]
+    kept = asyncio.run(c._lane_records(tp, [record(0, o) for o in (11, 13)], True))
+    assert [r.offset for r in kept] == [11, 13] and c._read_offset[tp] == 13
+    assert sorted((i.begin, i.end) for i in c._gap[tp]) == [(7, 10), (12, 14)]
+
+
+def test_a_batch_is_in_fausts_round_robin_order():
+    lists = [[record(p, o) for o in range(n)] for p, n in enumerate((5, 2, 3))]
+    faust = [rec for _tp, rec in DefaultSchedulingStrategy().iterate(
+        {TP(TOPIC, i): recs for i, recs in enumerate(lists)})]
+    assert round_robin(lists) == faust
+    assert round_robin(lists[:1]) == lists[0]
+
+
+# -- the worker's events lane ----------------------------------------------------------------------
+
+class FakeConsumer:
+    """What a LaneBatch needs of its consumer: acknowledgements, flow control, the generation."""
+
+    def __init__(self, active_for: int = 10**9):
+        self.acked = 0
+        self.checks = 0
+        self.active_for = active_for
+
+        def is_active():
+            self.checks += 1
+            return self.checks <= self.active_for
+        self.app = SimpleNamespace(flow_control=SimpleNamespace(is_active=is_active),
+                                   consumer_generation_id=1)
+
+    def ack_lane(self, batch, start, stop):
+        assert start == self.acked, "acknowledged in order, each once"
+        self.acked = stop
+
+
+def worker_lane(monkeypatch):
+    import faust.topics
+
+    from contract.settings import Settings
+    from streams.app import build_app
+
+    sent = []
+
+    async def send(topic, *, key=None, value=None, **kw):
+        sent.append((topic.get_topic_name(), value, current["batch"].acked))
+    monkeypatch.setattr(faust.topics.Topic, "send", send)
+    settings = Settings(redis="redis://127.0.0.1:1/0")
+    app = build_app(settings)
+    current: dict = {}
+
+    def run(values, consumer):
+        recs = [record(0, i, v, topic=settings.events_topic) for i, v in enumerate(values)]
+        tps = {0: TP(settings.events_topic, 0)}
+        batch = current["batch"] = LaneBatch(recs, consumer, settings.events_topic, tps, 1)
+        asyncio.run(app.batch_lanes[settings.events_topic](batch))
+        return batch
+    return run, sent, app, settings
+
+
+def step(run_id: str, s: int) -> bytes:
+    return json.dumps({"schema": 1, "kind": "step", "run_id": run_id, "step": s, "ts": 1.7e9 + s,
+                       "metrics": {"kl/mean": 0.01}}).encode()
+
+
+def test_the_events_lane_acknowledges_the_processed_events_before_each_await(monkeypatch):
+    run, sent, app, settings = worker_lane(monkeypatch)
+    c = FakeConsumer()
+    batch = run([step("a", 0), step("a", 1), b"not json", step("a", 2), b"{}", step("a", 3)], c)
+    # each dead letter went out with every event before it acknowledged and itself not yet
+    assert [(t, acked) for t, _v, acked in sent] == [(settings.dlq_topic, 2),
+                                                      (settings.dlq_topic, 4)]
+    assert json.loads(sent[0][1])["reason"]
+    assert c.acked == len(batch) == 6
+    assert app.rlwatch_counters["events"] == 4 and app.rlwatch_counters["dlq"] == 2
+
+
+def test_a_rebalance_stops_the_events_lane_with_the_processed_events_acknowledged(monkeypatch):
+    run, sent, app, _settings = worker_lane(monkeypatch)
+    c = FakeConsumer(active_for=3)
+    run([step("b", s) for s in range(6)], c)
+    assert c.acked == 3 and app.rlwatch_counters["events"] == 3 and not sent
+    assert app.rlwatch_states.get("b").last_step == {0: 2}
