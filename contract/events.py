@@ -303,20 +303,50 @@ _STEP_KEYS = frozenset({"schema", "kind", "run_id", "step", "rank", "world_size"
 
 
 def _numbers(d: Any) -> dict | None:
-    """``d`` as name -> float when it is plainly that (else None: the strict path decides)."""
+    """``d`` as name -> float when it is plainly that (else None: the strict path decides).
+    Numbers may be the contract's non-finite spellings ("NaN", ...), read as :func:`_number`
+    reads them."""
     if type(d) is not dict or len(d) > MAX_METRICS:
         return None
     if not d:
         return d
     kinds = set(map(type, d.values()))
-    if not kinds <= _NUMBER_TYPES or max(map(len, d)) > MAX_NAME_LEN:
+    if not kinds <= _NUMBER_OR_TEXT or max(map(len, d)) > MAX_NAME_LEN:
         return None
+    if str in kinds:
+        return _spelt_numbers(d)
     if int in kinds:
         d = {k: float(v) for k, v in d.items()}
     return d
 
 
+def _spelt_numbers(d: dict) -> dict | None:
+    """``d`` (numbers and text) with each text a non-finite spelling replaced by its float;
+    None when a text is not one (the strict path words the reason)."""
+    out = {}
+    for k, v in d.items():
+        if type(v) is str:
+            v = _NONFINITE_IN.get(v.strip().lower())
+            if v is None:
+                return None
+        out[k] = float(v)
+    return out
+
+
+def _spelt_list(xs: list) -> list | None:
+    """:func:`_spelt_numbers` for the values of a dist."""
+    out = []
+    for v in xs:
+        if type(v) is str:
+            v = _NONFINITE_IN.get(v.strip().lower())
+            if v is None:
+                return None
+        out.append(float(v))
+    return out
+
+
 _NUMBER_TYPES = frozenset({float, int})
+_NUMBER_OR_TEXT = frozenset({float, int, str})
 _FLOAT = frozenset({float})
 
 
@@ -370,12 +400,31 @@ _SAMPLES_KEYS = frozenset({"schema", "kind", "run_id", "step", "rank", "world_si
                            "tags", "incarnation", "samples"})
 
 
-def _construct(cls, values: dict):
-    ev = object.__new__(cls)
-    object.__setattr__(ev, "__dict__", values)
-    object.__setattr__(ev, "__pydantic_fields_set__", set(values))
-    object.__setattr__(ev, "__pydantic_extra__", {})
-    object.__setattr__(ev, "__pydantic_private__", None)
+def _slot_setter(name: str):
+    """The setter ``object.__setattr__(obj, name, value)`` finds on a model (pydantic's slot
+    descriptor), bound once: the same store without the lookup per event."""
+    found = next((k.__dict__[name] for k in BaseModel.__mro__ if name in k.__dict__), None)
+    if found is None or not hasattr(found, "__set__"):   # pragma: no cover - another pydantic
+        return lambda obj, value: object.__setattr__(obj, name, value)
+    return found.__set__
+
+
+_new = object.__new__
+_set_dict = _slot_setter("__dict__")
+_set_fields_set = _slot_setter("__pydantic_fields_set__")
+_set_extra = _slot_setter("__pydantic_extra__")
+_set_private = _slot_setter("__pydantic_private__")
+
+
+def _construct(cls, values: dict, fields_set: set | None = None):
+    """A model of ``values`` (already valid, in the model's field order) without validation.
+    ``fields_set`` (copied, never shared: pydantic adds to it on assignment) is the set of
+    ``values``' names when the caller has it at hand."""
+    ev = _new(cls)
+    _set_dict(ev, values)
+    _set_fields_set(ev, set(values) if fields_set is None else fields_set.copy())
+    _set_extra(ev, {})
+    _set_private(ev, None)
     return ev
 
 
@@ -437,6 +486,11 @@ def _fast_step(d: dict, received_at: float) -> StepEvent | None:
                 out[k] = xs
             elif kinds <= _NUMBER_TYPES:
                 out[k] = list(map(float, xs))
+            elif kinds <= _NUMBER_OR_TEXT:
+                xs = _spelt_list(xs)
+                if xs is None:
+                    return None
+                out[k] = xs
             else:
                 return None
         dists = out
@@ -456,7 +510,11 @@ def _fast_step(d: dict, received_at: float) -> StepEvent | None:
         return None
     head.update(kind="step", metrics=metrics, dists=dists, groups=groups, hashes=hashes,
                 batch_ids=batch_ids)
-    return _construct(StepEvent, head)
+    return _construct(StepEvent, head, _STEP_FIELDS)
+
+
+#: every field of a step event: the fields set of one built by the fast paths
+_STEP_FIELDS = set(StepEvent.model_fields)
 
 
 
@@ -464,12 +522,14 @@ def _fast_step(d: dict, received_at: float) -> StepEvent | None:
 
 if _msgspec is not None:
     # Plain step events, decoded and checked in C: every check of the contract's step event
-    # that msgspec can make (types, ranges, lengths, counts, the run id's pattern, no unknown
-    # key). It accepts only what the pydantic models accept, with the same values; anything
-    # else (a non-finite spelling, an integral float, an extra key, any error) fails here and
-    # takes the slower paths, which word the reason.
+    # that msgspec can make (types, ranges, lengths, counts, no unknown key). The run id and
+    # incarnation have no whitespace: _wire_step checks that (a msgspec pattern calls Python's
+    # re per event; a fleet sends the same few hundred ids again and again). It accepts only
+    # what the pydantic models accept, with the same values; anything else (a non-finite
+    # spelling, an integral float, an extra key, any error) fails here and takes the slower
+    # paths, which word the reason.
     _Name = Annotated[str, _msgspec.Meta(max_length=MAX_NAME_LEN)]
-    _Ident = Annotated[str, _msgspec.Meta(min_length=1, pattern=r"^[^\s]+\Z")]
+    _Ident = Annotated[str, _msgspec.Meta(min_length=1)]
     _RunId = Annotated[_Ident, _msgspec.Meta(max_length=256)]
     _Incarnation = Annotated[_Ident, _msgspec.Meta(max_length=MAX_INCARNATION_LEN)]
     _Numbers = Annotated[dict[_Name, float], _msgspec.Meta(max_length=MAX_METRICS)]
@@ -497,19 +557,112 @@ if _msgspec is not None:
         hashes: _Strings = {}
         batch_ids: list[str] = []
 
+    # The same event with text allowed among the numbers: a run that diverged sends "NaN"
+    # (and the other non-finite spellings) in every event, which _WireStep refuses.
+    _Spelt = Union[float, str]
+    _SpeltNumbers = Annotated[dict[_Name, _Spelt], _msgspec.Meta(max_length=MAX_METRICS)]
+    _SpeltDist = Annotated[list[_Spelt], _msgspec.Meta(max_length=MAX_DIST_LEN)]
+
+    class _WireSpeltStep(_WireStep, kw_only=True, forbid_unknown_fields=True, gc=False):
+        metrics: _SpeltNumbers = {}
+        dists: dict[_Name, _SpeltDist] = {}
+        groups: dict[_Name, _SpeltNumbers] = {}
+
     _WIRE_STEP = _msgspec.json.Decoder(_WireStep)
+    _WIRE_SPELT_STEP = _msgspec.json.Decoder(_WireSpeltStep)
     _WIRE_ERRORS = (_msgspec.ValidationError, _msgspec.DecodeError)
-    _asdict = _msgspec.structs.asdict
+    _WIRE_INVALID = _msgspec.ValidationError
+    #: how _WireStep's refusal of a text among the numbers begins (only a hint: with any other
+    #: wording the event takes the slower paths, with the same outcome)
+    _TEXT_FOR_NUMBER = "Expected `float`, got `str`"
+
+
+#: Run ids and incarnations already seen to have no whitespace (``_RUN_ID``), so that an id a
+#: fleet sends again and again is checked by one set lookup. Bounded: emptied when full.
+_KNOWN_IDS: set[str] = set()
+_MAX_KNOWN_IDS = 4096
+
+
+def _new_ident(s: str) -> bool:
+    """Whether ``s`` (a run id or incarnation not in ``_KNOWN_IDS``) has no whitespace, by the
+    same test as the other paths; remembered when it has none."""
+    if _RUN_ID.fullmatch(s) is None:
+        return False
+    if len(_KNOWN_IDS) >= _MAX_KNOWN_IDS:
+        _KNOWN_IDS.clear()
+    _KNOWN_IDS.add(s)
+    return True
+
+
+def _unspelt(metrics: dict, dists: dict, groups: dict) -> tuple:
+    """The numbers of a step decoded by ``_WireSpeltStep`` with each text replaced by the
+    non-finite value it spells (as :func:`_number` reads it); three Nones when a text is not
+    a non-finite spelling (the slower paths word the reason)."""
+    if str in set(map(type, metrics.values())):
+        metrics = _spelt_numbers(metrics)
+        if metrics is None:
+            return None, None, None
+    for k, xs in dists.items():
+        if str in set(map(type, xs)):
+            xs = _spelt_list(xs)
+            if xs is None:
+                return None, None, None
+            dists[k] = xs
+    for k, g in groups.items():
+        if str in set(map(type, g.values())):
+            g = _spelt_numbers(g)
+            if g is None:
+                return None, None, None
+            groups[k] = g
+    return metrics, dists, groups
+
+
+def _wire_step(raw: bytes | bytearray | str, received_at: float) -> StepEvent | None:
+    """A plain step event decoded and checked by msgspec (``_WireStep``), as a StepEvent with
+    the values and field order of the models; None when it is not plainly valid (the slower
+    paths decide, and word any reason)."""
+    try:
+        w = _WIRE_STEP.decode(raw)
+        metrics, dists, groups = w.metrics, w.dists, w.groups
+    except _WIRE_INVALID as exc:
+        if not str(exc).startswith(_TEXT_FOR_NUMBER):
+            return None
+        try:
+            w = _WIRE_SPELT_STEP.decode(raw)
+        except _WIRE_ERRORS:
+            return None
+        metrics, dists, groups = _unspelt(w.metrics, w.dists, w.groups)
+        if metrics is None:
+            return None
+    except _WIRE_ERRORS:
+        return None
+    run_id, inc = w.run_id, w.incarnation
+    if not (run_id in _KNOWN_IDS or _new_ident(run_id)):
+        return None
+    if inc is not None and not (inc in _KNOWN_IDS or _new_ident(inc)):
+        return None
+    ts = w.ts
+    ev = _new(StepEvent)
+    _set_dict(ev, {"schema_": 1, "run_id": run_id, "step": w.step, "rank": w.rank,
+                   "world_size": w.world_size, "ts": received_at if ts is None else ts,
+                   "tags": w.tags, "incarnation": inc, "kind": "step", "metrics": metrics,
+                   "dists": dists, "groups": groups, "hashes": w.hashes,
+                   "batch_ids": w.batch_ids})
+    _set_fields_set(ev, _STEP_FIELDS.copy())
+    _set_extra(ev, {})
+    _set_private(ev, None)
+    return ev
 
 
 def parse_event(raw: bytes | str | dict, received_at: float) -> StepEvent | SamplesEvent | CheckpointEvent | HeartbeatEvent:
     """Validate one event. ``received_at`` fills ``ts`` when the event has none.
 
     Raises :class:`EventError` with a one-line reason for anything malformed. Plain step
-    events (numbers as numbers, no extra keys) are decoded and checked in C by msgspec; the
-    other plain events take orjson and type checks; anything else, and every rejection, goes
-    through the pydantic models, which word the reasons. Each path accepts only what the
-    models accept, with the same values.
+    events (no extra keys; numbers as numbers or non-finite spellings) are decoded and checked
+    in C by msgspec; the other plain events take orjson and type checks; anything else, and
+    every rejection, goes through the pydantic models, which word the reasons. Each path
+    accepts only what the models accept, with the same values. ``bench/bench_parse.py``
+    measures the paths side by side.
     """
     data = raw if type(raw) is dict else None
     if isinstance(raw, (bytes, bytearray)):
@@ -519,14 +672,9 @@ def parse_event(raw: bytes | str | dict, received_at: float) -> StepEvent | Samp
         if len(raw) > MAX_EVENT_BYTES // 4 and len(raw.encode()) > MAX_EVENT_BYTES:
             raise EventError(f"event is {len(raw)} bytes, over the {MAX_EVENT_BYTES}-byte limit")
     if data is None and _msgspec is not None and isinstance(raw, (bytes, bytearray, str)):
-        try:
-            values = _asdict(_WIRE_STEP.decode(raw))
-        except _WIRE_ERRORS:
-            pass     # not a plain step event: the paths below decide (and word any reason)
-        else:
-            if values["ts"] is None:
-                values["ts"] = received_at
-            return _construct(StepEvent, values)
+        ev = _wire_step(raw, received_at)
+        if ev is not None:
+            return ev   # else not a plain step event: the paths below decide (and word why)
     if data is None and _orjson is not None and isinstance(raw, (bytes, bytearray, str)):
         try:
             data = _orjson.loads(raw)
@@ -534,11 +682,14 @@ def parse_event(raw: bytes | str | dict, received_at: float) -> StepEvent | Samp
             data = None   # bare NaN tokens, bad UTF-8, bad JSON: the standard path says which
     if type(data) is dict:
         kind = data.get("kind")
-        if kind == "step":
-            ev = _fast_step(data, received_at)
-        elif kind == "samples":
-            ev = _fast_samples(data, received_at)
-        else:
+        try:
+            if kind == "step":
+                ev = _fast_step(data, received_at)
+            elif kind == "samples":
+                ev = _fast_samples(data, received_at)
+            else:
+                ev = None
+        except OverflowError:   # an integer too large for a float: the models word it
             ev = None
         return _strict(data, received_at) if ev is None else ev
     if isinstance(raw, (bytes, bytearray)):

@@ -1,0 +1,163 @@
+"""contract.events: the quick paths of parse_event give what the models give.
+
+Plain step events are decoded by msgspec; run ids and incarnations already seen free of
+whitespace are remembered (a bounded set) instead of matched per event; a step whose numbers
+include the non-finite spellings ("NaN", ...) is decoded a second time with text allowed there.
+Each must accept exactly what the pydantic models accept, with the same values, and leave
+every rejection (and its reason) to them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import contract.events as ce
+from contract.events import EventError, StepEvent, dump_event, parse_event
+
+BASE = {"schema": 1, "kind": "step", "run_id": "ppo-8b-a", "rank": 3, "world_size": 8,
+        "step": 12, "ts": 99.5, "tags": {"algo": "ppo"}, "incarnation": "inc-1",
+        "metrics": {"kl/mean": 0.021, "loss/value": 2}, "hashes": {"actor": "sha256:ab"},
+        "batch_ids": ["b12-r3"]}
+
+#: every character Python's str.isspace calls whitespace, and a few near misses
+WHITESPACE = [c for c in map(chr, range(0x110000)) if c.isspace()]
+NEAR_MISSES = ["\x1c", "\x1f", "\x85", "\u180e", "\u200b", "\u2060", "\ufeff"]
+
+
+def outcome(raw, received_at: float = 7.0):
+    try:
+        ev = parse_event(raw, received_at)
+    except EventError as exc:
+        return "rejected", exc.reason
+    return type(ev).__name__, dump_event(ev), list(ev.__dict__), ev.model_dump()
+
+
+def outcomes_of_the_models(monkeypatch, cases) -> list:
+    """What the pydantic models alone say of each case (no msgspec, no orjson paths)."""
+    with monkeypatch.context() as m:
+        m.setattr(ce, "_msgspec", None)
+        m.setattr(ce, "_orjson", None)
+        return [outcome(raw) for raw in cases]
+
+
+def test_the_whitespace_check_is_the_one_the_other_paths_make():
+    # the set lookup replaces msgspec's pattern "^[^\s]+\Z"; a new id is matched by _RUN_ID
+    for c in WHITESPACE + NEAR_MISSES + ["a", "é", "\u4e2d"]:
+        before = re.search(r"^[^\s]+\Z", f"r{c}x") is None
+        assert before == (ce._RUN_ID.fullmatch(f"r{c}x") is None)
+
+
+@pytest.mark.parametrize("field", ["run_id", "incarnation"])
+def test_an_id_with_any_whitespace_is_refused_as_before_after_a_clean_one_was_remembered(
+        field, monkeypatch):
+    clean = parse_event(json.dumps(BASE).encode(), 7.0)     # remembers the clean ids
+    assert clean.run_id == "ppo-8b-a" and clean.incarnation == "inc-1"
+    assert "ppo-8b-a" in ce._KNOWN_IDS and "inc-1" in ce._KNOWN_IDS
+    cases = []
+    for c in WHITESPACE + NEAR_MISSES:
+        for value in (BASE[field] + c, c + BASE[field], BASE[field][:3] + c + BASE[field][3:], c):
+            d = dict(BASE, **{field: value})
+            cases += [json.dumps(d).encode(), json.dumps(d, ensure_ascii=False)]
+    fast = [outcome(raw) for raw in cases]
+    assert fast == outcomes_of_the_models(monkeypatch, cases)
+    refused = [o for o in fast if o[0] == "rejected"]
+    # the models' whitespace (Unicode's White_Space) is Python's but for \x1c-\x1f, which
+    # the models accept, and so every path does
+    assert len(refused) >= 4 * 2 * (len(WHITESPACE) - 4)
+    assert all(field in reason for _, reason in refused)
+    # and the clean id is still accepted afterwards
+    assert parse_event(json.dumps(BASE).encode(), 7.0).run_id == "ppo-8b-a"
+
+
+def test_the_remembered_ids_are_bounded_and_forgetting_them_changes_nothing(monkeypatch):
+    ce._KNOWN_IDS.clear()
+    n = ce._MAX_KNOWN_IDS + 50
+    for i in range(n):
+        ev = parse_event(json.dumps(dict(BASE, run_id=f"run-{i}", incarnation=f"inc-{i % 7}")), 1.0)
+        assert ev.run_id == f"run-{i}"
+        assert len(ce._KNOWN_IDS) <= ce._MAX_KNOWN_IDS
+    # ids seen before the set was emptied, and ids with whitespace, are judged as before
+    cases = [json.dumps(dict(BASE, run_id="run-0")).encode(),
+             json.dumps(dict(BASE, run_id="run-0\u3000")).encode(),
+             json.dumps(dict(BASE, run_id=f"run-{n - 1}\t")).encode()]
+    fast = [outcome(raw) for raw in cases]
+    assert fast[0][0] == "StepEvent" and [o[0] for o in fast[1:]] == ["rejected"] * 2
+    assert fast == outcomes_of_the_models(monkeypatch, cases)
+
+
+def test_events_of_the_quick_path_share_no_mutable_state():
+    a, b = (parse_event(json.dumps(BASE).encode(), 7.0) for _ in range(2))
+    assert a.model_fields_set == b.model_fields_set == set(StepEvent.model_fields)
+    assert a.model_fields_set is not b.model_fields_set
+    a.metrics = {"renamed/kl": 0.021}        # what the run state does when it renames metrics
+    a.note = "extra"                         # an extra attribute (the models allow extras)
+    assert b.metrics == {"kl/mean": 0.021, "loss/value": 2.0}
+    assert "note" not in b.model_dump() and a.model_dump()["note"] == "extra"
+    c = parse_event(json.dumps(BASE).encode(), 7.0)
+    assert "note" not in c.model_dump() and c.metrics == b.metrics
+
+
+SPELLINGS = ["NaN", "nan", "-nan", "+NaN", " Infinity ", "infinity", "-Infinity", "+inf", "-INF",
+             "inf\n"]
+NOT_SPELLINGS = ["", "nann", "1.5", "Infinite", "NaN!", "none"]
+
+
+def _spelt_cases() -> list:
+    cases = []
+    for s in SPELLINGS + NOT_SPELLINGS:
+        cases += [dict(BASE, metrics={"kl/mean": s, "loss/value": 2}),
+                  dict(BASE, metrics={"kl/mean": 0.5, "b": s}),
+                  dict(BASE, dists={"reward": [1, 2.5, s, 3]}),
+                  dict(BASE, dists={"reward": [1.0], "len": [s]}),
+                  dict(BASE, groups={"reward/mean": {"safety": s, "other": 1}}),
+                  dict(BASE, metrics={"a": s}, dists={"d": [s, s]}, groups={"g": {"c": s}})]
+    # a spelling together with another fault: the other fault is still found
+    cases += [dict(BASE, metrics={"a": "NaN"}, extra_field=1),
+              dict(BASE, metrics={"a": "NaN", "b": True}),
+              dict(BASE, metrics={"a": "NaN", "k" * 257: 1.0}),
+              dict(BASE, metrics={"a": "NaN"}, run_id="has space"),
+              dict(BASE, metrics={"a": "NaN"}, step=-1),
+              dict(BASE, metrics={"a": "NaN"}, dists={"d": [True]}),
+              dict(BASE, metrics={"a": "NaN"}, hashes={"actor": 1}),
+              dict(BASE, metrics={"a": "NaN"}, kind="heartbeat"),
+              dict(BASE, metrics={"a": "NaN", "b": None})]
+    return cases
+
+
+@pytest.mark.parametrize("form", ["bytes", "str", "dict"])
+def test_non_finite_spellings_give_what_the_models_give(form, monkeypatch):
+    cases = []
+    for d in _spelt_cases():
+        cases.append(d if form == "dict" else
+                     json.dumps(d).encode() if form == "bytes" else json.dumps(d))
+    fast = [outcome(raw) for raw in cases]
+    assert fast == outcomes_of_the_models(monkeypatch, cases)
+    kinds = [o[0] for o in fast]
+    assert kinds.count("StepEvent") >= 6 * len(SPELLINGS) and kinds.count("rejected") >= 30
+
+
+def test_a_step_with_non_finite_spellings_is_decoded_by_msgspec():
+    # the speed of a run that diverged (it sends "NaN" in every event) rests on this
+    raw = json.dumps(dict(BASE, metrics={"kl/mean": "NaN", "loss/value": 2},
+                          dists={"r": [1, "-Infinity"]}, groups={"g": {"a": "inf"}})).encode()
+    ev = ce._wire_step(raw, 7.0)
+    assert ev is not None and dump_event(ev) == dump_event(parse_event(raw, 7.0))
+    assert json.loads(dump_event(ev))["dists"] == {"r": [1.0, "-Infinity"]}
+
+
+@pytest.mark.parametrize("change", [
+    {"metrics": {"a": 10**400}}, {"dists": {"d": [1.0, 10**400]}},
+    {"groups": {"g": {"c": 10**400}}}, {"ts": 10**400},
+    {"metrics": {"a": "NaN", "b": 10**400}},
+    {"kind": "samples", "metrics": None, "samples": [{"reward": 10**400}]},
+])
+def test_an_integer_too_large_for_a_float_in_a_dict_is_rejected_with_the_models_reason(change):
+    d = {k: v for k, v in dict(BASE, **change).items() if v is not None}
+    with pytest.raises(EventError) as got:
+        parse_event(d, 7.0)
+    with pytest.raises(EventError) as models:
+        ce._strict(d, 7.0)
+    assert got.value.reason == models.value.reason
