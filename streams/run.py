@@ -344,6 +344,8 @@ class _Source:
 
     def sample_stat(self, field, stat):
         run = self.run
+        if stat == "prompt_extreme":     # kept up to date as the tallies change
+            return lambda: _prompt_value(run.prompts, run.extreme_prompt())
         return lambda: sample_value(run.samples, field, stat, run.prompts)
 
     def seconds_since_event(self):
@@ -445,6 +447,9 @@ class RunState:
         self.corr_ema: dict[str, list] = {}       # x|y|window -> [num, den, last step]
         self.groups: dict[str, dict] = {}         # metric|window -> {points: {cat: Series}, gap: Series}
         self.prompts: dict[str, list[float]] = {}   # prompt_id -> [count, sum z, sum |z|]
+        #: (the tallies it is about, the extreme prompt, its |mean z|): extreme_prompt()
+        #: without a pass over every prompt per samples event; None: look again
+        self._extreme: tuple | None = None
         self.latest_metrics: dict[str, float] = {}
         # the evaluation at hand (not serialised)
         self.now: float = NAN
@@ -616,6 +621,7 @@ class RunState:
         self.groups = {k: {"points": {}, "gap": Series()} for k in self.groups}
         self._group_cache.clear()
         self.prompts.clear()
+        self._extreme = None
         if self.rules is not None:
             self.banks = {}
             self.bind(self.rules)
@@ -889,11 +895,41 @@ class RunState:
             tally = self.prompts.get(pid)
             if tally is None:
                 if len(self.prompts) >= MAX_PROMPTS:
-                    self.prompts.pop(next(iter(self.prompts)))
+                    gone = next(iter(self.prompts))
+                    self.prompts.pop(gone)
+                    if self._extreme is not None and self._extreme[1] == gone:
+                        self._extreme = None
                 tally = self.prompts[pid] = [0, 0.0, 0.0]
             tally[0] += 1
             tally[1] += z
             tally[2] += abs(z)
+            if self._extreme is not None and tally[0] >= 3:
+                self._follow_extreme(pid, abs(tally[1] / tally[0]))
+
+    def _follow_extreme(self, pid: str, size: float) -> None:
+        """Keep extreme_prompt() current as ``pid``'s tally changes to |mean z| ``size``; forget
+        it (a full look next time) when that cannot be told without one: the extreme prompt's
+        own mean shrank, a tie (the first in order wins), a NaN."""
+        prompts, best_id, best = self._extreme
+        if prompts is not self.prompts:
+            self._extreme = None
+        elif best_id is None or best != best or size != size:
+            self._extreme = None
+        elif pid == best_id:
+            self._extreme = (prompts, pid, size) if size >= best else None
+        elif size > best:
+            self._extreme = (prompts, pid, size)
+        elif size == best:
+            self._extreme = None
+
+    def extreme_prompt(self) -> str | None:
+        """:func:`extreme_prompt` of the run's tallies."""
+        got = self._extreme
+        if got is None or got[0] is not self.prompts:
+            best_id = extreme_prompt(self.prompts)
+            size = NAN if best_id is None else abs(self.prompts[best_id][1] / self.prompts[best_id][0])
+            self._extreme = got = (self.prompts, best_id, size)
+        return got[1]
 
     # -- what the run looks like -----------------------------------------------------------------
     def summary(self) -> dict:
@@ -1032,18 +1068,30 @@ def _num(x) -> float | None:
     return None if x is None or x != x or x in (math.inf, -math.inf) else float(x)
 
 
+def extreme_prompt(prompts: dict) -> str | None:
+    """The prompt (of 3 samples or more) whose mean reward z is largest in size, the first of
+    them in the tallies' order; None when there is none."""
+    best, best_id = NAN, None
+    for pid, (n, zsum, _) in prompts.items():
+        if n >= 3:
+            mz = zsum / n
+            if math.isnan(best) or abs(mz) > abs(best):
+                best, best_id = mz, pid
+    return best_id
+
+
+def _prompt_value(prompts: dict, best_id: str | None) -> tuple[float, str | None]:
+    if best_id is None:
+        return NAN, None
+    n, zsum, _ = prompts[best_id]
+    best = zsum / n
+    return abs(best), f"prompt {best_id!r} mean reward z {best:+.2f} over {int(n)} samples"
+
+
 def sample_value(samples: list, field: str, stat: str, prompts: dict) -> tuple[float, str | None]:
     """One number about the latest samples (and the per-prompt tallies)."""
     if stat == "prompt_extreme":
-        best, best_id = NAN, None
-        for pid, (n, zsum, _) in prompts.items():
-            if n >= 3:
-                mz = zsum / n
-                if math.isnan(best) or abs(mz) > abs(best):
-                    best, best_id = mz, pid
-        if best_id is None:
-            return NAN, None
-        return abs(best), f"prompt {best_id!r} mean reward z {best:+.2f} over {int(prompts[best_id][0])} samples"
+        return _prompt_value(prompts, extreme_prompt(prompts))
     if not samples:
         return NAN, None
     if stat == "top_share":
