@@ -27,7 +27,7 @@ from itertools import islice
 from operator import mul, sub
 from typing import Any, Callable
 
-__all__ = ["Bank", "Track", "Window", "median_of"]
+__all__ = ["Bank", "Track", "Window", "median_of", "warm_up"]
 
 NAN = math.nan
 #: points of the "current level" (ratio_to_start): those of the last LEVEL_STEPS steps, and at
@@ -668,6 +668,12 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
             return out
         return f
     raise ValueError(f"unknown signal {sig!r}")
+
+
+def warm_up() -> None:
+    """Import what the signals import on first use (numpy, for ``autocorr``): a long-running
+    worker calls this at start so that the first run to read it does not wait."""
+    import numpy  # noqa: F401
 
 
 def _autocorr(v: list[float]) -> float:
