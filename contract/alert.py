@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contract.events import to_jsonable
+from contract.events import strict_json, to_jsonable
 
 __all__ = ["SEVERITIES", "Alert", "fingerprint", "severity_rank"]
 
@@ -65,7 +65,7 @@ class Alert(BaseModel):
             v = data.get(key)
             if isinstance(v, float) and not math.isfinite(v):
                 data[key] = to_jsonable(v)
-        return json.dumps(to_jsonable(data), separators=(",", ":"), allow_nan=False)
+        return strict_json(data)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "Alert":

@@ -48,6 +48,7 @@ __all__ = [
     "dump_event",
     "encode_number",
     "parse_event",
+    "strict_json",
     "to_jsonable",
 ]
 
@@ -745,7 +746,17 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
+def strict_json(data: Any) -> str:
+    """Compact strict JSON of ``data``, non-finite floats as the contract's strings. Most data
+    has none: it is written as it is, and walked (:func:`to_jsonable`) only when json refuses
+    a non-finite value, which gives the same text as walking it first."""
+    try:
+        return json.dumps(data, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        return json.dumps(to_jsonable(data), separators=(",", ":"), allow_nan=False)
+
+
 def dump_event(event: BaseModel | dict) -> bytes:
     """Strict JSON bytes of an event (the form that goes on the wire)."""
     data = event.model_dump(by_alias=True, exclude_none=True) if isinstance(event, BaseModel) else event
-    return json.dumps(to_jsonable(data), separators=(",", ":"), allow_nan=False).encode()
+    return strict_json(data).encode()
