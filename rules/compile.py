@@ -127,6 +127,9 @@ class Program:
     by_input: dict[str, list[CompiledRule]] = field(default_factory=dict)
     every_step: RuleList = field(default_factory=RuleList)
     by_trigger: dict[str, RuleList] = field(default_factory=dict)
+    #: whether a rule reads a metric's signals (set by the source's owner, which then feeds
+    #: them each step)
+    reads_signals: bool = True
     _memo: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

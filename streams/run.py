@@ -388,6 +388,10 @@ def quiet_when_finite(program: Program) -> bool:
     return True
 
 
+#: what the per-step fields (metrics, dists, groups, rank_step) hold between steps: empty,
+#: shared, never written to
+_NOTHING: dict = {}
+
 _KEYS: dict[str, tuple] = {}
 _CORR_KEYS: dict[str, tuple] = {}
 
@@ -507,6 +511,7 @@ class RunState:
             keep = (lambda r: True) if rank == 0 else (lambda r: r.scope == "each_rank")
             p = self.programs[rank] = self.rules.compile(_Source(self, rank), keep)
             p.finite_gate = p.finite_gate or quiet_when_finite(p)
+            p.reads_signals = bool(self.banks[rank].by_metric)
         return p
 
     # -- one event -----------------------------------------------------------------------------
@@ -633,9 +638,8 @@ class RunState:
         program = self.programs.get(0) or self.program(0)
         self.metrics = metrics
         out: list[Alert] = []
-        bank = self.banks[0]
-        if bank.by_metric:
-            bank.update(step, metrics)
+        if program.reads_signals:
+            self.banks[0].update(step, metrics)
         dists, groups = event.dists, event.groups
         self.dists, self.groups_step = dists, groups
         self._moments = {}
@@ -649,9 +653,11 @@ class RunState:
             out = evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
                            rank=None, checkpoint_before=self.checkpoint_before, scanner=_native_scan)
         if self.cross_rank and (event.world_size or self.world_size) > 1:
-            out += self._ranks_in(event, ts)
-        self.metrics = {}
-        self.dists, self.groups_step = {}, {}
+            done = self._take_rank_values(event)
+            if done:
+                out += self._ranks_in(done, ts)
+        self.metrics = _NOTHING
+        self.dists = self.groups_step = _NOTHING
         return out
 
     def _rank_step(self, event: StepEvent, ts: float) -> list[Alert]:
@@ -662,9 +668,8 @@ class RunState:
         program = self.programs.get(rank) or self.program(rank)
         self.metrics = metrics
         out: list[Alert] = []
-        bank = self.banks[rank]
-        if bank.by_metric:
-            bank.update(step, metrics)
+        if program.reads_signals:
+            self.banks[rank].update(step, metrics)
         rules = program.every_step if not program.by_input else program.step_rules(metrics)
         if rules and program.finite_gate and rank not in self._ranks_open and self.metrics_finite():
             rules = ()     # all finite, nothing open on this rank: nothing can change
@@ -677,20 +682,22 @@ class RunState:
             else:
                 self._ranks_open.discard(rank)
         if self.cross_rank and (event.world_size or self.world_size) > 1:
-            out += self._ranks_in(event, ts)
-        self.metrics = {}
+            done = self._take_rank_values(event)
+            if done:
+                out += self._ranks_in(done, ts)
+        self.metrics = _NOTHING
         return out
 
-    def _ranks_in(self, event: StepEvent, ts: float) -> list[Alert]:
-        """Buffer this rank's values; evaluate the cross-rank rules of the steps now complete."""
+    def _ranks_in(self, steps: list[int], ts: float) -> list[Alert]:
+        """Evaluate the cross-rank rules of ``steps`` (now complete, or given up on)."""
         out: list[Alert] = []
-        for done in self._take_rank_values(event):
-            self.rank_step = self.pending.pop(done, {})
+        for done in steps:
+            self.rank_step = self.pending.pop(done, _NOTHING)
             self._rank_memo = {}
             out += evaluate(self.run_id, self.programs[0].by_trigger.get("ranks", ()),
                             self.rules.targets, self.alerts, step=done, ts=ts, rank=None,
                             checkpoint_before=self.checkpoint_before, scanner=_native_scan)
-        self.rank_step = {}
+        self.rank_step = _NOTHING
         return out
 
     def _samples(self, event, ts: float) -> list[Alert]:
