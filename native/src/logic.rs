@@ -28,6 +28,21 @@ enum Cmp {
     AbsAbove,
 }
 
+impl Cmp {
+    /// `v` against `thr`, three-valued: None when neither holds (NaN).
+    #[inline]
+    fn test(self, v: f64, thr: f64) -> Option<bool> {
+        match self {
+            Cmp::Above => decide(v > thr, v <= thr),
+            Cmp::Below => decide(v < thr, v >= thr),
+            Cmp::AbsAbove => {
+                let a = v.abs();
+                decide(a > thr, a <= thr)
+            }
+        }
+    }
+}
+
 /// `read() > threshold` (or `<`, or `abs(read()) >`), three-valued.
 #[pyclass(module = "streams._native", frozen)]
 pub struct Compare {
@@ -41,15 +56,7 @@ impl Compare {
     #[inline]
     fn eval(&self, py: Python<'_>) -> PyResult<Option<bool>> {
         let v = lock(&self.core)?.read(py, self.idx)?;
-        let thr = self.thr;
-        Ok(match self.cmp {
-            Cmp::Above => decide(v > thr, v <= thr),
-            Cmp::Below => decide(v < thr, v >= thr),
-            Cmp::AbsAbove => {
-                let a = v.abs();
-                decide(a > thr, a <= thr)
-            }
-        })
+        Ok(self.cmp.test(v, self.thr))
     }
 }
 
@@ -94,15 +101,7 @@ impl CallCompare {
         let r = self.read.call0(py)?;
         let r = r.bind(py);
         let v: f64 = if self.first { r.get_item(0)?.extract()? } else { r.extract()? };
-        let thr = self.thr;
-        Ok(match self.cmp {
-            Cmp::Above => decide(v > thr, v <= thr),
-            Cmp::Below => decide(v < thr, v >= thr),
-            Cmp::AbsAbove => {
-                let a = v.abs();
-                decide(a > thr, a <= thr)
-            }
-        })
+        Ok(self.cmp.test(v, self.thr))
     }
 }
 
