@@ -104,14 +104,13 @@ class RuleList(list):
             return self._tiers
 
     def scan(self, scanner: Callable):
-        """``scanner(tests, keys)``, made once: a native reader of every tier's test at a step
-        (see :func:`rules.engine.evaluate`)."""
-        try:
-            return self._scan
-        except AttributeError:
+        """``scanner(tests, keys)``, made once per scanner: a native reader of every tier's
+        test at a step (see :func:`rules.engine.evaluate`)."""
+        made = getattr(self, "_scan", None)
+        if made is None or made[0] is not scanner:
             tiers = self.tiers()
-            self._scan = scanner([t[0] for t in tiers], [t[1] for t in tiers])
-            return self._scan
+            made = self._scan = (scanner, scanner([t[0] for t in tiers], [t[1] for t in tiers]))
+        return made[1]
 
 
 def flat_tiers(rules) -> list[tuple]:
