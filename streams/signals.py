@@ -842,7 +842,11 @@ class Bank:
         return {"tracks": [[m, s, t.to_state()] for (m, s), t in self.tracks.items() if t.n or
                            t.last_step is not None],
                 "cycles": [[m, c, [_enc(x.start), _enc(x.last_cycle), _enc(x.out)]]
-                           for (m, c), x in self.cycles.items()]}
+                           for (m, c), x in self.cycles.items()],
+                # when each autocorrelation was last worked out, and its value: it is worked out
+                # every window/20 points, so a restored run keeps the same rhythm
+                "autocorr": [[m, s, steps, w.cache_at, _enc(w.cache.get("ac", NAN))]
+                             for (m, s, steps), w in self.windows.items() if w.cache_at >= 0]}
 
     def load(self, state: dict) -> None:
         """Restore values into the tracks this bank was compiled with (others are dropped)."""
@@ -855,6 +859,11 @@ class Bank:
             x = self.cycles.get((m, c))
             if x is not None:
                 x.start, x.last_cycle, x.out = _dec(a), _dec(b), _dec(o)
+        for m, s, steps, at, ac in state.get("autocorr", []):
+            w = self.windows.get((m, s, steps))
+            if w is not None:
+                w.cache_at = int(at)
+                w.cache["ac"] = _dec(ac)
 
 
 # -- which Bank: the native one (streams/_native, built from native/ in Rust) when it is built --

@@ -1984,9 +1984,24 @@ impl Bank {
             item.append(vals)?;
             cycles.append(item)?;
         }
+        // when each autocorrelation was last worked out, and its value (as the Python bank)
+        let autocorr = PyList::empty_bound(py);
+        for w in &core.windows {
+            if w.cache_at >= 0 {
+                let t = &core.tracks[w.track];
+                let item = PyList::empty_bound(py);
+                item.append(&t.metric)?;
+                item.append(t.smooth)?;
+                item.append(w.steps_w)?;
+                item.append(w.cache_at)?;
+                item.append(enc(py, w.cache_ac.unwrap_or(NAN)))?;
+                autocorr.append(item)?;
+            }
+        }
         let d = PyDict::new_bound(py);
         d.set_item("tracks", tracks)?;
         d.set_item("cycles", cycles)?;
+        d.set_item("autocorr", autocorr)?;
         Ok(d.into_py(py))
     }
 
@@ -2034,6 +2049,25 @@ impl Bank {
                 x.start = dec(&a)?;
                 x.last_cycle = dec(&b)?;
                 x.out = dec(&o)?;
+            }
+        }
+        let autocorr = state.call_method1("get", ("autocorr", &empty))?;
+        for item in autocorr.iter()? {
+            let item = item?;
+            if item.len()? != 5 {
+                return Err(PyValueError::new_err(
+                    "an autocorrelation of a state is [metric, smooth, window, at, value]",
+                ));
+            }
+            let Ok(m) = item.get_item(0)?.extract::<String>() else { continue };
+            let Some(s) = key_smooth(&item.get_item(1)?) else { continue };
+            let steps: i64 = item.get_item(2)?.extract()?;
+            let at: i64 = item.get_item(3)?.extract()?;
+            let ac = dec(&item.get_item(4)?)?;
+            if let Some(&w) = core.window_keys.get(&(m, s, steps)) {
+                let win = &mut core.windows[w];
+                win.cache_at = at;
+                win.cache_ac = Some(ac);
             }
         }
         Ok(())
