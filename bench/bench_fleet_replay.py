@@ -11,7 +11,9 @@ times these readers of that same file in one run:
   core (``streams.signals.PyBank``, and the Python per-sample statistics, text scores and
   compiled conditions): "rlwatch core (pure)".
 
-Prints events per CPU second of each and rlwatch's ratios to the other two. ``--profile`` adds a cProfile
+The readers take the file in slices, in turns, each slice timed on its own, so that a
+shared machine whose speed drifts during the run weighs on all of them alike. Prints events
+per CPU second of each and rlwatch's ratios to the other two. ``--profile`` adds a cProfile
 top 15 of the rlwatch pass. The garbage collector is set as the worker sets it
 (``streams.processor.tune_gc``) for all the readers; ``--default-gc`` keeps Python's defaults.
 
@@ -193,22 +195,13 @@ class ReferenceDetector:
 
 # -- timing --------------------------------------------------------------------------------------
 
-def timed(fn, repeats: int) -> float:
-    """CPU seconds of this process (best of ``repeats``): per core, and steady on a shared
-    machine where wall time also counts the other processes' turns."""
-    best = math.inf
-    for _ in range(repeats):
-        t = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t)
-    return best
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=12)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--slices", type=int, default=40,
+                    help="slices of the file the readers take in turns (each timed on its own)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--default-gc", action="store_true",
                     help="keep Python's default garbage-collector settings")
@@ -222,31 +215,38 @@ def main() -> None:
     pack = load_pack("rlhf")
     if not args.default_gc and tune_gc is not None:
         tune_gc()   # what the worker does after start-up; applies to all the readers alike
-    alerts = [0]
+    alerts: dict[str, int] = {}
 
     def bare():
-        for raw in lines:
-            json.loads(raw)
+        loads = json.loads
+
+        def feed(chunk):
+            for raw in chunk:
+                loads(raw)
+        return feed, lambda: None
 
     def reference():
         det = ReferenceDetector()
-        for raw in lines:
-            det.feed(json.loads(raw))
-        alerts[0] = det.alerts
+
+        def feed(chunk):
+            for raw in chunk:
+                det.feed(json.loads(raw))
+        return feed, lambda: det.alerts
 
     def rlwatch():
         pipe = Pipeline(pack)
-        fired = 0
-        for raw in lines:
-            ev = parse_event(raw, 0.0)
-            fired += len(pipe.feed(ev, ev.ts))
-        alerts.append(fired)
+        fired = [0]
 
-    pure_alerts = []
+        def feed(chunk):
+            for raw in chunk:
+                ev = parse_event(raw, 0.0)
+                fired[0] += len(pipe.feed(ev, ev.ts))
+        return feed, lambda: fired[0]
 
     def rlwatch_pure():
         """The same pass with the pure Python core (streams.signals.PyBank, and the Python
-        spearman, moments and compiled conditions), side by side with the native one."""
+        spearman, moments and compiled conditions), side by side with the native one: the
+        module's names are swapped for each of its slices and put back after."""
         import streams.run
 
         pure = {"Bank": PyBank, "spearman": getattr(streams.run, "py_spearman", None),
@@ -255,24 +255,41 @@ def main() -> None:
                 "repetition_score": getattr(__import__("streams.text").text, "py_repetition_score", None),
                 "_native_join": None, "_native_scan": None, "_native_compare_call": None}
         saved = {k: getattr(streams.run, k) for k in pure if hasattr(streams.run, k)}
-        for k in saved:
-            if pure[k] is not None or k.startswith("_native"):
-                setattr(streams.run, k, pure[k])
-        try:
-            rlwatch()
-        finally:
-            for k, v in saved.items():
-                setattr(streams.run, k, v)
-        pure_alerts.append(alerts.pop())
+        inner, done = rlwatch()
 
-    # round robin, best of each: a machine whose load changes during the run skews all alike
+        def feed(chunk):
+            for k in saved:
+                if pure[k] is not None or k.startswith("_native"):
+                    setattr(streams.run, k, pure[k])
+            try:
+                inner(chunk)
+            finally:
+                for k, v in saved.items():
+                    setattr(streams.run, k, v)
+        return feed, done
+
+    # the readers take the file slice by slice, in turns (the order turning too), each slice
+    # timed on its own: the machine's speed, which drifts on a shared host, is the same for
+    # all of them; best total of --repeats passes
     readers = (("json.loads loop", bare), ("reference detector", reference), ("rlwatch core", rlwatch))
     if CORE == "native":
         readers += (("rlwatch core (pure)", rlwatch_pure),)
+    size = max(1, -(-n // max(1, args.slices)))
+    chunks = [lines[i:i + size] for i in range(0, n, size)]
     best = {name: math.inf for name, _ in readers}
+    clock = time.process_time
     for _ in range(args.repeats):
-        for name, fn in readers:
-            best[name] = min(best[name], timed(fn, 1))
+        made = [(name, *make()) for name, make in readers]
+        spent = dict.fromkeys(best, 0.0)
+        for k, chunk in enumerate(chunks):
+            turn = made[k % len(made):] + made[:k % len(made)]
+            for name, feed, _done in turn:
+                t = clock()
+                feed(chunk)
+                spent[name] += clock() - t
+        for name, _feed, done in made:
+            best[name] = min(best[name], spent[name])
+            alerts[name] = done()
     rates = {name: n / t for name, t in best.items()}
     sizes = [len(x) for x in lines]
     print(f"fleet: {args.runs} runs x {args.steps} steps x 8 ranks: {n} events, "
@@ -283,16 +300,18 @@ def main() -> None:
     core = rates["rlwatch core"]
     print(f"rlwatch / json.loads floor:     {core / rates['json.loads loop']:.2f}")
     print(f"rlwatch / reference detector:   {core / rates['reference detector']:.2f}")
-    print(f"alerts: reference {alerts[0]} state changes, rlwatch {alerts[-1]} alerts")
+    print(f"alerts: reference {alerts['reference detector']} state changes, "
+          f"rlwatch {alerts['rlwatch core']} alerts")
     print(f"signal bank: {CORE}")
-    if pure_alerts:
+    if "rlwatch core (pure)" in rates:
         print(f"rlwatch native / pure bank:     {core / rates['rlwatch core (pure)']:.2f} "
-              f"(alerts: native {alerts[-1]}, pure {pure_alerts[-1]})")
+              f"(alerts: native {alerts['rlwatch core']}, pure {alerts['rlwatch core (pure)']})")
 
     if args.profile:
         prof = cProfile.Profile()
+        feed, _done = rlwatch()
         prof.enable()
-        rlwatch()
+        feed(lines)
         prof.disable()
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
