@@ -1,0 +1,86 @@
+"""Instructions per event of the core, counted (valgrind's callgrind), not timed.
+
+On a shared host the speed of the machine drifts, by as much as two times between runs, so
+events per second compare well only inside one run. An instruction count does not drift: this
+counts the instructions of one pass of the fleet of ``bench_fleet_replay.py`` through the whole
+core (``parse_event`` + ``Pipeline.feed``, the built-in pack), for one tree or several side by
+side (``--tree`` an older copy of the code, e.g. a ``git worktree``), and their ratios.
+
+One pass is the difference of a process making two passes and one making one (start-up, the
+imports and the fleet's making cancel out), with hash randomisation and address-space
+randomisation off, so that a count repeats to within about 0.2 %. It counts the native core's
+instructions too. Slow (callgrind runs the code about 50 times slower): a few minutes.
+
+    python bench/bench_instructions.py [--runs 6] [--steps 400] [--tree OLD_TREE ...]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = """
+import sys
+sys.path.insert(0, sys.argv[1]); sys.path.insert(1, sys.argv[1] + "/bench")
+from bench_fleet_replay import fleet_lines
+from contract.events import parse_event
+from rules.loader import load_pack
+from streams.processor import Pipeline, tune_gc
+lines = fleet_lines(int(sys.argv[2]), int(sys.argv[3]))
+pack = load_pack("rlhf")
+tune_gc()
+for _ in range(int(sys.argv[4])):
+    pipe = Pipeline(pack)
+    for raw in lines:
+        ev = parse_event(raw, 0.0)
+        pipe.feed(ev, ev.ts)
+print(len(lines))
+"""
+
+
+def count(tree: Path, runs: int, steps: int, passes: int) -> tuple[int, int]:
+    """(instructions, events) of a process making ``passes`` passes with ``tree``'s code."""
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=str(tree))
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+           sys.executable, "-c", CHILD, str(tree), str(runs), str(steps), str(passes)]
+    if shutil.which("setarch"):
+        cmd = ["setarch", "-R", *cmd]      # the same addresses every time
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if out.returncode != 0 or not found:
+        raise SystemExit(f"callgrind failed for {tree}:\n{out.stderr[-2000:]}")
+    return int(found.group(1)), int(out.stdout.split()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--tree", action="append", default=[], type=Path,
+                    help="another copy of the code to count beside this one (repeatable)")
+    args = ap.parse_args()
+    if not shutil.which("valgrind"):
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    trees = [ROOT, *[t.resolve() for t in args.tree]]
+    jobs = [(t, p) for t in trees for p in (1, 2)]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        got = dict(zip(jobs, pool.map(lambda j: count(j[0], args.runs, args.steps, j[1]), jobs)))
+    per_event = {}
+    for t in trees:
+        (one, n), (two, _) = got[(t, 1)], got[(t, 2)]
+        per_event[t] = (two - one) / n
+    print(f"fleet: {args.runs} runs x {args.steps} steps x 8 ranks: {got[(ROOT, 1)][1]} events; "
+          "instructions of one pass (parse + core) per event")
+    for t in trees:
+        print(f"  {per_event[t]:10,.0f}  {per_event[t] / per_event[ROOT]:.3f}  {t}")
+
+
+if __name__ == "__main__":
+    main()
