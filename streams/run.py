@@ -421,6 +421,10 @@ def _ratio_pos(x: float, base: float) -> float:
 
 
 class RunState:
+    #: look for a relaunch, a rollback and new tags on every event, not only on those that may
+    #: bring one: the reference the tests compare the usual way with
+    news_on_every_event = False
+
     def __init__(self, run_id: str, resolve: Callable[..., RunRules] | None = None, *,
                  detect_preset: bool = True):
         self.run_id = run_id
@@ -518,10 +522,6 @@ class RunState:
     def apply(self, event, now: float) -> list[Alert]:
         """Take one validated event through the run; the alerts whose state changed.
         Raises EventError for an event over the limits (see the module doc)."""
-        if event.rank and event.kind == "step":
-            out = self._plain_rank_step(event, now)
-            if out is not None:
-                return out
         ts = event.ts
         if ts is None or not now - MAX_TS_AGE <= ts <= now + MAX_TS_AHEAD:
             if ts is not None:
@@ -530,33 +530,20 @@ class RunState:
         rank, step, kind = event.rank, event.step, event.kind
         if rank >= MAX_RANKS:
             raise EventError(f"rank {rank} is over the limit of {MAX_RANKS} ranks per run")
-        out: list[Alert] = []
         tags = event.tags
         inc = event.incarnation
-        if (inc is not None and inc != self.incarnation) or (
+        # a relaunch, a rollback, new tags: looked into only when the event may bring one (most
+        # events are a rank's routine step: same incarnation, the tags already seen)
+        if self.news_on_every_event or (inc is not None and inc != self.incarnation) or (tags and (
+                "generation" in tags or (tags is not self._tags_obj and tags != self._tags_seen))) or (
                 rank == 0 and kind == "step" and step < self.newest - RELAUNCH_STEPS_BACK):
-            reason = self._relaunched(event, ts)
-            if reason:
-                out += self._close_open(step, ts, reason)
-                self.reset(event.incarnation)
-            elif self.incarnation is None:
-                self.incarnation = inc
-        if tags:
-            gen = tags.get("generation")
-            if gen is not None and gen.isdigit() and int(gen) > self.generation:
-                out += self._close_open(step, ts, "the run rolled back to a checkpoint")
-                self.generation = int(gen)
-                self.last_step.clear()
-                self.last_other.clear()
-                self.pending.clear()
-                self.alerts.clear()
-                self._ranks_open.clear()
-                self.newest = -1
-            if tags is not self._tags_obj and tags != self._tags_seen:
-                self._take_tags(tags)
-        if self.newest >= 0 and step - self.newest > MAX_STEP_JUMP:
+            out = self._news(event, ts)
+        else:
+            out = None
+        newest = self.newest
+        if newest >= 0 and step - newest > MAX_STEP_JUMP:
             raise EventError(f"step {step} is more than {MAX_STEP_JUMP} steps ahead of the "
-                             f"run's newest step {self.newest}")
+                             f"run's newest step {newest}")
         self.now = ts
         self.events += 1
         self.last_seen[rank] = ts
@@ -572,11 +559,13 @@ class RunState:
             last = self.last_step.get(rank)
             if last is not None and step <= last:
                 self.duplicates += 1
-                return out   # duplicate or out-of-order: already counted, never re-evaluated
+                return out or []   # duplicate or out-of-order: already counted, never re-evaluated
             self.last_step[rank] = step
-            if step > self.newest:
+            if step > newest:
                 self.newest = step
-            return out + self._step(event, ts) if out else self._step(event, ts)
+            got = self._rank_step(event, ts) if rank else self._step(event, ts)
+            return out + got if out else got
+        out = out or []
         if kind == "checkpoint":
             self.add_checkpoint(step, event.path)
             return out
@@ -590,41 +579,34 @@ class RunState:
         book[rank] = step
         return out + self._samples(event, ts)
 
-    def _plain_rank_step(self, event: StepEvent, now: float) -> list[Alert] | None:
-        """:meth:`apply` for the commonest event of a run: a step of a rank other than 0 with
-        nothing unusual about it (its incarnation and tags as already seen, no rollback, a sane
-        timestamp, no framework names still to be found). None, with nothing changed, for any
-        other event: :meth:`apply` then takes it the long way, which does the same to this one
-        (the tests compare the two)."""
-        ts, rank, step = event.ts, event.rank, event.step
-        if ts is None or not now - MAX_TS_AGE <= ts <= now + MAX_TS_AHEAD or rank >= MAX_RANKS:
-            return None
-        inc = event.incarnation
-        if inc is not None and inc != self.incarnation:
-            return None
-        tags = event.tags
-        if tags and ((tags is not self._tags_obj and tags != self._tags_seen) or "generation" in tags):
-            return None
-        newest = self.newest
-        if (newest >= 0 and step - newest > MAX_STEP_JUMP) or (
-                self._renamer is None and self._preset_tries < PRESET_TRIES and event.metrics):
-            return None
-        self.now = ts
-        self.events += 1
-        self.last_seen[rank] = ts
-        self.closed = False
-        if not ts <= self.last_event_ts:
-            self.last_event_ts = ts
-        if self._renamer is not None:
-            event.metrics = self._renamer.map_metrics(event.metrics)
-        last = self.last_step.get(rank)
-        if last is not None and step <= last:
-            self.duplicates += 1
-            return []
-        self.last_step[rank] = step
-        if step > newest:
-            self.newest = step
-        return self._rank_step(event, ts)
+    def _news(self, event, ts: float) -> list[Alert]:
+        """What an event brings besides its values: a relaunch (a new incarnation, or rank 0's
+        steps starting over), a rollback (a higher ``generation`` tag), new tags and targets.
+        The alerts it closes."""
+        out: list[Alert] = []
+        step, inc, tags = event.step, event.incarnation, event.tags
+        if (inc is not None and inc != self.incarnation) or (
+                event.rank == 0 and event.kind == "step" and step < self.newest - RELAUNCH_STEPS_BACK):
+            reason = self._relaunched(event, ts)
+            if reason:
+                out += self._close_open(step, ts, reason)
+                self.reset(inc)
+            elif self.incarnation is None:
+                self.incarnation = inc
+        if tags:
+            gen = tags.get("generation")
+            if gen is not None and gen.isdigit() and int(gen) > self.generation:
+                out += self._close_open(step, ts, "the run rolled back to a checkpoint")
+                self.generation = int(gen)
+                self.last_step.clear()
+                self.last_other.clear()
+                self.pending.clear()
+                self.alerts.clear()
+                self._ranks_open.clear()
+                self.newest = -1
+            if tags is not self._tags_obj and tags != self._tags_seen:
+                self._take_tags(tags)
+        return out
 
     def _relaunched(self, event, ts: float) -> str | None:
         inc = event.incarnation
@@ -672,9 +654,7 @@ class RunState:
             self.bind(self.rules)
 
     def _step(self, event: StepEvent, ts: float) -> list[Alert]:
-        rank, step, metrics = event.rank, event.step, event.metrics
-        if rank:
-            return self._rank_step(event, ts)
+        step, metrics = event.step, event.metrics
         program = self.programs.get(0) or self.program(0)
         self.metrics = metrics
         out: list[Alert] = []
