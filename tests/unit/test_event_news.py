@@ -24,7 +24,7 @@ NOW = 1_800_000_000.0
 def _stream(seed: int) -> list[dict]:
     """A 4-rank run's events, shuffled a little and salted with the unusual."""
     rnd = random.Random(seed)
-    cfg = SimConfig(run_id=f"plain-{seed}", fault=rnd.choice(("rank_outlier", "nan_inf", "healthy")),
+    cfg = SimConfig(run_id=f"news-{seed}", fault=rnd.choice(("rank_outlier", "nan_inf", "healthy")),
                     onset=30, seed=seed, world_size=4, samples_every=10, checkpoint_every=25)
     events = list(simulate(cfg, 90))
     base_ts = events[0]["ts"]
@@ -83,7 +83,7 @@ def test_looking_for_news_only_when_it_may_come_leaves_the_run_as_looking_always
     events = _stream(seed)
     always = _run(events, every_event=True, monkeypatch=monkeypatch)
     usual = _run(events, every_event=False, monkeypatch=monkeypatch)
-    assert any(x == ("error", x[1]) for x in usual[0] if isinstance(x, tuple))
+    assert any(isinstance(x, tuple) for x in usual[0])   # the stream has rejected events too
     assert usual[0] == always[0]
     assert usual[1] == always[1]
     assert usual[2] == always[2]
