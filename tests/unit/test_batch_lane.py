@@ -171,3 +171,50 @@ def test_a_rebalance_stops_the_events_lane_with_the_processed_events_acknowledge
     run([step("b", s) for s in range(6)], c)
     assert c.acked == 3 and app.rlwatch_counters["events"] == 3 and not sent
     assert app.rlwatch_states.get("b").last_step == {0: 2}
+
+
+def seek_consumer(committed: dict, app_id: str = "lane-seek"):
+    """A lane app's consumer (never started) whose table's changelog is "lane-seek-runs-changelog",
+    assigned ``committed``'s partitions, the broker's committed offsets (None: nothing committed)
+    served by ``seek_to_committed``; returns it and the partitions it sent to their beginning.
+    (The app is this test's own: its attributes are set, not monkeypatched, as undoing a
+    monkeypatch on a mode service upsets Python 3.11's AST checks later in the session.)"""
+    app = BatchApp(app_id, broker="kafka://127.0.0.1:1", store="memory://",
+                   key_serializer="raw", value_serializer="raw")
+    app.tables = SimpleNamespace(changelog_topics={"lane-seek-runs-changelog"})
+    c = app.consumer
+    to_beginning: list = []
+
+    async def seek_to_committed():
+        return dict(committed)
+
+    async def earliest_offsets(*tps):
+        return {tp: 3 for tp in tps}      # the log's start (older records deleted)
+
+    async def seek_wait(offsets):
+        assert set(offsets.values()) == {3}
+        to_beginning.extend(offsets)
+
+    c.seek_to_committed, c.earliest_offsets, c.seek_wait = seek_to_committed, earliest_offsets, seek_wait
+    c.assignment = lambda: set(committed)
+    return c, to_beginning
+
+
+def test_a_partition_with_nothing_committed_is_read_again_from_its_beginning():
+    # records fetched while the flow stopped (recovery, a rebalance) are dropped; the seek back
+    # must bring them again even where no offset was committed yet (a new group, or a worker
+    # that died before its first commit), or those events and alerts are lost. Where every
+    # partition has a committed offset, Faust's seek is left as it is.
+    events0, events1, alerts0 = TP(TOPIC, 0), TP(TOPIC, 1), TP("lane.alerts", 0)
+    changelog = TP("lane-seek-runs-changelog", 0)
+    fresh = seek_consumer({events0: None, events1: 42, alerts0: None, changelog: None})
+    committed = seek_consumer({events0: 7, alerts0: 1}, "lane-seek-2")
+
+    async def seek_both():
+        for c, _ in (fresh, committed):
+            await c.perform_seek()
+    asyncio.run(seek_both())
+    (c, to_beginning), (c2, to_beginning2) = fresh, committed
+    assert sorted(to_beginning) == sorted([events0, alerts0])   # not the table's changelog
+    assert c._read_offset[events1] == 42 and c._committed_offset[events1] == 42
+    assert to_beginning2 == [] and c2._read_offset[events0] == 7

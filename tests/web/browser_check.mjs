@@ -226,6 +226,10 @@ async function fleetTools() {
   check("a group collapses", collapsed < total, { collapsed, total });
   await page.selectOption("#group-by", "");
   await page.waitForTimeout(200);
+  // a live fleet's first alert may still be on its way (a loaded machine): wait for it, then check
+  await page.waitForFunction(() => [...document.querySelectorAll("#summary .card")].some(c =>
+    (c.dataset.count || "").startsWith("worst ") && +c.querySelector(".n").textContent > 0),
+    null, { timeout: 45000 }).catch(() => {});
   const cards = await page.$$eval("#summary .card", cs => Object.fromEntries(cs.map(c =>
     [c.dataset.count, +c.querySelector(".n").textContent])));
   const tiers = ["worst black", "worst red", "worst orange", "worst yellow", "no alert"]

@@ -262,7 +262,7 @@ def test_one_fleet_view_from_two_workers_and_after_their_restart_in_chromium():
         deadline = time.time() + 60
         while len(writers()) < 2 and time.time() < deadline:   # the two workers share the partitions
             time.sleep(0.5)
-        _drive(node, base, "workers", RLWATCH_RUNS=str(len(plan)))
+        _drive(node, base, "workers", timeout=180, RLWATCH_RUNS=str(len(plan)))
         stop.set()
         for t in trainers:
             t.join(15)
