@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from alerts.control import ControlChannel
@@ -46,6 +47,10 @@ BRAKE_RETRY = RetryPolicy(base=0.2, cap=2.0, give_up_after=float("inf"))
 
 Alarm = Callable[[Command, str, float], Awaitable[None]]
 
+#: command ids a lane remembers having got taken (the worker pulls each brake twice: at once,
+#: and again from the alerts topic, which is what survives a crash)
+TAKEN_MEMORY = 4096
+
 
 class BrakeLane:
     def __init__(self, control: ControlChannel, acks: AckTracker | None = None, *,
@@ -60,6 +65,7 @@ class BrakeLane:
         self.failures = 0
         self._resent: dict[str, float] = {}
         self._tails: dict[str, asyncio.Task] = {}      # run id -> its latest brake in progress
+        self._taken: OrderedDict[str, None] = OrderedDict()   # ids the channel took from this lane
 
     def submit(self, run_id: str, commands: list[Command], on_done: Callable[[], None] | None = None) -> None:
         """Pull these brakes in the background, after any earlier ones of the same run; call
@@ -97,11 +103,21 @@ class BrakeLane:
 
     async def pull(self, commands: list[Command]) -> list[Command]:
         """Send ``commands`` in order; returns those applied for the first time (the others had
-        been applied before and were only published again)."""
+        been applied before and were only published again). A command this lane got taken
+        already (among its last ``TAKEN_MEMORY``) is not sent again: the worker pulls each brake
+        twice, at once and from the alerts topic, and the second pull by the same process
+        would only repeat Redis's answer (a successor after a crash has no such memory, and
+        sends it)."""
         fresh = []
+        taken = self._taken
         for cmd in commands:
+            if cmd.id in taken:
+                continue
             if await self._until_taken(cmd):
                 fresh.append(cmd)
+            taken[cmd.id] = None
+            if len(taken) > TAKEN_MEMORY:
+                taken.popitem(last=False)
         return fresh
 
     async def _until_taken(self, cmd: Command) -> bool:

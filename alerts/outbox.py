@@ -234,6 +234,9 @@ class RedisOutbox:
         self.p = f"{namespace}:outbox:"
         self._enqueue = redis.register_script(_ENQUEUE)
         self._take = redis.register_script(_TAKE)
+        # the active alerts as last parsed, by their stored value: every pass of the outbox reads
+        # them all (inhibition), and parsing each again made a fleet's deliveries quadratic
+        self._parsed: dict[bytes, tuple[float, Alert]] = {}
 
     async def enqueue(self, item: OutboxItem) -> bool:
         return bool(await self._enqueue(
@@ -339,14 +342,22 @@ class RedisOutbox:
         await self.redis.hdel(self.p + "active", alert.fingerprint)
 
     async def active(self, now: float) -> list[Alert]:
+        """The firing alerts (a value changed by another worker is parsed again). The alerts
+        returned are shared with later calls: read them, do not change them."""
         raw = await self.redis.hgetall(self.p + "active")
+        parsed, kept = self._parsed, {}
         out, stale = [], []
         for fp, v in raw.items():
-            d = json.loads(v)
-            if now - d["at"] > ACTIVE_MAX_AGE:
+            hit = parsed.get(v)
+            if hit is None:
+                d = json.loads(v)
+                hit = (d["at"], Alert.from_json(d["alert"]))
+            if now - hit[0] > ACTIVE_MAX_AGE:
                 stale.append(fp)
             else:
-                out.append(Alert.from_json(d["alert"]))
+                kept[v] = hit
+                out.append(hit[1])
+        self._parsed = kept
         if stale:
             await self.redis.hdel(self.p + "active", *stale)
         return out

@@ -121,6 +121,42 @@ def bodies(rec, prefix: str) -> list:
     return [r.json() for r in rec.on(prefix)]
 
 
+# -- the outbox's active alerts, shared by workers ----------------------------------------------
+
+def test_active_alerts_read_by_one_worker_follow_what_another_wrote(redis_url):
+    """Each pass of the outbox reads the firing alerts (inhibition); a worker keeps them parsed
+    between passes, and a value another worker changed or removed is read as it now is."""
+    from alerts.outbox import ACTIVE_MAX_AGE
+
+    def firing(run: str, severity: str, step: int) -> Alert:
+        return Alert(rule="kl_above_target", severity=severity, state="firing", run_id=run, step=step,
+                     summary=f"step {step}")
+
+    async def go():
+        a, b = RedisControl(redis_url), RedisControl(redis_url)
+        try:
+            mine, theirs = RedisOutbox(a.redis, "rlwatch:shared"), RedisOutbox(b.redis, "rlwatch:shared")
+            now = time.time()
+            await mine.activate(firing("r1", "red", 10), now)
+            await mine.activate(firing("r2", "yellow", 10), now)
+            first = {(x.run_id, x.step) for x in await theirs.active(now)}
+            await mine.activate(firing("r1", "red", 20), now)          # the same alert, later
+            await mine.deactivate(firing("r2", "yellow", 10))
+            await mine.activate(firing("r3", "orange", 5), now - ACTIVE_MAX_AGE - 1)   # stale
+            second = {(x.run_id, x.step) for x in await theirs.active(now)}
+            left = await a.redis.hlen("rlwatch:shared:outbox:active")
+            again = await theirs.active(now)
+            return first, second, left, again
+        finally:
+            await a.close()
+            await b.close()
+
+    first, second, left, again = asyncio.run(go())
+    assert first == {("r1", 10), ("r2", 10)}
+    assert second == {("r1", 20)} and left == 1            # the stale one was removed from Redis
+    assert [(x.run_id, x.step, x.summary) for x in again] == [("r1", 20, "step 20")]
+
+
 # -- Redis AUTH and TLS ---------------------------------------------------------------------------
 
 def test_redis_auth_is_required_and_works_through_every_store(redis_url, auth_redis):

@@ -204,3 +204,31 @@ def test_the_brake_thread_pulls_brakes_on_its_own_loop():
         assert thread.lane is not None and threading.current_thread() is not thread._thread
     finally:
         thread.stop()
+
+
+def test_a_lane_sends_a_brake_it_got_taken_once_and_a_successor_sends_it_again():
+    # the worker pulls each brake at once and again from the alerts topic: the same process
+    # does not go back to Redis for it; a successor (after a crash) has no such memory
+    from alerts.brake import BrakeLane
+
+    class Counting(MemoryControl):
+        def __init__(self):
+            super().__init__()
+            self.sends: list[str] = []
+
+        async def send(self, cmd):
+            self.sends.append(cmd.action)
+            return await super().send(cmd)
+
+    control = Counting()
+    d = Dispatcher([Recording("hook")], control, clock=Clock(), secret=SECRET)
+    firing = alert(actions=["pause", "snapshot"])
+    lane = BrakeLane(control, clock=Clock(), secret=SECRET)
+    first = run(lane.pull(d.plan(firing)))
+    again = run(lane.pull(d.plan(firing)))
+    assert [c.action for c in first] == ["pause", "snapshot"] and again == []
+    assert control.sends == ["pause", "snapshot"]
+    successor = BrakeLane(control, clock=Clock(), secret=SECRET)
+    assert run(successor.pull(d.plan(firing))) == []          # applied before: published again only
+    assert control.sends == ["pause", "snapshot"] * 2
+    assert run(control.status("ppo-8b-a")).state == "paused"
