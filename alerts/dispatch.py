@@ -200,7 +200,8 @@ class Dispatcher:
         extra = alert.model_extra or {}
         if "snapshot" not in extra:
             return alert, None
-        return Alert.model_validate({k: v for k, v in alert.model_dump().items() if k != "snapshot"}), extra["snapshot"]
+        # the snapshot (tens of kilobytes) is left out of the dump, not copied and dropped
+        return Alert.model_validate(alert.model_dump(exclude={"snapshot"})), extra["snapshot"]
 
     def _planned(self, alert: Alert, now: float, secret: str | None) -> list[Command]:
         advisory = self.routing.policy.advisory_for(alert.run_id, alert.rule)

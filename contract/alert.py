@@ -17,6 +17,24 @@ from contract.events import strict_json, to_jsonable
 
 __all__ = ["SEVERITIES", "Alert", "fingerprint", "severity_rank"]
 
+try:
+    from msgspec import DecodeError as _DecodeError
+    from msgspec.json import decode as _decode
+except ImportError:  # pragma: no cover - msgspec is a dependency
+    _decode = None
+
+
+def _loads(raw: bytes | str) -> Any:
+    """``json.loads``, through msgspec when it can read the text (strict JSON: what alerts are
+    written as); anything else (a NaN literal from a foreign producer, say) goes to
+    ``json.loads``, which also gives the error of text that is no JSON at all."""
+    if _decode is not None:
+        try:
+            return _decode(raw)
+        except _DecodeError:
+            pass
+    return json.loads(raw)
+
 Severity = Literal["info", "yellow", "orange", "red", "black"]
 SEVERITIES: tuple[str, ...] = ("info", "yellow", "orange", "red", "black")
 
@@ -69,7 +87,9 @@ class Alert(BaseModel):
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "Alert":
-        data = json.loads(raw)
+        """An alert from its JSON line (what :meth:`to_json` writes; msgspec reads it in about
+        a third of ``json.loads``'s time, which counts for alerts carrying a snapshot)."""
+        data = _loads(raw)
         for key in ("value", "threshold"):
             if isinstance(data.get(key), str):
                 data[key] = float(data[key].replace("Infinity", "inf"))

@@ -72,6 +72,23 @@ def test_nonfinite_value_is_written_as_contract_string_and_read_back(value, text
     assert back.fingerprint == a.fingerprint and back.rule == "nan_inf"
 
 
+def test_an_alert_from_a_producer_that_writes_bare_nan_is_still_read():
+    # strict JSON is what rlwatch writes; a foreign producer's bare NaN / Infinity literals
+    # (Python's json.dumps default) are read as json.loads reads them, not refused
+    line = '{"rule":"nan_inf","severity":"black","state":"firing","run_id":"r","step":3,' \
+           '"value":NaN,"threshold":Infinity,"snapshot":{"metrics":{"loss":-Infinity}}}'
+    back = Alert.from_json(line)
+    assert math.isnan(back.value) and back.threshold == math.inf
+    assert back.model_extra["snapshot"] == {"metrics": {"loss": -math.inf}}
+
+
+def test_text_that_is_no_json_gives_json_error():
+    with pytest.raises(json.JSONDecodeError):
+        Alert.from_json(b'{"rule": "x", ')
+    with pytest.raises(UnicodeDecodeError):
+        Alert.from_json(b'{"rule": "\xff"}')
+
+
 def test_invalid_severity_or_state_is_refused():
     with pytest.raises(ValueError):
         make(severity="purple")
