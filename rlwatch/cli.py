@@ -157,9 +157,7 @@ def cmd_worker(args) -> int:
     app = build_app(settings, pack=pack, **({"observer": server.fleet} if server else {}))
     sys.argv = ["rlwatch-worker", "worker", "-l", args.loglevel.lower(), "--without-web"]
     from streams.processor import tune_gc
-    from streams.signals import warm_up
 
-    warm_up()   # what the core imports on first use (numpy: about 0.3 s), not in front of an event
     tune_gc()   # start-up objects frozen, rare cyclic collections: a fleet's run states are many
     app.main()
     return 0

@@ -27,7 +27,7 @@ from itertools import islice
 from operator import mul, sub
 from typing import Any, Callable
 
-__all__ = ["Bank", "Track", "Window", "median_of", "warm_up"]
+__all__ = ["Bank", "Track", "Window", "median_of"]
 
 NAN = math.nan
 #: points of the "current level" (ratio_to_start): those of the last LEVEL_STEPS steps, and at
@@ -670,36 +670,51 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
     raise ValueError(f"unknown signal {sig!r}")
 
 
-def warm_up() -> None:
-    """Import what the signals import on first use (numpy, for ``autocorr``): a long-running
-    worker calls this at start so that the first run to read it does not wait."""
-    import numpy  # noqa: F401
-
-
 def _autocorr(v: list[float]) -> float:
     """Strength of the dominant autocorrelation lag: on the detrended window (least-squares
     line removed), the largest autocorrelation at a lag of 2 to n/2 points that is a local peak
-    of the autocorrelation function (a period); 0 when there is none."""
-    import numpy as np
+    of the autocorrelation function (a period); 0 when there is none.
 
+    Plain loops, each sum left to right: the native bank (``autocorr`` in native/src/lib.rs)
+    does the same operations in the same order and gives the same number to the last bit
+    (numpy's dot products sum in an order of their own)."""
     n = len(v)
     if n < 8:
         return NAN
-    y = np.asarray(v, dtype=float)
-    y = y - y.mean()
-    total = float(np.dot(y, y))
-    t = np.arange(n, dtype=float) - (n - 1) / 2.0
-    y = y - t * (float(np.dot(t, y)) / float(np.dot(t, t)))
-    denom = float(np.dot(y, y))
+    s = 0.0
+    for x in v:
+        s += x
+    mean = s / n
+    y = [x - mean for x in v]
+    total = 0.0
+    for a in y:
+        total += a * a
+    c = (n - 1) / 2.0
+    ty = tt = 0.0
+    for i, a in enumerate(y):
+        t = i - c
+        ty += t * a
+        tt += t * t
+    b = ty / tt
+    y = [a - (i - c) * b for i, a in enumerate(y)]
+    denom = 0.0
+    for a in y:
+        denom += a * a
     if not denom > 1e-24 * total or total == 0:
         return NAN
     m = min(n // 2 + 1, n - 1)
-    r = np.correlate(y, y, mode="full")[n - 1: n + m] / denom
-    mid = r[2:-1]
-    peaks = (mid >= r[1:-2]) & (mid >= r[3:])
-    if not peaks.any():
-        return 0.0
-    return float(mid[peaks].max())
+    r = []
+    for k in range(m + 1):
+        acc = 0.0
+        for a, z in zip(y[k:], y):
+            acc += a * z
+        r.append(acc / denom)
+    best = None
+    for k in range(2, m):
+        rk = r[k]
+        if rk >= r[k - 1] and rk >= r[k + 1] and (best is None or rk > best):
+            best = rk
+    return 0.0 if best is None else best
 
 
 class CycleRise:

@@ -17,8 +17,7 @@
 //! * `bisect` and `insort` are Python's algorithms, so equal values (0.0 and -0.0) land where
 //!   Python puts them.
 //!
-//! `autocorr` is not ported: it calls back `streams.signals._autocorr` (numpy), so its numbers
-//! stay numpy's.
+//! `autocorr` included: `streams.signals._autocorr` is a plain loop, in the order of [`autocorr`].
 
 use pyo3::exceptions::{
     PyIndexError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError, PyZeroDivisionError,
@@ -1546,14 +1545,72 @@ impl Core {
                 }
                 self.windows[r.win].cache_at = total;
                 self.sync(r.win);
-                let v = self.windows[r.win].xs_vec();
-                let f = py.import_bound("streams.signals")?.getattr("_autocorr")?;
-                let out: f64 = f.call1((PyList::new_bound(py, &v),))?.extract()?;
+                let out = autocorr(self.windows[r.win].xs.make_contiguous());
                 self.windows[r.win].cache_ac = Some(out);
                 Ok(out)
             }
         }
     }
+}
+
+/// Strength of the dominant autocorrelation lag (`streams.signals._autocorr`, the reference,
+/// which does every float operation in this order): on the detrended values (mean, then the
+/// least-squares line removed), the largest autocorrelation at a lag of 2 to n/2 points that is
+/// a local peak of the autocorrelation function; 0 when there is none; NaN under 8 values or
+/// with nothing left after detrending.
+fn autocorr(v: &[f64]) -> f64 {
+    let n = v.len();
+    if n < 8 {
+        return NAN;
+    }
+    let mut s = 0.0;
+    for &x in v {
+        s += x;
+    }
+    let mean = s / n as f64;
+    let mut y: Vec<f64> = v.iter().map(|&x| x - mean).collect();
+    let mut total = 0.0;
+    for &a in &y {
+        total += a * a;
+    }
+    let c = (n - 1) as f64 / 2.0;
+    let (mut ty, mut tt) = (0.0, 0.0);
+    for (i, &a) in y.iter().enumerate() {
+        let t = i as f64 - c;
+        ty += t * a;
+        tt += t * t;
+    }
+    let b = ty / tt;
+    for (i, a) in y.iter_mut().enumerate() {
+        *a -= (i as f64 - c) * b;
+    }
+    let mut denom = 0.0;
+    for &a in &y {
+        denom += a * a;
+    }
+    if !(denom > 1e-24 * total) || total == 0.0 {
+        return NAN;
+    }
+    let m = (n / 2 + 1).min(n - 1);
+    let r: Vec<f64> = (0..=m)
+        .map(|k| {
+            let mut acc = 0.0;
+            for i in 0..n - k {
+                acc += y[i + k] * y[i];
+            }
+            acc / denom
+        })
+        .collect();
+    let mut best: Option<f64> = None;
+    for k in 2..m {
+        if r[k] >= r[k - 1] && r[k] >= r[k + 1] {
+            best = Some(match best {
+                Some(b) if !(r[k] > b) => b,
+                _ => r[k],
+            });
+        }
+    }
+    best.unwrap_or(0.0)
 }
 
 /// (sign flip rate, diff ratio) of a window's values.

@@ -222,3 +222,42 @@ def test_a_one_step_kl_and_gradient_spike_notifies_without_any_alarm():
     assert {(a.rule, a.severity) for a in fired} >= {("kl_above_target", "info"),
                                                       ("grad_norm_anomaly", "info")}
     assert all(a.severity in ("info", "yellow") for a in fired), [(a.rule, a.severity) for a in fired]
+
+
+def test_the_autocorrelation_is_numpys_without_numpy():
+    """streams.signals._autocorr sums in plain loops (so that the native bank can give the same
+    bits); its numbers are those of the numpy formulation it replaced, to rounding."""
+    import random
+
+    import numpy as np
+
+    from streams.signals import _autocorr
+
+    def numpy_autocorr(v):
+        n = len(v)
+        y = np.asarray(v, dtype=float)
+        y = y - y.mean()
+        total = float(np.dot(y, y))
+        t = np.arange(n, dtype=float) - (n - 1) / 2.0
+        y = y - t * (float(np.dot(t, y)) / float(np.dot(t, t)))
+        denom = float(np.dot(y, y))
+        if not denom > 1e-24 * total or total == 0:
+            return math.nan
+        m = min(n // 2 + 1, n - 1)
+        r = np.correlate(y, y, mode="full")[n - 1: n + m] / denom
+        mid = r[2:-1]
+        peaks = (mid >= r[1:-2]) & (mid >= r[3:])
+        return float(mid[peaks].max()) if peaks.any() else 0.0
+
+    rng = random.Random(3)
+    for _ in range(300):
+        n = rng.choice([8, 9, 20, 41, 160])
+        period = rng.randint(2, 30)
+        v = [math.sin(2 * math.pi * i / period) * rng.random() * 3 + rng.gauss(0, 1) + 0.01 * i
+             for i in range(n)]
+        assert _autocorr(v) == pytest.approx(numpy_autocorr(v), rel=1e-12, abs=1e-12)
+    period_of_10 = [math.sin(2 * math.pi * i / 10) for i in range(160)]
+    assert _autocorr(period_of_10) > 0.8
+    assert math.isnan(_autocorr([1.0] * 7))            # too few points
+    assert math.isnan(_autocorr([2.0] * 50))           # constant: nothing to correlate
+    assert math.isnan(_autocorr([0.5 * i for i in range(50)]))   # a straight line, detrended away

@@ -339,3 +339,21 @@ def test_the_fleet_gives_the_same_alerts_with_either_bank(monkeypatch):
     assert out["pure"], "the fleet raises alerts"
     assert out["native"] == out["pure"]
     assert out["native states"] == out["pure states"]
+
+
+def test_the_autocorrelation_of_periodic_runs_is_the_same_to_the_last_bit():
+    """reward_periodic's signal (a window of 160) on rewards that swing with periods of 3 to 40
+    steps, with noise, a drift and a shift: the native autocorrelation gives the pure one's
+    number at every step it is read."""
+    rng = random.Random(21)
+    specs = [spec("autocorr", w, sm, 0) for w in (20, 160) for sm in (None, 5)]
+    for period in (3, 7, 12, 40):
+        pair = Pair(specs)
+        events = []
+        for i in range(600):
+            x = math.sin(2 * math.pi * i / period) * 0.4 + rng.gauss(0, 0.2) + 0.001 * i
+            if i > 400:
+                x += 2.0
+            events.append((i, {"m": x, "c": float(i % 5)}))
+        run_pair(pair, events, rng, read_p=1.0)
+        assert any(call(r) > 0.5 for r in pair.readers[0]), f"period {period}: no peak found"
