@@ -15,7 +15,7 @@ import json
 from typing import Any, Protocol
 
 from contract.alert import Alert
-from contract.events import to_jsonable
+from contract.events import record_json, to_jsonable
 
 __all__ = ["IncidentStore", "MemoryIncidents", "RedisIncidents", "incident_id", "make_incident"]
 
@@ -76,7 +76,7 @@ class RedisIncidents:
 
     async def save(self, incident: dict) -> bool:
         key = f"{self.p}{incident['id']}"
-        ok = await self.redis.set(key, json.dumps(incident, allow_nan=False), nx=True, ex=TTL)
+        ok = await self.redis.set(key, record_json(incident), nx=True, ex=TTL)
         if ok:
             await self.redis.zadd(self.index, {incident["id"]: incident["created"]})
         return bool(ok)

@@ -182,6 +182,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+SPY_EXTRA: list[str] = []   # more py-spy options (--spy-gil)
+
+
 def spy_report(path: str, top: int = 25) -> str:
     """The top functions of a py-spy record (raw, collapsed stacks), by samples on the CPU
     in the function itself and in it or below."""
@@ -290,7 +293,8 @@ def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[s
         spying = None
         if spy:   # a sampled profile of the worker while it works (py-spy, when installed)
             spying = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--format", "raw",
-                                       "--rate", "200", "--output", spy, "--nonblocking"],
+                                       "--rate", "200", "--output", spy, "--nonblocking",
+                                       *SPY_EXTRA],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.time() + timeout
@@ -347,6 +351,9 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the topics (to look at them)")
     ap.add_argument("--spy", metavar="FILE", help="record the worker with py-spy into FILE and "
                     "print its top functions")
+    ap.add_argument("--spy-gil", action="store_true",
+                    help="with --spy: only the samples of the thread holding the GIL (py-spy --gil), "
+                    "which leaves out the threads waiting for it")
     ap.add_argument("--no-faust-floor", action="store_true",
                     help="skip the trivial Faust agent (the ceiling of any Faust worker)")
     ap.add_argument("--per-message", action="store_true",
@@ -364,6 +371,8 @@ def main() -> None:
                     "variable set (repeatable), e.g. PYTHONPATH=<a copy of an older tree>")
     ap.add_argument("--faust-floor-agent", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.spy_gil:
+        SPY_EXTRA.append("--gil")
     if args.faust_floor_agent:
         return faust_floor_agent()
 

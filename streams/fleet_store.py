@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from contract.events import record_json
+
 __all__ = ["FINISHED_AFTER", "SILENT_AFTER", "FleetStore", "FleetWriter", "MemoryFleetStore", "finite_number",
            "fleet_namespace", "make_record", "run_status", "summary_of"]
 
@@ -255,7 +257,7 @@ class FleetStore:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
             for r in records:
-                pipe.set(self.key(r["run_id"]), json.dumps(r, allow_nan=False), ex=self.ttl)
+                pipe.set(self.key(r["run_id"]), record_json(r), ex=self.ttl)
                 pipe.zadd(self.index, {r["run_id"]: r["updated"]})
             await pipe.execute()
 
