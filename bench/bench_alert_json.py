@@ -35,20 +35,10 @@ from bench_fleet_replay import fleet_lines  # noqa: E402
 
 from alerts.incidents import make_incident  # noqa: E402
 from contract.alert import Alert  # noqa: E402
-from contract.events import parse_event, record_json, strict_json, to_jsonable  # noqa: E402
+from contract.events import parse_event, record_json  # noqa: E402
 from rules.loader import load_pack  # noqa: E402
 from streams.processor import Pipeline, tune_gc  # noqa: E402
 from streams.snapshot import SnapshotRecorder, attach_snapshot  # noqa: E402
-
-
-def old_to_json(alert: Alert) -> str:
-    """Alert.to_json before: the model dumped to Python, then json.dumps (strict_json)."""
-    data = alert.model_dump(exclude_defaults=False)
-    for key in ("value", "threshold"):
-        v = data.get(key)
-        if isinstance(v, float) and not math.isfinite(v):
-            data[key] = to_jsonable(v)
-    return strict_json(data)
 
 
 def fleet_alerts(runs: int, steps: int) -> list[Alert]:
@@ -75,13 +65,13 @@ def main() -> None:
     incidents = [make_incident(a.model_copy(update={"snapshot": None}), (a.model_extra or {}).get("snapshot"),
                                0.0, ["pause"]) for a in alerts]
     for a in alerts:    # the same value, whichever way it was written
-        old, new = old_to_json(a), a.to_json()
+        old, new = a.to_json_standard(), a.to_json()
         if json.loads(old) != json.loads(new):
             raise SystemExit(f"alert {a.rule} of {a.run_id} at step {a.step}: the two texts differ")
     for inc in incidents:
         if json.loads(json.dumps(inc, allow_nan=False)) != json.loads(record_json(inc)):
             raise SystemExit(f"incident {inc['id']}: the two texts differ")
-    ways = {"alert: model_dump + strict_json (before)": lambda i: old_to_json(alerts[i]),
+    ways = {"alert: model_dump + strict_json (before)": lambda i: alerts[i].to_json_standard(),
             "alert: model_dump_json (now)": lambda i: alerts[i].to_json(),
             "incident: json.dumps (before)": lambda i: json.dumps(incidents[i], allow_nan=False),
             "incident: pydantic_core.to_json (now)": lambda i: record_json(incidents[i])}

@@ -93,7 +93,11 @@ class Alert(BaseModel):
         try:
             return self.model_dump_json()
         except PydanticSerializationError:
-            pass
+            return self.to_json_standard()
+
+    def to_json_standard(self) -> str:
+        """The same alert through ``model_dump`` and :func:`strict_json` (``json.dumps``): how
+        :meth:`to_json` writes what pydantic's serializer cannot, and all it did before."""
         data = self.model_dump(exclude_defaults=False)
         for key in ("value", "threshold"):
             v = data.get(key)
