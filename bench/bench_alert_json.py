@@ -60,6 +60,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     alerts = fleet_alerts(args.runs, args.steps)
+    if not alerts:
+        raise SystemExit(f"the fleet of {args.runs} runs x {args.steps} steps raised no alert: "
+                         "nothing to time (more --runs or --steps)")
     tune_gc()
     snap = [("snapshot" in (a.model_extra or {})) for a in alerts]
     incidents = [make_incident(a.model_copy(update={"snapshot": None}), (a.model_extra or {}).get("snapshot"),

@@ -24,3 +24,18 @@ def test_the_fleet_benchmark_prints_every_reader_and_both_ratios():
     native = re.search(r"alerts: native (\d+), pure (\d+)", text)
     if native:     # the native and the pure core raise the same alerts on the same file
         assert native.group(1) == native.group(2)
+
+
+def test_the_alert_json_benchmark_checks_both_ways_and_prints_their_ratios():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_alert_json.py"), "--runs", "4",
+                          "--steps", "200", "--repeats", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    n = re.search(r"^(\d+) alerts of 4 runs, (\d+) with a snapshot", text, re.M)
+    assert n and int(n.group(1)) > 0 and int(n.group(2)) > 0, text
+    for way in ("model_dump + strict_json (before)", "model_dump_json (now)",
+                "json.dumps (before)", "pydantic_core.to_json (now)"):
+        assert re.search(rf"{re.escape(way)}\s+\d+\.\d\s+\d+\.\d$", text, re.M), text
+    assert re.search(r"^alert: before / now\s+\d+\.\dx", text, re.M), text
+    assert re.search(r"^incident: before / now\s+\d+\.\dx", text, re.M), text
