@@ -27,7 +27,11 @@ loop's own process), and as ratios to the bare loop. The machine's other process
 among them) run as they do: the wall rates swing with its load, the CPU rates less; compare
 the figures of one run.
 
-    python bench/bench_worker_kafka.py [--runs 12] [--steps 400] [--per-message] [--no-core]
+With ``--rounds N`` all of it is measured N times in turns (each round its own consumer groups,
+the bare loop first) and the medians are printed: the worker's rate repeats within a few per
+cent from round to round, the bare loop's (a few seconds of reading) by up to 35 %.
+
+    python bench/bench_worker_kafka.py [--runs 12] [--steps 400] [--rounds 1] [--per-message] [--no-core]
 
 Topics and consumer groups it created are deleted at the end.
 """
@@ -37,6 +41,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -183,6 +188,27 @@ def cpu_seconds(pid: int) -> float:
 
 
 SPY_EXTRA: list[str] = []   # more py-spy options (--spy-gil)
+
+
+def print_ratios(rows: list[tuple[str, float, float]]) -> None:
+    """Each reader's rates as ratios to the bare consumer's (the first row) of the same round."""
+    bare, bare_per_cpu = rows[0][1], rows[0][2]
+    print(f"{'ratio to the bare consumer:':54s} {'wall':>6s} {'CPU':>6s}")
+    for label, rate, per_cpu in rows[1:]:
+        print(f"  {label:52s} {rate / bare:6.3f} {per_cpu / bare_per_cpu:6.3f}")
+
+
+def print_medians(rounds: list[list[tuple[str, float, float]]]) -> None:
+    """Per reader, the median over the rounds of its rate and of its ratios to the bare consumer
+    of its own round, with the lowest and highest ratio beside them."""
+    print(f"over {len(rounds)} rounds (median; lowest-highest ratio):")
+    print(f"  {'':42s} {'events/s':>9s} {'wall':>6s} {'CPU':>6s} {'wall range':>13s}")
+    for k, (label, _, _) in enumerate(rounds[0]):
+        rates = [rows[k][1] for rows in rounds]
+        walls = [rows[k][1] / rows[0][1] for rows in rounds]
+        cpus = [rows[k][2] / rows[0][2] for rows in rounds]
+        print(f"  {label:42s} {statistics.median(rates):9,.0f} {statistics.median(walls):6.3f} "
+              f"{statistics.median(cpus):6.3f} {min(walls):6.3f}-{max(walls):.3f}")
 
 
 def spy_report(path: str, top: int = 25) -> str:
@@ -351,6 +377,10 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the topics (to look at them)")
     ap.add_argument("--spy", metavar="FILE", help="record the worker with py-spy into FILE and "
                     "print its top functions")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure everything this many times, in turns (the bare loop first in each "
+                    "round), and print the medians: one round's figures swing by about 20 %% on a "
+                    "shared host")
     ap.add_argument("--spy-gil", action="store_true",
                     help="with --spy: only the samples of the thread holding the GIL (py-spy --gil), "
                     "which leaves out the threads waiting for it")
@@ -391,57 +421,71 @@ def main() -> None:
         secs = asyncio.run(produce(args.kafka, topics["events"], events))
         print(f"fleet: {args.runs} runs x {args.steps} steps x 8 ranks: {n} events, "
               f"{sum(len(v) for _, v in events) / n:.0f} bytes on average; produced in {secs:.1f} s")
-        bare_s, bare_n, bare_cpu = asyncio.run(bare_consume(args.kafka, topics["events"], bare_group, n))
-        rows: list[tuple[str, float, float]] = []
-
-        def show(label: str, secs: float, count: int, cpu: float, how: str) -> None:
-            rows.append((label, count / secs, count / cpu if cpu > 0 else float("nan")))
-            print(f"{label + ':':36s} {count / secs:9,.0f} events/s, {rows[-1][2]:9,.0f} per CPU second "
-                  f"({count} events in {secs:.2f} s {how})", flush=True)
-
-        show("bare aiokafka + json.loads", bare_s, bare_n, bare_cpu, "from its first batch")
         how = "between its first and last offset commits while busy"
-        if not args.no_faust_floor:
-            f_s, f_n, f_cpu, _ = run_consumer("faust", args.kafka, args.redis, sid, topics, n, args.timeout,
-                                              args.loglevel)
-            show("Faust agent + json.loads", f_s, f_n, f_cpu, how)
-            f_s, f_n, f_cpu, _ = run_consumer("faust", args.kafka, args.redis, sid, topics, n, args.timeout,
-                                              args.loglevel, extra_env={"BENCH_FAUST_APP": topics["faust"] + "-lane",
-                                                                        "BENCH_FAUST_LANE": "1"})
-            show("Faust batch lane + json.loads", f_s, f_n, f_cpu, how)
-        variants = [(f"rlwatch worker, {e}", dict([e.split("=", 1)])) for e in args.worker_env]
-        if args.per_message:        # the worker before the batch lane: every event through Faust's
-            variants.insert(0, ("rlwatch worker, per-message agent", {"RLWATCH_BATCH_LANE": "0"}))
-        for i, (label, extra) in enumerate(variants):   # each with its own group and topics
-            v = dict(topics, app=f"{topics['app']}-v{i}", alerts=f"{topics['alerts']}.v{i}",
-                     dlq=f"{topics['dlq']}.v{i}")
-            extra_topics.update({v["alerts"], v["dlq"]})
-            extra_groups.add(v["app"])
-            w_s, w_n, w_cpu, _ = run_consumer("worker", args.kafka, args.redis, sid, v, n, args.timeout,
-                                              args.loglevel,
-                                              extra_env={**extra, "RLWATCH_WORKER_ID": f"bench-{sid}-v{i}"})
-            show(label, w_s, w_n, w_cpu, how)
-        nc_variants = [(f"core a no-op, {e}", dict([e.split("=", 1)])) for e in args.no_core_env]
-        if args.no_core:
-            nc_variants.append(("rlwatch worker, core a no-op", {}))
-        for i, (label, extra) in enumerate(nc_variants):
-            last = i == len(nc_variants) - 1
-            v = dict(topics, app=f"{topics['app']}-nc{i}", alerts=f"{topics['alerts']}.nc{i}",
-                     dlq=f"{topics['dlq']}.nc{i}")
-            extra_topics.update({v["alerts"], v["dlq"]})
-            extra_groups.add(v["app"])
-            spy = args.spy + ".no-core" if args.spy and last else None
-            w_s, w_n, w_cpu, _ = run_consumer(
-                "no-core", args.kafka, args.redis, sid, v, n, args.timeout, args.loglevel, spy,
-                extra_env={**extra, "RLWATCH_WORKER_ID": f"bench-{sid}-nc{i}"})
-            show(label, w_s, w_n, w_cpu, how)
-        w_s, w_n, w_cpu, out = run_consumer("worker", args.kafka, args.redis, sid, topics, n, args.timeout,
-                                            args.loglevel, args.spy)
-        show("rlwatch worker", w_s, w_n, w_cpu, how)
-        bare, bare_per_cpu = rows[0][1], rows[0][2]
-        print(f"{'ratio to the bare consumer:':54s} {'wall':>6s} {'CPU':>6s}")
-        for label, rate, per_cpu in rows[1:]:
-            print(f"  {label:52s} {rate / bare:6.3f} {per_cpu / bare_per_cpu:6.3f}")
+        rounds: list[list[tuple[str, float, float]]] = []
+        out: list[str] = []
+        for r in range(args.rounds):
+            if args.rounds > 1:
+                print(f"round {r + 1} of {args.rounds}:", flush=True)
+            last_round = r == args.rounds - 1
+            # a round's consumer groups and output topics are its own (the first keeps the names
+            # of a single-round run); the events topic is the same for all
+            t = topics if r == 0 else dict(topics, app=f"{topics['app']}-r{r}", alerts=f"{topics['alerts']}.r{r}",
+                                           dlq=f"{topics['dlq']}.r{r}", faust=f"{topics['faust']}-r{r}")
+            if r:
+                create_topics(args.kafka, [t["alerts"], t["dlq"]])
+                extra_topics.update({t["alerts"], t["dlq"]})
+                extra_groups.update({t["app"], t["faust"], t["faust"] + "-lane"})
+            group = bare_group if r == 0 else f"{bare_group}-r{r}"
+            extra_groups.add(group)
+            rows: list[tuple[str, float, float]] = []
+            rounds.append(rows)
+
+            def show(label: str, secs: float, count: int, cpu: float, how: str) -> None:
+                rows.append((label, count / secs, count / cpu if cpu > 0 else float("nan")))
+                print(f"{label + ':':36s} {count / secs:9,.0f} events/s, {rows[-1][2]:9,.0f} per CPU second "
+                      f"({count} events in {secs:.2f} s {how})", flush=True)
+
+            bare_s, bare_n, bare_cpu = asyncio.run(bare_consume(args.kafka, topics["events"], group, n))
+            show("bare aiokafka + json.loads", bare_s, bare_n, bare_cpu, "from its first batch")
+            if not args.no_faust_floor:
+                f_s, f_n, f_cpu, _ = run_consumer("faust", args.kafka, args.redis, sid, t, n, args.timeout,
+                                                  args.loglevel)
+                show("Faust agent + json.loads", f_s, f_n, f_cpu, how)
+                f_s, f_n, f_cpu, _ = run_consumer("faust", args.kafka, args.redis, sid, t, n, args.timeout,
+                                                  args.loglevel, extra_env={"BENCH_FAUST_APP": t["faust"] + "-lane",
+                                                                            "BENCH_FAUST_LANE": "1"})
+                show("Faust batch lane + json.loads", f_s, f_n, f_cpu, how)
+            variants = [(f"rlwatch worker, {e}", dict([e.split("=", 1)])) for e in args.worker_env]
+            if args.per_message:        # the worker before the batch lane: every event through Faust's
+                variants.insert(0, ("rlwatch worker, per-message agent", {"RLWATCH_BATCH_LANE": "0"}))
+            for i, (label, extra) in enumerate(variants):   # each with its own group and topics
+                v = dict(t, app=f"{t['app']}-v{i}", alerts=f"{t['alerts']}.v{i}", dlq=f"{t['dlq']}.v{i}")
+                extra_topics.update({v["alerts"], v["dlq"]})
+                extra_groups.add(v["app"])
+                w_s, w_n, w_cpu, _ = run_consumer("worker", args.kafka, args.redis, sid, v, n, args.timeout,
+                                                  args.loglevel,
+                                                  extra_env={**extra, "RLWATCH_WORKER_ID": f"bench-{sid}-r{r}-v{i}"})
+                show(label, w_s, w_n, w_cpu, how)
+            nc_variants = [(f"core a no-op, {e}", dict([e.split("=", 1)])) for e in args.no_core_env]
+            if args.no_core:
+                nc_variants.append(("rlwatch worker, core a no-op", {}))
+            for i, (label, extra) in enumerate(nc_variants):
+                v = dict(t, app=f"{t['app']}-nc{i}", alerts=f"{t['alerts']}.nc{i}", dlq=f"{t['dlq']}.nc{i}")
+                extra_topics.update({v["alerts"], v["dlq"]})
+                extra_groups.add(v["app"])
+                spy = args.spy + ".no-core" if args.spy and last_round and i == len(nc_variants) - 1 else None
+                w_s, w_n, w_cpu, _ = run_consumer(
+                    "no-core", args.kafka, args.redis, sid, v, n, args.timeout, args.loglevel, spy,
+                    extra_env={**extra, "RLWATCH_WORKER_ID": f"bench-{sid}-r{r}-nc{i}"})
+                show(label, w_s, w_n, w_cpu, how)
+            w_s, w_n, w_cpu, out = run_consumer("worker", args.kafka, args.redis, sid, t, n, args.timeout,
+                                                args.loglevel, args.spy if last_round else None,
+                                                extra_env={"RLWATCH_WORKER_ID": f"bench-{sid}-r{r}"} if r else None)
+            show("rlwatch worker", w_s, w_n, w_cpu, how)
+            print_ratios(rows)
+        if len(rounds) > 1:
+            print_medians(rounds)
         errors = [x for x in out if "Traceback" in x or " ERROR " in x or "rejected an event" in x]
         if errors:
             print(f"worker output had {len(errors)} error lines, first: {errors[0][:200]}")
