@@ -187,9 +187,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-SPY_EXTRA: list[str] = []   # more py-spy options (--spy-gil)
-
-
 def print_ratios(rows: list[tuple[str, float, float]]) -> None:
     """Each reader's rates as ratios to the bare consumer's (the first row) of the same round."""
     bare, bare_per_cpu = rows[0][1], rows[0][2]
@@ -285,7 +282,8 @@ sys.exit(main())
 
 def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[str, str], n: int,
                  timeout: float, loglevel: str, spy: str | None = None,
-                 extra_env: dict[str, str] | None = None) -> tuple[float, int, float, list[str]]:
+                 extra_env: dict[str, str] | None = None,
+                 spy_args: tuple[str, ...] = ()) -> tuple[float, int, float, list[str]]:
     """Run ``rlwatch worker`` (``kind`` "worker") or the Faust floor agent ("faust") over the
     events topic: (seconds, events, CPU seconds) between the first and the last change of its
     consumer group's committed offsets (events = the offsets committed in between); and its
@@ -320,7 +318,7 @@ def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[s
         if spy:   # a sampled profile of the worker while it works (py-spy, when installed)
             spying = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--format", "raw",
                                        "--rate", "200", "--output", spy, "--nonblocking",
-                                       *SPY_EXTRA],
+                                       *spy_args],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.time() + timeout
@@ -366,6 +364,63 @@ def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[s
     return t1 - t0, o1 - o0, c1 - c0, lines
 
 
+BUSY = "between its first and last offset commits while busy"
+
+
+def one_round(args, r: int, sid: str, topics: dict[str, str], bare_group: str, n: int,
+              made_topics: set[str], made_groups: set[str]) -> tuple[list[tuple[str, float, float]], list[str]]:
+    """Round ``r``: the bare loop, then each reader asked for, each with consumer groups and
+    output topics of its own (added to ``made_topics`` / ``made_groups``; the first round keeps
+    the names of a single-round run; the events topic is the same for all). Its rows (label,
+    events per second, events per CPU second) and the output of its last worker."""
+    last_round = r == args.rounds - 1
+    t = topics if r == 0 else dict(topics, app=f"{topics['app']}-r{r}", alerts=f"{topics['alerts']}.r{r}",
+                                   dlq=f"{topics['dlq']}.r{r}", faust=f"{topics['faust']}-r{r}")
+    if r:
+        create_topics(args.kafka, [t["alerts"], t["dlq"]])
+        made_topics.update({t["alerts"], t["dlq"]})
+        made_groups.update({t["app"], t["faust"], t["faust"] + "-lane"})
+    group = bare_group if r == 0 else f"{bare_group}-r{r}"
+    made_groups.add(group)
+    rows: list[tuple[str, float, float]] = []
+
+    def show(label: str, secs: float, count: int, cpu: float, how: str = BUSY) -> None:
+        rows.append((label, count / secs, count / cpu if cpu > 0 else float("nan")))
+        print(f"{label + ':':36s} {count / secs:9,.0f} events/s, {rows[-1][2]:9,.0f} per CPU second "
+              f"({count} events in {secs:.2f} s {how})", flush=True)
+
+    def run(kind: str, tops: dict[str, str], spy: str | None = None, env: dict | None = None):
+        return run_consumer(kind, args.kafka, args.redis, sid, tops, n, args.timeout, args.loglevel, spy,
+                            env, ("--gil",) if args.spy_gil else ())
+
+    bare_s, bare_n, bare_cpu = asyncio.run(bare_consume(args.kafka, topics["events"], group, n))
+    show("bare aiokafka + json.loads", bare_s, bare_n, bare_cpu, "from its first batch")
+    if not args.no_faust_floor:
+        show("Faust agent + json.loads", *run("faust", t)[:3])
+        show("Faust batch lane + json.loads",
+             *run("faust", t, env={"BENCH_FAUST_APP": t["faust"] + "-lane", "BENCH_FAUST_LANE": "1"})[:3])
+    # (kind, label, environment, tag of its group and topics)
+    variants = [("worker", f"rlwatch worker, {e}", dict([e.split("=", 1)]), f"v{i}")
+                for i, e in enumerate(args.worker_env)]
+    if args.per_message:        # the worker before the batch lane: every event through Faust's
+        variants.insert(0, ("worker", "rlwatch worker, per-message agent", {"RLWATCH_BATCH_LANE": "0"}, "vp"))
+    no_core = [("no-core", f"core a no-op, {e}", dict([e.split("=", 1)]), f"nc{i}")
+               for i, e in enumerate(args.no_core_env)]
+    if args.no_core:
+        no_core.append(("no-core", "rlwatch worker, core a no-op", {}, f"nc{len(no_core)}"))
+    for j, (kind, label, extra, tag) in enumerate(variants + no_core):
+        v = dict(t, app=f"{t['app']}-{tag}", alerts=f"{t['alerts']}.{tag}", dlq=f"{t['dlq']}.{tag}")
+        made_topics.update({v["alerts"], v["dlq"]})
+        made_groups.add(v["app"])
+        last_no_core = kind == "no-core" and j == len(variants) + len(no_core) - 1
+        spy = args.spy + ".no-core" if args.spy and last_round and last_no_core else None
+        show(label, *run(kind, v, spy, {**extra, "RLWATCH_WORKER_ID": f"bench-{sid}-r{r}-{tag}"})[:3])
+    w_s, w_n, w_cpu, out = run("worker", t, args.spy if last_round else None,
+                               {"RLWATCH_WORKER_ID": f"bench-{sid}-r{r}"} if r else None)
+    show("rlwatch worker", w_s, w_n, w_cpu)
+    return rows, out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=12)
@@ -379,8 +434,8 @@ def main() -> None:
                     "print its top functions")
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure everything this many times, in turns (the bare loop first in each "
-                    "round), and print the medians: one round's figures swing by about 20 %% on a "
-                    "shared host")
+                    "round), and print the medians: on a shared host the bare loop's few seconds "
+                    "of reading swing by up to 35 %% between rounds")
     ap.add_argument("--spy-gil", action="store_true",
                     help="with --spy: only the samples of the thread holding the GIL (py-spy --gil), "
                     "which leaves out the threads waiting for it")
@@ -401,8 +456,6 @@ def main() -> None:
                     "variable set (repeatable), e.g. PYTHONPATH=<a copy of an older tree>")
     ap.add_argument("--faust-floor-agent", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.spy_gil:
-        SPY_EXTRA.append("--gil")
     if args.faust_floor_agent:
         return faust_floor_agent()
 
@@ -421,68 +474,13 @@ def main() -> None:
         secs = asyncio.run(produce(args.kafka, topics["events"], events))
         print(f"fleet: {args.runs} runs x {args.steps} steps x 8 ranks: {n} events, "
               f"{sum(len(v) for _, v in events) / n:.0f} bytes on average; produced in {secs:.1f} s")
-        how = "between its first and last offset commits while busy"
         rounds: list[list[tuple[str, float, float]]] = []
         out: list[str] = []
         for r in range(args.rounds):
             if args.rounds > 1:
                 print(f"round {r + 1} of {args.rounds}:", flush=True)
-            last_round = r == args.rounds - 1
-            # a round's consumer groups and output topics are its own (the first keeps the names
-            # of a single-round run); the events topic is the same for all
-            t = topics if r == 0 else dict(topics, app=f"{topics['app']}-r{r}", alerts=f"{topics['alerts']}.r{r}",
-                                           dlq=f"{topics['dlq']}.r{r}", faust=f"{topics['faust']}-r{r}")
-            if r:
-                create_topics(args.kafka, [t["alerts"], t["dlq"]])
-                extra_topics.update({t["alerts"], t["dlq"]})
-                extra_groups.update({t["app"], t["faust"], t["faust"] + "-lane"})
-            group = bare_group if r == 0 else f"{bare_group}-r{r}"
-            extra_groups.add(group)
-            rows: list[tuple[str, float, float]] = []
+            rows, out = one_round(args, r, sid, topics, bare_group, n, extra_topics, extra_groups)
             rounds.append(rows)
-
-            def show(label: str, secs: float, count: int, cpu: float, how: str) -> None:
-                rows.append((label, count / secs, count / cpu if cpu > 0 else float("nan")))
-                print(f"{label + ':':36s} {count / secs:9,.0f} events/s, {rows[-1][2]:9,.0f} per CPU second "
-                      f"({count} events in {secs:.2f} s {how})", flush=True)
-
-            bare_s, bare_n, bare_cpu = asyncio.run(bare_consume(args.kafka, topics["events"], group, n))
-            show("bare aiokafka + json.loads", bare_s, bare_n, bare_cpu, "from its first batch")
-            if not args.no_faust_floor:
-                f_s, f_n, f_cpu, _ = run_consumer("faust", args.kafka, args.redis, sid, t, n, args.timeout,
-                                                  args.loglevel)
-                show("Faust agent + json.loads", f_s, f_n, f_cpu, how)
-                f_s, f_n, f_cpu, _ = run_consumer("faust", args.kafka, args.redis, sid, t, n, args.timeout,
-                                                  args.loglevel, extra_env={"BENCH_FAUST_APP": t["faust"] + "-lane",
-                                                                            "BENCH_FAUST_LANE": "1"})
-                show("Faust batch lane + json.loads", f_s, f_n, f_cpu, how)
-            variants = [(f"rlwatch worker, {e}", dict([e.split("=", 1)])) for e in args.worker_env]
-            if args.per_message:        # the worker before the batch lane: every event through Faust's
-                variants.insert(0, ("rlwatch worker, per-message agent", {"RLWATCH_BATCH_LANE": "0"}))
-            for i, (label, extra) in enumerate(variants):   # each with its own group and topics
-                v = dict(t, app=f"{t['app']}-v{i}", alerts=f"{t['alerts']}.v{i}", dlq=f"{t['dlq']}.v{i}")
-                extra_topics.update({v["alerts"], v["dlq"]})
-                extra_groups.add(v["app"])
-                w_s, w_n, w_cpu, _ = run_consumer("worker", args.kafka, args.redis, sid, v, n, args.timeout,
-                                                  args.loglevel,
-                                                  extra_env={**extra, "RLWATCH_WORKER_ID": f"bench-{sid}-r{r}-v{i}"})
-                show(label, w_s, w_n, w_cpu, how)
-            nc_variants = [(f"core a no-op, {e}", dict([e.split("=", 1)])) for e in args.no_core_env]
-            if args.no_core:
-                nc_variants.append(("rlwatch worker, core a no-op", {}))
-            for i, (label, extra) in enumerate(nc_variants):
-                v = dict(t, app=f"{t['app']}-nc{i}", alerts=f"{t['alerts']}.nc{i}", dlq=f"{t['dlq']}.nc{i}")
-                extra_topics.update({v["alerts"], v["dlq"]})
-                extra_groups.add(v["app"])
-                spy = args.spy + ".no-core" if args.spy and last_round and i == len(nc_variants) - 1 else None
-                w_s, w_n, w_cpu, _ = run_consumer(
-                    "no-core", args.kafka, args.redis, sid, v, n, args.timeout, args.loglevel, spy,
-                    extra_env={**extra, "RLWATCH_WORKER_ID": f"bench-{sid}-r{r}-nc{i}"})
-                show(label, w_s, w_n, w_cpu, how)
-            w_s, w_n, w_cpu, out = run_consumer("worker", args.kafka, args.redis, sid, t, n, args.timeout,
-                                                args.loglevel, args.spy if last_round else None,
-                                                extra_env={"RLWATCH_WORKER_ID": f"bench-{sid}-r{r}"} if r else None)
-            show("rlwatch worker", w_s, w_n, w_cpu, how)
             print_ratios(rows)
         if len(rounds) > 1:
             print_medians(rounds)
