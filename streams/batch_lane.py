@@ -47,13 +47,15 @@ import faust
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as _driver
 from mode.utils.futures import notify
+from mode.utils.objects import cached_property
+from mode.utils.queues import FlowControlEvent
 
 try:   # the lock Faust's own acknowledgements take (newer Faust versions), else none
     from faust.types.tuples import ack_lock as _ack_lock
 except ImportError:  # pragma: no cover - depends on the Faust version
     _ack_lock = contextlib.nullcontext()
 
-__all__ = ["BatchApp", "BatchConsumer", "LaneBatch", "round_robin"]
+__all__ = ["BatchApp", "BatchConsumer", "LaneBatch", "SteadyFlowControl", "round_robin"]
 
 
 class LaneBatch(list):
@@ -326,8 +328,32 @@ class BatchTransport(_driver.Transport):
     Consumer = BatchConsumer
 
 
+class SteadyFlowControl(FlowControlEvent):
+    """Faust's flow control, except that resuming a flow that is not suspended leaves the
+    agents' queues alone.
+
+    ``FlowControlEvent.resume`` empties every agent's queue, meant for the messages of an
+    assignment that a rebalance took away (the flow was suspended then). But a worker's
+    recovery resumes the flow twice: to read the changelogs, then again once it has resumed the
+    stream partitions and sought them back to their committed offsets. Messages fetched in
+    between sit in the agents' queues, already counted as read, and the second resume dropped
+    them unprocessed: a worker taking over from one killed right after publishing an alert lost
+    that alert, its brake and its notice, about one start in twenty. Only a resume that ends a
+    suspension empties the queues now."""
+
+    def resume(self) -> None:
+        if self.is_active():
+            return        # not suspended: the queues hold this assignment's messages
+        super().resume()
+
+
 class BatchApp(faust.App):
-    """A ``faust.App`` with batch lanes (:meth:`batch_lane`) and ``before_commit`` hooks."""
+    """A ``faust.App`` with batch lanes (:meth:`batch_lane`) and ``before_commit`` hooks, whose
+    flow control keeps the agents' queues when nothing was suspended (:class:`SteadyFlowControl`)."""
+
+    @cached_property
+    def flow_control(self) -> FlowControlEvent:
+        return SteadyFlowControl(loop=self.loop)
 
     def __init__(self, *args: Any, batch_lanes: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -152,7 +152,10 @@ def test_a_worker_killed_before_braking_leaves_the_pause_to_its_successor(servic
     second = start_worker(env)       # same app and host: same slot, same group instance id
     ready = time.time() - t0
     # a loaded machine (CI) may take a while to recover the table and read the topics again
-    until(lambda: run.paused, 120, "the restarted worker to pause the run", worker=second)
+    try:
+        until(lambda: run.paused, 120, "the restarted worker to pause the run", worker=second)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_post_mortem(run, env, services, first)}") from None
     print(f"\nkill -9 -> restarted worker ready {ready:.1f}s, run paused {time.time() - t0:.1f}s after restart")
     # the restarted worker took the dead one's place in the group, it did not wait beside it
     from kafka.admin import KafkaAdminClient
@@ -168,6 +171,39 @@ def test_a_worker_killed_before_braking_leaves_the_pause_to_its_successor(servic
     recorder.wait_for("/hook", lambda r: r.json().get("run_id") == run.run_id)
     time.sleep(1.0)
     assert firing(recorder, "/hook") == {run.run_id: 1}
+
+
+def _post_mortem(run: Trainer, env: dict, services: dict, first) -> str:
+    """What a failed crash drill needs explained: the dead worker's last lines, the run's control
+    state and audit in Redis, what its Monitor refused, and the alerts on the alerts topic."""
+    from kafka import KafkaConsumer
+
+    out = ["the dead worker's last lines:", *[ln for ln in first.lines if not ln.startswith(("|", "+"))][-25:]]
+    r = redis_sync.Redis.from_url(services["redis"])
+    try:
+        out.append(f"control state: {r.get(state_key(run.run_id))!r}")
+        out += [f"audit: {fields}" for _, fields in r.xrange(f"rlwatch:audit:{run.run_id}")]
+    finally:
+        r.close()
+    out.append(f"monitor: state {run.mon.state}, refusals {run.mon.control.refusals}, step {run.step}")
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=services["kafka"])
+    try:
+        offsets = admin.list_consumer_group_offsets(env["RLWATCH_APP_ID"])
+        out += [f"committed {tp.topic} p{tp.partition}: {om.offset}" for tp, om in sorted(offsets.items())]
+    finally:
+        admin.close()
+    consumer = KafkaConsumer(env["RLWATCH_ALERTS_TOPIC"], bootstrap_servers=services["kafka"],
+                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    try:
+        for m in consumer:
+            a = json.loads(m.value)
+            out.append(f"alerts topic p{m.partition}@{m.offset}: {a.get('severity')} {a.get('rule')} "
+                       f"{a.get('state')} step {a.get('step')} actions {a.get('actions')}")
+    finally:
+        consumer.close()
+    return "\n".join(out)
 
 
 # -- 3: Redis killed while runs go red -----------------------------------------------------------

@@ -218,3 +218,26 @@ def test_a_partition_with_nothing_committed_is_read_again_from_its_beginning():
     assert sorted(to_beginning) == sorted([events0, alerts0])   # not the table's changelog
     assert c._read_offset[events1] == 42 and c._committed_offset[events1] == 42
     assert to_beginning2 == [] and c2._read_offset[events0] == 7
+
+
+def test_resuming_a_flow_that_was_not_suspended_keeps_the_agents_queues():
+    # a worker's recovery resumes the flow to read the changelogs, resumes the stream partitions,
+    # seeks them, then resumes the flow again: Faust's second resume emptied the agents' queues,
+    # and a message fetched in between (counted as read already) was never processed. A worker
+    # that took over from one killed right after it published an alert lost that alert's brake.
+    def final_resume_keeps(app) -> bool:
+        fc = app.flow_control
+        q = app.FlowControlQueue(maxsize=10, clear_on_resume=True)
+        fc.resume()                   # the changelogs are read
+        q.put_nowait("alert @0")      # fetched once the stream partitions were resumed
+        fc.resume()                   # the recovery's last step
+        kept = q.qsize() == 1
+        q.put_nowait("stale")
+        fc.suspend()                  # a rebalance: what was queued belongs to the old assignment
+        fc.resume()
+        assert q.empty(), "a resume that ends a suspension must still empty the queues"
+        return kept
+
+    assert final_resume_keeps(BatchApp("lane-flow", broker="kafka://127.0.0.1:1"))
+    import faust
+    assert not final_resume_keeps(faust.App("lane-flow-faust", broker="kafka://127.0.0.1:1"))  # the bug
