@@ -58,7 +58,7 @@ def fleet_case(roundtrip: int = 0) -> list[str]:
         alerts += pipe.feed(ev, ev.ts)
         if roundtrip and i % roundtrip == roundtrip - 1:
             st = pipe.runs[ev.run_id]
-            data = decode_state(encode_state(st.to_state()))   # as the worker's table does
+            data = decode_state(encode_state(st.to_state(packed=True)))   # as the worker's table does
             pipe.runs[ev.run_id] = pipe.processor.load_state(data)
     return _record(f"fleet{'-roundtrip' if roundtrip else ''}", alerts)
 

@@ -245,7 +245,7 @@ class RunStates:
             self.dirty.discard(run_id)
 
     def _write(self, run_id: str, st: RunState) -> bool:
-        value = encode_state(st.to_state())
+        value = encode_state(st.to_state(packed=True))
         if len(value) > MAX_STATE_BYTES:
             log.error("rlwatch: state of run %s is %d bytes, over %d: kept in memory "
                       "only (a restart loses it)", run_id, len(value), MAX_STATE_BYTES)

@@ -1013,11 +1013,20 @@ class RunState:
         return out
 
     # -- state ----------------------------------------------------------------------------------
-    def to_state(self) -> dict:
+    def to_state(self, packed: bool = False) -> dict:
+        """The run as plain data (what :meth:`from_state` takes back). ``packed``: each rank's
+        statistics as ready MessagePack (``msgspec.Raw``, written by the bank itself: for
+        :func:`streams.state_codec.encode_state`, which gives the same bytes either way)."""
+        if packed:
+            from msgspec import Raw
+
+            banks = {str(r): Raw(b.to_msgpack()) for r, b in self.banks.items()}
+        else:
+            banks = {str(r): b.to_state() for r, b in self.banks.items()}
         return {
             "run_id": self.run_id,
             "incarnation": self.incarnation,
-            "banks": {str(r): b.to_state() for r, b in self.banks.items()},
+            "banks": banks,
             "alerts": {k: v.to_state() for k, v in self.alerts.items()},
             "checkpoints": self.checkpoints,
             "last_step": {str(k): v for k, v in self.last_step.items()},

@@ -863,6 +863,12 @@ class Bank:
                 "autocorr": [[m, s, steps, w.cache_at, _enc(w.cache.get("ac", NAN))]
                              for (m, s, steps), w in self.windows.items() if w.cache_at >= 0]}
 
+    def to_msgpack(self) -> bytes:
+        """``to_state()`` as MessagePack (the native bank writes the same bytes itself)."""
+        import msgspec
+
+        return msgspec.msgpack.encode(self.to_state())
+
     def load(self, state: dict) -> None:
         """Restore values into the tracks this bank was compiled with (others are dropped)."""
         self.version += 1

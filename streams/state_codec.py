@@ -51,7 +51,15 @@ def encode_state(state: dict) -> bytes:
     try:
         return _encoder.encode(state)
     except (TypeError, ValueError, OverflowError):   # UnicodeEncodeError is a ValueError
-        return json.dumps(state, allow_nan=True).encode()
+        return json.dumps(state, allow_nan=True, default=_unpacked).encode()
+
+
+def _unpacked(obj: Any) -> Any:
+    """For the JSON fallback: a part that came ready as MessagePack (``msgspec.Raw``, see
+    ``RunState.to_state(packed=True)``) as the data it holds."""
+    if isinstance(obj, msgspec.Raw):
+        return _decoder.decode(obj)
+    raise TypeError(f"cannot store a {type(obj).__name__} in a run state")
 
 
 def decode_state(raw: bytes | bytearray | memoryview | str) -> dict:

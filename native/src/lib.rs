@@ -339,6 +339,108 @@ fn enc(py: Python<'_>, x: f64) -> PyObject {
     }
 }
 
+/// A MessagePack writer that spells each value exactly as msgspec spells the Python value the
+/// `to_state` methods build for it (the smallest integer form, float64 for every float, str8
+/// for strings of 32-255 bytes), so that `Bank.to_msgpack()` is byte for byte
+/// `msgspec.msgpack.encode(bank.to_state())`.
+struct Mp(Vec<u8>);
+
+impl Mp {
+    fn nil(&mut self) {
+        self.0.push(0xc0);
+    }
+
+    fn int(&mut self, x: i64) {
+        let b = &mut self.0;
+        if x < 0 {
+            if x < -(1i64 << 31) {
+                b.push(0xd3);
+                b.extend_from_slice(&x.to_be_bytes());
+            } else if x < -(1i64 << 15) {
+                b.push(0xd2);
+                b.extend_from_slice(&(x as i32).to_be_bytes());
+            } else if x < -(1i64 << 7) {
+                b.push(0xd1);
+                b.extend_from_slice(&(x as i16).to_be_bytes());
+            } else if x < -(1i64 << 5) {
+                b.push(0xd0);
+                b.push(x as i8 as u8);
+            } else {
+                b.push(x as i8 as u8);
+            }
+        } else if x < (1 << 7) {
+            b.push(x as u8);
+        } else if x < (1 << 8) {
+            b.push(0xcc);
+            b.push(x as u8);
+        } else if x < (1 << 16) {
+            b.push(0xcd);
+            b.extend_from_slice(&(x as u16).to_be_bytes());
+        } else if x < (1i64 << 32) {
+            b.push(0xce);
+            b.extend_from_slice(&(x as u32).to_be_bytes());
+        } else {
+            b.push(0xcf);
+            b.extend_from_slice(&(x as u64).to_be_bytes());
+        }
+    }
+
+    fn opt_int(&mut self, x: Option<i64>) {
+        match x {
+            Some(v) => self.int(v),
+            None => self.nil(),
+        }
+    }
+
+    fn float(&mut self, x: f64) {
+        self.0.push(0xcb);
+        self.0.extend_from_slice(&x.to_bits().to_be_bytes());
+    }
+
+    /// A float as `enc` gives it to Python: None for NaN, "inf"/"-inf" for the infinities.
+    fn enc(&mut self, x: f64) {
+        if x.is_nan() {
+            self.nil();
+        } else if x.is_infinite() {
+            self.str(if x > 0.0 { "inf" } else { "-inf" });
+        } else {
+            self.float(x);
+        }
+    }
+
+    fn head(&mut self, n: usize, fix: u8, fix_max: usize, b16: u8, b32: u8) {
+        let b = &mut self.0;
+        if n < fix_max {
+            b.push(fix | n as u8);
+        } else if n < (1 << 16) {
+            b.push(b16);
+            b.extend_from_slice(&(n as u16).to_be_bytes());
+        } else {
+            b.push(b32);
+            b.extend_from_slice(&(n as u32).to_be_bytes());
+        }
+    }
+
+    fn str(&mut self, s: &str) {
+        let n = s.len();
+        if n >= 32 && n < 256 {
+            self.0.push(0xd9);
+            self.0.push(n as u8);
+        } else {
+            self.head(n, 0xa0, 32, 0xda, 0xdb);
+        }
+        self.0.extend_from_slice(s.as_bytes());
+    }
+
+    fn array(&mut self, n: usize) {
+        self.head(n, 0x90, 16, 0xdc, 0xdd);
+    }
+
+    fn map(&mut self, n: usize) {
+        self.head(n, 0x80, 16, 0xde, 0xdf);
+    }
+}
+
 fn dec(x: &Bound<'_, PyAny>) -> PyResult<f64> {
     if x.is_none() {
         return Ok(NAN);
@@ -590,6 +692,74 @@ impl Track {
         }
         d.set_item("emas", emas)?;
         Ok(d.into_py(py))
+    }
+
+    /// What `to_state` gives, as MessagePack (see `Mp`).
+    fn to_msgpack(&self, mp: &mut Mp) {
+        mp.map(12);
+        mp.str("steps");
+        mp.array(self.steps.len());
+        for s in &self.steps {
+            mp.int(*s);
+        }
+        mp.str("values");
+        mp.array(self.values.len());
+        for v in &self.values {
+            mp.enc(*v);
+        }
+        mp.str("total");
+        mp.int(self.total);
+        mp.str("first");
+        mp.opt_int(self.first_step);
+        mp.str("n");
+        mp.int(self.n);
+        mp.str("last");
+        mp.opt_int(self.last_step);
+        mp.str("cur");
+        mp.enc(self.cur);
+        mp.str("num");
+        mp.float(self.num);
+        mp.str("den");
+        mp.float(self.den);
+        mp.str("prev");
+        mp.opt_int(self.prev_step);
+        mp.str("base");
+        mp.map(self.baselines.len());
+        for (w, b) in &self.baselines {
+            mp.str(&w.to_string());
+            match b {
+                Baseline::Collecting(pts) => {
+                    mp.array(pts.len());
+                    for p in pts {
+                        mp.float(*p);
+                    }
+                }
+                Baseline::Frozen { v, count_int } => {
+                    mp.array(1);
+                    mp.map(2);
+                    mp.str("m");
+                    mp.float(v[0]);
+                    mp.str("s");
+                    mp.array(v.len().saturating_sub(1));
+                    for (i, x) in v.iter().enumerate().skip(1) {
+                        if i == 2 && *count_int {
+                            mp.int(*x as i64);
+                        } else {
+                            mp.enc(*x);
+                        }
+                    }
+                }
+            }
+        }
+        mp.str("emas");
+        mp.map(self.emas.len());
+        for (k, e) in &self.emas {
+            mp.str(&k.to_string());
+            mp.array(e.len());
+            for x in e {
+                mp.float(*x);
+            }
+        }
     }
 
     fn load(&mut self, st: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -2060,6 +2230,52 @@ impl Bank {
         d.set_item("cycles", cycles)?;
         d.set_item("autocorr", autocorr)?;
         Ok(d.into_py(py))
+    }
+
+    /// `to_state()` as MessagePack bytes, byte for byte what `msgspec.msgpack.encode` makes of
+    /// it, written without building the Python objects (a run's state is written to the
+    /// worker's table before each offset commit and each alert).
+    fn to_msgpack(&self, py: Python<'_>) -> PyResult<PyObject> {
+        let core = lock(&self.core)?;
+        let mut mp = Mp(Vec::with_capacity(32 * 1024));
+        mp.map(3);
+        mp.str("tracks");
+        let kept: Vec<&Track> =
+            core.tracks.iter().filter(|t| t.n != 0 || t.last_step.is_some()).collect();
+        mp.array(kept.len());
+        for t in kept {
+            mp.array(3);
+            mp.str(&t.metric);
+            mp.opt_int(t.smooth);
+            t.to_msgpack(&mut mp);
+        }
+        mp.str("cycles");
+        mp.array(core.cycles.len());
+        for c in &core.cycles {
+            mp.array(3);
+            mp.str(&c.metric);
+            match &c.cycle_metric {
+                Some(m) => mp.str(m),
+                None => mp.nil(),
+            }
+            mp.array(3);
+            mp.enc(c.start);
+            mp.enc(c.last_cycle);
+            mp.enc(c.out);
+        }
+        mp.str("autocorr");
+        let cached: Vec<&Window> = core.windows.iter().filter(|w| w.cache_at >= 0).collect();
+        mp.array(cached.len());
+        for w in cached {
+            let t = &core.tracks[w.track];
+            mp.array(5);
+            mp.str(&t.metric);
+            mp.opt_int(t.smooth);
+            mp.int(w.steps_w);
+            mp.int(w.cache_at);
+            mp.enc(w.cache_ac.unwrap_or(NAN));
+        }
+        Ok(pyo3::types::PyBytes::new_bound(py, &mp.0).into_py(py))
     }
 
     /// Restore values into the tracks this bank was compiled with (others are dropped).

@@ -357,3 +357,27 @@ def test_the_autocorrelation_of_periodic_runs_is_the_same_to_the_last_bit():
             events.append((i, {"m": x, "c": float(i % 5)}))
         run_pair(pair, events, rng, read_p=1.0)
         assert any(call(r) > 0.5 for r in pair.readers[0]), f"period {period}: no peak found"
+
+
+@pytest.mark.parametrize("offset", [0, 100, 200, 60_000, 70_000, 2**32 - 300, 2**40])
+def test_the_native_bank_writes_its_state_as_msgspec_would(offset):
+    """The worker writes each rank's statistics with Bank.to_msgpack() (no Python objects built):
+    the bytes must be msgspec's MessagePack of to_state(), whatever the values (NaN, infinities,
+    collecting and frozen baselines, EMAs, cycles, cached autocorrelations) and wherever the steps
+    fall on the boundaries of MessagePack's integer forms."""
+    import msgspec
+
+    rng = random.Random(offset + 5)
+    pair = Pair(ALL_SPECS)
+    checked = 0
+    for i, (step, m) in enumerate(stream(rng, 700)):
+        pair.update(step + offset, m)
+        if i in (0, 3, 40, 150, 400, 699):
+            for b in pair.banks:
+                got = b.to_msgpack()
+                assert got == msgspec.msgpack.encode(b.to_state()), (type(b).__name__, i)
+            assert msgspec.msgpack.decode(pair.banks[1].to_msgpack()) == msgspec.msgpack.decode(
+                pair.banks[0].to_msgpack())
+            checked += 1
+    assert checked == 6
+    assert b'\xcb' in pair.banks[1].to_msgpack()       # floats as float64, as msgspec writes them

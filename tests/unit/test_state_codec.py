@@ -197,6 +197,31 @@ def test_what_msgpack_cannot_hold_is_stored_as_json_and_reads_back():
     assert back["tags"] == state["tags"] and back["big"] == 2 ** 70 and back["x"] == math.inf
 
 
+def test_the_worker_writes_the_same_bytes_with_its_banks_packed(fleet):
+    # RunStates writes to_state(packed=True): each bank's MessagePack made by the bank itself
+    # (msgspec.Raw), not a dict of lists for msgspec to walk. Same bytes, every run, mid-way
+    # (a step cut in two, alerts firing) and at the end.
+    pipe = Pipeline(rlhf_pack())
+    at = restore_point(fleet)
+    for i, e in enumerate(fleet):
+        pipe.feed(e, e.ts)
+        if i in (at, len(fleet) - 1):
+            for run_id, st in pipe.runs.items():
+                assert encode_state(st.to_state(packed=True)) == encode_state(st.to_state()), run_id
+    assert all(st.alerts or st.events for st in pipe.runs.values())
+
+
+def test_a_packed_state_that_msgpack_cannot_hold_falls_back_to_the_same_json(fleet):
+    pipe = Pipeline(rlhf_pack())
+    for e in fleet[:400]:
+        pipe.feed(e, e.ts)
+    st = next(iter(pipe.runs.values()))
+    st.tags["note"] = "half a pair \ud800"          # no MessagePack string holds a lone surrogate
+    packed = encode_state(st.to_state(packed=True))
+    assert packed[:1] == b"{" and packed == encode_state(st.to_state())
+    exactly(decode_state(packed), via_json(st.to_state()))
+
+
 @pytest.mark.parametrize("raw", [b"", b"\xc1", b"\x7f", b"[1, 2]", b'{"run_id": "r", "banks": ',
                                  b"\xde\x00\x05\xa1", msgspec.msgpack.encode([1, 2])])
 def test_a_value_that_is_no_state_is_refused(raw):
