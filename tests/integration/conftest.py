@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -98,6 +99,8 @@ def session_id():
 
 
 def worker_env(services, sid: str, recorder=None, **extra) -> dict[str, str]:
+    data = os.path.join(tempfile.gettempdir(), "rlwatch-test-data")
+    os.makedirs(data, exist_ok=True)
     env = dict(os.environ)
     env.update({
         "RLWATCH_KAFKA": services["kafka"],
@@ -108,6 +111,9 @@ def worker_env(services, sid: str, recorder=None, **extra) -> dict[str, str]:
         "RLWATCH_DLQ_TOPIC": f"rlwatch.dlq.{sid}",
         "RLWATCH_TICK_SECONDS": "2",
         "PYTHONUNBUFFERED": "1",
+        # Faust's data directory ("<app id>-data", in the working directory by default) out of
+        # the checkout: each test's worker has its own application id
+        "F_DATADIR": os.path.join(data, "{conf.name}-data"),
     })
     if recorder is not None:
         env.update({
