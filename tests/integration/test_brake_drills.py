@@ -257,6 +257,34 @@ def test_runs_that_go_red_while_redis_is_down_are_paused_when_it_returns(service
         rs.stop()
 
 
+def test_a_worker_killed_while_its_brake_waits_for_redis_leaves_the_brake_to_its_successor(
+        services, recorder, start_worker, trainers, tmp_path):
+    # the alert's copy on the alerts topic is acknowledged only once its brake has landed: a
+    # worker that dies while Redis is down (the brake pulled on its fast path, still retrying)
+    # leaves the alert unacknowledged, and its successor pulls the brake from the topic
+    sid = uuid.uuid4().hex[:8]
+    rs = RedisServer(tmp_path).start()
+    try:
+        env = fast(worker_env(services, sid, recorder), RLWATCH_REDIS=rs.url)
+        first = start_worker(env)
+        run = trainers(f"drill-wait-{sid}", services["kafka"], env["RLWATCH_EVENTS_TOPIC"], rs.url).start()
+        rs.kill()
+        run.red.set()
+        # the alert went out (straight to the receivers) and its brake could not land
+        recorder.wait_for("/hook", lambda r: r.json().get("run_id") == run.run_id
+                          and r.json().get("rule") == "control_unreachable"
+                          and r.json().get("state") == "firing", timeout=60)
+        time.sleep(6.0)          # commits of the events and the run's state (every 2.8 s) went by
+        assert not run.paused
+        first.proc.kill()
+        first.proc.wait(10)
+        rs.start()               # back, empty
+        second = start_worker(env)
+        until(lambda: run.paused, 120, "the successor to pull the brake from the alerts topic", worker=second)
+    finally:
+        rs.stop()
+
+
 # -- 4: a hanging Slack holds back no brake ------------------------------------------------------
 
 def test_a_hanging_slack_holds_back_neither_the_brakes_nor_the_webhook(services, start_worker, trainers):

@@ -271,6 +271,26 @@ def test_a_snapshot_alert_keeps_an_incident_and_notifications_stay_small():
     assert run(d.handle(alert(rule="y", actions=["pause"]))).incident is None
 
 
+def test_an_incident_holds_its_snapshot_as_the_store_reads_it_back():
+    # the snapshot goes into the incident as JSON values (non-finite numbers as the contract's
+    # strings, tuples as lists, keys as text), the same in memory (the demo) as from Redis
+    import json
+    import math
+
+    from alerts.incidents import make_incident
+    from contract.events import record_json, strict_json
+
+    snap = {"window": {"steps": [{"step": 7, "metrics": {"kl/mean": math.nan, "x": math.inf,
+                                                          "y": -math.inf, "z": 0.1 + 0.2}}]},
+            "ranks": {3: (1.5, -0.0)}, "note": "żółw ✓"}
+    inc = make_incident(alert(), snap, T0, ["pause"])
+    assert inc["snapshot"]["window"]["steps"][0]["metrics"] == {"kl/mean": "NaN", "x": "Infinity",
+                                                                "y": "-Infinity", "z": 0.1 + 0.2}
+    assert inc["snapshot"]["ranks"] == {"3": [1.5, -0.0]} and inc["snapshot"]["note"] == "żółw ✓"
+    assert inc["snapshot"] == json.loads(record_json(inc))["snapshot"] == json.loads(strict_json(snap))
+    assert make_incident(alert(), None, T0, [])["snapshot"]["note"].startswith("no snapshot data")
+
+
 def test_an_unacknowledged_pause_escalates_one_tier_up_once():
     control = MemoryControl()
     d, clock, n, _ = rig(control=control, acks=MemoryAcks(control))
