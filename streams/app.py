@@ -439,25 +439,23 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     # the brakes this worker pulled on the fast path, by alert (delivery key): done once the
     # control channel took every command of the alert; the brake lane acknowledges the alert's
     # copy on the topic then, without a trip to the brake thread (a thread woken for nothing
-    # takes the GIL from the events lane: about a tenth of the worker's rate in a fleet that
-    # raises many alerts)
+    # takes the GIL from the events lane)
     fast_brakes: OrderedDict[str, asyncio.Future] = OrderedDict()
 
     def fast_brake(alert: Alert) -> None:
         loop = asyncio.get_running_loop()
         landed = loop.create_future()
-        key = delivery_key(alert)
-        fast_brakes[key] = landed
-        while len(fast_brakes) > FAST_BRAKES:
-            old, fut = next(iter(fast_brakes.items()))
-            if not fut.done():
-                break     # still on its way: kept (the lane waits for it)
-            del fast_brakes[old]
 
         def done() -> None:     # on the brake thread
             loop.call_soon_threadsafe(lambda: landed.done() or landed.set_result(None))
 
         brakes().submit(alert, done)
+        fast_brakes[delivery_key(alert)] = landed      # once submitted: the lane may wait for it
+        while len(fast_brakes) > FAST_BRAKES:
+            old, fut = next(iter(fast_brakes.items()))
+            if not fut.done():
+                break     # still on its way: kept (the lane waits for it)
+            del fast_brakes[old]
 
     @app.agent(alerts_topic)
     async def brake_lane(stream):

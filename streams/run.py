@@ -31,6 +31,8 @@ from collections import Counter
 from operator import mul
 from typing import Any, Callable
 
+from msgspec import Raw
+
 from contract.alert import SEVERITIES, Alert, severity_rank
 from contract.events import EventError, StepEvent
 from contract.presets import PRESETS, Preset, guess_preset
@@ -1018,8 +1020,6 @@ class RunState:
         statistics as ready MessagePack (``msgspec.Raw``, written by the bank itself: for
         :func:`streams.state_codec.encode_state`, which gives the same bytes either way)."""
         if packed:
-            from msgspec import Raw
-
             banks = {str(r): Raw(b.to_msgpack()) for r, b in self.banks.items()}
         else:
             banks = {str(r): b.to_state() for r, b in self.banks.items()}
