@@ -1,0 +1,121 @@
+"""The control channel's rules on a real redis-server (alerts.control.RedisControl): a command
+is applied once whoever sends it and however often, every send publishes it again for workers
+that missed it, two workers racing with the same brake apply it once, a brake sent again never
+undoes an operator's later resume, and a state record nobody signed is not trusted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+
+import pytest
+import redis as redis_sync
+
+from alerts.control import RedisControl
+from contract.commands import Command, applied_key, audit_key, channel, state_key
+
+pytestmark = pytest.mark.integration
+
+SECRET = "control-" + uuid.uuid4().hex[:8]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def audit(r, run_id: str) -> list[dict]:
+    return [json.loads(f[b"entry"]) for _, f in r.xrange(audit_key(run_id))]
+
+
+@pytest.fixture
+def rid(services) -> str:
+    return "ctl-" + uuid.uuid4().hex[:8]
+
+
+def test_a_command_is_applied_once_and_published_every_time_it_is_sent(services, rid):
+    r = redis_sync.Redis.from_url(services["redis"])
+    sub = r.pubsub(ignore_subscribe_messages=True)
+    sub.subscribe(channel(rid))
+    cmd = Command(run_id=rid, action="pause", ts=time.time(), reason="test").signed(SECRET)
+
+    async def go():
+        control = RedisControl(services["redis"], SECRET)
+        try:
+            return [await control.send(cmd), await control.send(cmd), await control.send(cmd)], \
+                await control.status(rid)
+        finally:
+            await control.close()
+    try:
+        firsts, status = run(go())
+        assert firsts == [True, False, False]
+        assert status.state == "paused" and status.command.id == cmd.id
+        assert [e["id"] for e in audit(r, rid)] == [cmd.id]          # one audit entry
+        assert r.exists(applied_key(cmd.id))
+        got = []
+        deadline = time.time() + 5
+        while len(got) < 3 and time.time() < deadline:
+            m = sub.get_message(timeout=0.2)
+            if m:
+                got.append(json.loads(m["data"])["id"])
+        assert got == [cmd.id] * 3                                    # published each time
+    finally:
+        sub.close()
+        r.close()
+
+
+def test_two_workers_sending_the_same_brake_at_once_apply_it_once(services, rid):
+    cmd = Command(run_id=rid, action="pause", ts=time.time()).signed(SECRET)
+
+    async def go():
+        a, b = RedisControl(services["redis"], SECRET), RedisControl(services["redis"], SECRET)
+        try:
+            return await asyncio.gather(*[(a if i % 2 else b).send(cmd) for i in range(20)])
+        finally:
+            await a.close()
+            await b.close()
+    firsts = run(go())
+    assert firsts.count(True) == 1
+    with redis_sync.Redis.from_url(services["redis"]) as r:
+        assert [e["id"] for e in audit(r, rid)] == [cmd.id]
+
+
+def test_a_brake_sent_again_never_undoes_a_later_resume(services, rid):
+    pause = Command(run_id=rid, action="pause", ts=time.time()).signed(SECRET)
+    resume = Command(run_id=rid, action="resume", ts=time.time() + 1, issuer="operator").signed(SECRET)
+
+    async def go():
+        control = RedisControl(services["redis"], SECRET)
+        try:
+            assert await control.send(pause)
+            assert await control.send(resume)
+            assert not await control.send(pause)        # the brake lane's retry, or a successor's
+            return await control.status(rid)
+        finally:
+            await control.close()
+    status = run(go())
+    assert status.state == "running" and status.command.id == resume.id
+
+
+def test_a_state_record_nobody_signed_is_not_trusted(services, rid, caplog):
+    with redis_sync.Redis.from_url(services["redis"]) as r:
+        forged = Command(run_id=rid, action="stop", ts=time.time()).signed("not-the-secret")
+        r.set(state_key(rid), json.dumps({"run_id": rid, "state": "stopped",
+                                          "command": json.loads(forged.model_dump_json())}))
+    pause = Command(run_id=rid, action="pause", ts=time.time()).signed(SECRET)
+
+    async def go():
+        control = RedisControl(services["redis"], SECRET)
+        try:
+            before = await control.status(rid)
+            took = await control.send(pause)
+            return before, took, await control.status(rid)
+        finally:
+            await control.close()
+    with caplog.at_level(logging.ERROR, logger="rlwatch.alerts"):
+        before, took, after = run(go())
+    assert before.state == "running"                   # the planted stop is ignored...
+    assert any("no valid signed command" in r.getMessage() for r in caplog.records)
+    assert took and after.state == "paused" and after.command.id == pause.id   # ...and replaced
