@@ -27,6 +27,8 @@ from itertools import islice
 from operator import mul, sub
 from typing import Any, Callable
 
+import msgspec
+
 __all__ = ["Bank", "Track", "Window", "median_of"]
 
 NAN = math.nan
@@ -865,8 +867,6 @@ class Bank:
 
     def to_msgpack(self) -> bytes:
         """``to_state()`` as MessagePack (the native bank writes the same bytes itself)."""
-        import msgspec
-
         return msgspec.msgpack.encode(self.to_state())
 
     def load(self, state: dict) -> None:

@@ -19,7 +19,7 @@ import redis as redis_sync
 from alerts.control import RedisControl
 from alerts.factory import build_dispatcher
 from contract.alert import Alert
-from contract.commands import Command, RunControl, channel, state_key
+from contract.commands import Command, RunControl, audit_key, channel, state_key
 from contract.settings import Settings
 from producers import Monitor, TrainingStopped
 from tests.integration.conftest import worker_env
@@ -182,7 +182,7 @@ def _post_mortem(run: Trainer, env: dict, services: dict, first) -> str:
     r = redis_sync.Redis.from_url(services["redis"])
     try:
         out.append(f"control state: {r.get(state_key(run.run_id))!r}")
-        out += [f"audit: {fields}" for _, fields in r.xrange(f"rlwatch:audit:{run.run_id}")]
+        out += [f"audit: {fields}" for _, fields in r.xrange(audit_key(run.run_id))]
     finally:
         r.close()
     out.append(f"monitor: state {run.mon.state}, refusals {run.mon.control.refusals}, step {run.step}")
