@@ -6,7 +6,8 @@ stream ``rlwatch:audit:<id>`` (workers append their acknowledgements there too).
 :class:`MemoryControl` does the same in process, for the embedded demo.
 
 Applying a command is idempotent: the first time, the state changes, the audit grows and the
-command is marked applied (``rlwatch:cmd:<id>``), all in one transaction; any later time (an
+command is marked applied (``rlwatch:cmd:<id>``), all in one compare-and-set script (one round
+trip when the state is the one this client last saw); any later time (an
 alert handled again after a crash, a brake re-sent because nobody acknowledged it) the command
 is only published again. The stored state is trusted only for its signed command: a record
 whose command is missing or does not verify with the control secret is ignored (and logged).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 from typing import Callable, Protocol
 
 from contract.commands import (
@@ -36,6 +38,38 @@ __all__ = ["ControlChannel", "MemoryControl", "RedisControl", "redis_client"]
 log = logging.getLogger("rlwatch.alerts")
 
 APPLIED_TTL = 14 * 24 * 3600
+_SEEN_RUNS = 10_000     # state records remembered by a RedisControl (RedisControl._seen)
+_STALE_TRIES = 100      # a state changed by others this many times in a row: give up loudly
+
+#: Apply a command once, atomically (RedisControl._apply). KEYS: the run's state, the command's
+#: applied mark, the set of runs, the audit stream, the pending list. ARGV: whether a state
+#: record is expected ("1") or not ("0"), the record expected, the new record ("" when the
+#: state does not change), the mark's TTL, the run id, the audit entry, the pending entry (""
+#: for none), the channel and the command. Answers {"applied", state} when the command was
+#: applied before (it is published again), {"stale", state} when the state is not the one
+#: expected (nothing done), {"ok"} when applied now.
+_APPLY = """
+local cur = redis.call('GET', KEYS[1])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('PUBLISH', ARGV[8], ARGV[9])
+  return {'applied', cur}
+end
+if cur then
+  if ARGV[1] ~= '1' or cur ~= ARGV[2] then return {'stale', cur} end
+elseif ARGV[1] ~= '0' then
+  return {'stale', cur}
+end
+if ARGV[3] ~= '' then redis.call('SET', KEYS[1], ARGV[3]) end
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[4])
+redis.call('SADD', KEYS[3], ARGV[5])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10000', '*', 'entry', ARGV[6])
+if ARGV[7] ~= '' then
+  redis.call('LPUSH', KEYS[5], ARGV[7])
+  redis.call('LTRIM', KEYS[5], 0, 99)
+end
+redis.call('PUBLISH', ARGV[8], ARGV[9])
+return {'ok'}
+"""
 
 
 class ControlChannel(Protocol):
@@ -96,6 +130,10 @@ class RedisControl:
     def __init__(self, url: str, secret: str | None = None, redis=None):
         self.url, self.secret = url, secret
         self.redis = redis if redis is not None else redis_client(url)
+        self._script = self.redis.register_script(_APPLY)
+        #: each run's state record as this client last read or wrote it (None: no record), the
+        #: guess a send starts from
+        self._seen: OrderedDict[str, bytes | None] = OrderedDict()
 
     async def status(self, run_id: str) -> RunControl:
         return trusted(run_id, await self.redis.get(state_key(run_id)), self.secret)
@@ -107,38 +145,41 @@ class RedisControl:
         return (await self._apply(cmd))[1]
 
     async def _apply(self, cmd: Command) -> tuple[RunControl, bool]:
-        from redis.exceptions import WatchError
-
-        key, mark = state_key(cmd.run_id), applied_key(cmd.id)
+        """One compare-and-set script per send (:data:`_APPLY`): the run's state as this client
+        last saw it goes with the command; Redis applies it only if the state is still that one
+        (else it answers with the state it has, and the transition is worked out again). A
+        command applied before is only published again. The state's signature is checked here,
+        never in Redis, so the script takes the new state ready-made."""
+        run_id = cmd.run_id
+        keys = [state_key(run_id), applied_key(cmd.id), runs_key(), audit_key(run_id), pending_key(run_id)]
         body = cmd.model_dump_json()
-        async with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await pipe.watch(key, mark)
-                    current = trusted(cmd.run_id, await pipe.get(key), self.secret)
-                    if await pipe.exists(mark):
-                        await pipe.reset()
-                        await self.redis.publish(channel(cmd.run_id), body)
-                        return current, False
-                    new = _transition(current, cmd)
-                    pipe.multi()
-                    if new is not current:
-                        pipe.set(key, new.model_dump_json())
-                    pipe.set(mark, b"1", ex=APPLIED_TTL)
-                    pipe.sadd(runs_key(), cmd.run_id)
-                    pipe.xadd(audit_key(cmd.run_id),
-                              {"entry": json.dumps({"type": "command", **cmd.model_dump(exclude_none=True)})},
-                              maxlen=10_000, approximate=True)
-                    if implied_state(cmd.action) is None:
-                        # kept for workers that are disconnected right now (pub/sub is fire
-                        # and forget); they read it when they connect
-                        pipe.lpush(pending_key(cmd.run_id), body)
-                        pipe.ltrim(pending_key(cmd.run_id), 0, 99)
-                    pipe.publish(channel(cmd.run_id), body)
-                    await pipe.execute()
-                    return new, True
-                except WatchError:
-                    continue
+        entry = json.dumps({"type": "command", **cmd.model_dump(exclude_none=True)})
+        pending = body if implied_state(cmd.action) is None else ""
+        raw = self._seen.get(run_id)
+        for _ in range(_STALE_TRIES):
+            current = trusted(run_id, raw, self.secret)
+            new = _transition(current, cmd)
+            new_raw = new.model_dump_json().encode() if new is not current else b""
+            status, *rest = await self._script(keys=keys, args=[
+                b"0" if raw is None else b"1", raw or b"", new_raw, APPLIED_TTL, run_id, entry,
+                pending, channel(run_id), body])
+            got = rest[0] if rest else None
+            if status == b"ok":
+                self._remember(run_id, new_raw or raw)
+                return new, True
+            self._remember(run_id, got)
+            if status == b"applied":
+                return trusted(run_id, got, self.secret), False
+            raw = got     # stale: another writer changed the state since
+        raise RuntimeError(f"the control state of run {run_id} kept changing under "
+                           f"{_STALE_TRIES} attempts to apply {cmd.action}")
+
+    def _remember(self, run_id: str, raw: bytes | None) -> None:
+        seen = self._seen
+        seen[run_id] = raw
+        seen.move_to_end(run_id)
+        if len(seen) > _SEEN_RUNS:
+            seen.popitem(last=False)
 
     async def runs(self) -> list[str]:
         return sorted(m.decode() for m in await self.redis.smembers(runs_key()))

@@ -219,11 +219,7 @@ class Dispatcher:
     async def _enqueue(self, alert: Alert, key: str, now: float, done: list[str],
                        out: Delivery) -> tuple[set[str], bool]:
         """Queue one notification per routed receiver; (receivers to drain, anything new)."""
-        if alert.state == "firing":
-            await self.outbox.activate(alert, now)
-        else:
-            await self.outbox.deactivate(alert)
-        await self.outbox.note_step(alert.run_id, alert.step)
+        await self.outbox.track(alert, now)
         touched: set[str] = set()
         new = False
         for route, receiver in self.routing.targets(alert):

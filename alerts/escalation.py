@@ -173,6 +173,15 @@ class MemoryAcks:
         return [*self.pending.values(), *self.escalated.values()]
 
 
+#: RedisAcks.expect: KEYS the pending brakes, their times sent; ARGV the command's id, the
+#: command, its time. A brake already waiting keeps its first record and time.
+_EXPECT = """
+redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], 'NX', ARGV[3], ARGV[1])
+return 0
+"""
+
+
 class RedisAcks:
     """Brakes waiting for an acknowledgement, per application (``namespace`` is
     ``rlwatch:<app id>``, so two deployments sharing a Redis never escalate each other's):
@@ -185,14 +194,12 @@ class RedisAcks:
         self.redis, self.secret = redis, secret
         self.pending, self.sent = f"{namespace}:brakes:pending", f"{namespace}:brakes:sent"
         self.escalated = f"{namespace}:brakes:escalated"
+        self._expect = redis.register_script(_EXPECT)
 
     async def expect(self, cmd: Command) -> None:
         if cmd.action not in BRAKES:
             return
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hsetnx(self.pending, cmd.id, cmd.model_dump_json())
-            pipe.zadd(self.sent, {cmd.id: cmd.ts}, nx=True)
-            await pipe.execute()
+        await self._expect(keys=[self.pending, self.sent], args=[cmd.id, cmd.model_dump_json(), cmd.ts])
 
     async def _load(self, key: str, ids: list[str] | None = None) -> list[Command]:
         if ids is None:

@@ -73,18 +73,28 @@ class MemoryIncidents:
         return hits[0] if len(hits) == 1 else None
 
 
+#: RedisIncidents.save: KEYS the incident's record, the index; ARGV the record, its TTL, its id,
+#: its creation time. 1 when stored, 0 when an incident of that id was there already.
+_SAVE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+  redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
 class RedisIncidents:
     def __init__(self, redis, namespace: str = "rlwatch"):
         self.redis = redis
         self.index = f"{namespace}:incidents"
         self.p = f"{namespace}:incident:"
+        self._save = redis.register_script(_SAVE)
 
     async def save(self, incident: dict) -> bool:
-        key = f"{self.p}{incident['id']}"
-        ok = await self.redis.set(key, record_json(incident), nx=True, ex=TTL)
-        if ok:
-            await self.redis.zadd(self.index, {incident["id"]: incident["created"]})
-        return bool(ok)
+        """Store the incident and index it, at once (one script); False if it was there."""
+        return bool(await self._save(keys=[f"{self.p}{incident['id']}", self.index],
+                                     args=[record_json(incident), TTL, incident["id"], incident["created"]]))
 
     async def list(self, run_id: str | None = None, limit: int = 50) -> list[dict]:
         ids = [i.decode() if isinstance(i, bytes) else i

@@ -87,10 +87,10 @@ class Outbox(Protocol):
     async def set_clock(self, group: str, clock: GroupClock) -> None: ...
     async def clocks(self) -> dict[str, GroupClock]: ...
     async def drop_clock(self, group: str) -> None: ...
-    async def activate(self, alert: Alert, now: float) -> None: ...
-    async def deactivate(self, alert: Alert) -> None: ...
+    async def track(self, alert: Alert, now: float) -> None:
+        """A firing alert joins the active alerts (a resolved one leaves them), and its step
+        becomes its run's newest step if it is newer."""
     async def active(self, now: float) -> list[Alert]: ...
-    async def note_step(self, run_id: str, step: int) -> None: ...
     async def run_step(self, run_id: str) -> int | None: ...
 
 
@@ -186,20 +186,18 @@ class MemoryOutbox:
     async def drop_clock(self, group: str) -> None:
         self.groups.pop(group, None)
 
-    async def activate(self, alert: Alert, now: float) -> None:
-        self.firing[alert.fingerprint] = (now, alert)
-
-    async def deactivate(self, alert: Alert) -> None:
-        self.firing.pop(alert.fingerprint, None)
+    async def track(self, alert: Alert, now: float) -> None:
+        if alert.state == "firing":
+            self.firing[alert.fingerprint] = (now, alert)
+        else:
+            self.firing.pop(alert.fingerprint, None)
+        self.run_steps[alert.run_id] = max(alert.step, self.run_steps.get(alert.run_id, alert.step))
 
     async def active(self, now: float) -> list[Alert]:
         for fp, (at, _) in list(self.firing.items()):
             if now - at > ACTIVE_MAX_AGE:
                 self.firing.pop(fp)
         return [a for _, a in self.firing.values()]
-
-    async def note_step(self, run_id: str, step: int) -> None:
-        self.run_steps[run_id] = max(step, self.run_steps.get(run_id, step))
 
     async def run_step(self, run_id: str) -> int | None:
         return self.run_steps.get(run_id)
@@ -215,10 +213,37 @@ end
 return 0
 """
 
+#: RedisOutbox.track: KEYS the active alerts, the runs' newest steps; ARGV the alert's
+#: fingerprint, its record ("" for a resolved alert: removed), its run, its step
+_TRACK = """
+if ARGV[2] ~= '' then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+else
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+local cur = redis.call('HGET', KEYS[2], ARGV[3])
+if not cur or tonumber(cur) < tonumber(ARGV[4]) then
+  redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+end
+return 0
+"""
+
+#: RedisOutbox.take_due: KEYS a receiver's due set, the items; ARGV now, the lease's end, the
+#: limit. The items due (each leased: due again at the lease's end); ids whose item is gone
+#: leave the due set.
 _TAKE = """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
-for _, id in ipairs(ids) do redis.call('ZADD', KEYS[1], ARGV[2], id) end
-return ids
+local out = {}
+for _, id in ipairs(ids) do
+  local raw = redis.call('HGET', KEYS[2], id)
+  if raw then
+    redis.call('ZADD', KEYS[1], ARGV[2], id)
+    out[#out + 1] = raw
+  else
+    redis.call('ZREM', KEYS[1], id)
+  end
+end
+return out
 """
 
 
@@ -234,6 +259,7 @@ class RedisOutbox:
         self.p = f"{namespace}:outbox:"
         self._enqueue = redis.register_script(_ENQUEUE)
         self._take = redis.register_script(_TAKE)
+        self._track = redis.register_script(_TRACK)
         # the active alerts as last parsed, by their stored value: every pass of the outbox reads
         # them all (inhibition), and parsing each again made a fleet's deliveries quadratic
         self._parsed: dict[bytes, tuple[float, Alert]] = {}
@@ -245,23 +271,14 @@ class RedisOutbox:
                   "" if item.due_step is None else item.due_step]))
 
     async def take_due(self, receiver: str, now: float, limit: int = 100, lease: float = 30.0) -> list[OutboxItem]:
-        ids = [_s(i) for i in await self._take(keys=[self.p + "due:" + receiver], args=[now, now + lease, limit])]
-        if not ids:
-            return []
-        raws = await self.redis.hmget(self.p + "items", ids)
-        out, gone = [], []
-        for i, raw in zip(ids, raws):
-            if raw is None:
-                gone.append(i)
-            else:
-                out.append(OutboxItem.from_json(raw))
-        async with self.redis.pipeline(transaction=False) as pipe:
-            if gone:
-                pipe.zrem(self.p + "due:" + receiver, *gone)
-            for it in out:
-                if it.due_step is not None:
+        raws = await self._take(keys=[self.p + "due:" + receiver, self.p + "items"], args=[now, now + lease, limit])
+        out = [OutboxItem.from_json(raw) for raw in raws]
+        held = [it for it in out if it.due_step is not None]
+        if held:      # due now: no longer waiting for a step
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for it in held:
                     pipe.zrem(self.p + "steps:" + it.run_id, it.id)
-            await pipe.execute()
+                await pipe.execute()
         return out
 
     async def _drop(self, pipe, item: OutboxItem) -> None:
@@ -334,12 +351,11 @@ class RedisOutbox:
     async def drop_clock(self, group: str) -> None:
         await self.redis.hdel(self.p + "groups", group)
 
-    async def activate(self, alert: Alert, now: float) -> None:
-        await self.redis.hset(self.p + "active", alert.fingerprint,
-                              json.dumps({"at": now, "alert": alert.to_json()}))
-
-    async def deactivate(self, alert: Alert) -> None:
-        await self.redis.hdel(self.p + "active", alert.fingerprint)
+    async def track(self, alert: Alert, now: float) -> None:
+        firing = alert.state == "firing"
+        await self._track(keys=[self.p + "active", self.p + "runstep"], args=[
+            alert.fingerprint, json.dumps({"at": now, "alert": alert.to_json()}) if firing else "",
+            alert.run_id, alert.step])
 
     async def active(self, now: float) -> list[Alert]:
         """The firing alerts (a value changed by another worker is parsed again). The alerts
@@ -361,11 +377,6 @@ class RedisOutbox:
         if stale:
             await self.redis.hdel(self.p + "active", *stale)
         return out
-
-    async def note_step(self, run_id: str, step: int) -> None:
-        current = await self.redis.hget(self.p + "runstep", run_id)
-        if current is None or int(current) < step:
-            await self.redis.hset(self.p + "runstep", run_id, step)
 
     async def run_step(self, run_id: str) -> int | None:
         raw = await self.redis.hget(self.p + "runstep", run_id)

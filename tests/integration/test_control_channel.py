@@ -119,3 +119,34 @@ def test_a_state_record_nobody_signed_is_not_trusted(services, rid, caplog):
     assert before.state == "running"                   # the planted stop is ignored...
     assert any("no valid signed command" in r.getMessage() for r in caplog.records)
     assert took and after.state == "paused" and after.command.id == pause.id   # ...and replaced
+
+
+def test_a_state_changed_by_another_client_is_read_again_before_the_next_brake(services, rid):
+    """Each client starts a send from the state it last saw; one changed since by someone else
+    (an operator's stop, a state deleted by hand) is read again, and the brake applies to it."""
+    pause = Command(run_id=rid, action="pause", ts=time.time()).signed(SECRET)
+    stop = Command(run_id=rid, action="stop", ts=time.time() + 1, issuer="operator").signed(SECRET)
+    pause2 = Command(run_id=rid, action="pause", ts=time.time() + 2).signed(SECRET)
+    resume = Command(run_id=rid, action="resume", ts=time.time() + 3, issuer="operator").signed(SECRET)
+    pause3 = Command(run_id=rid, action="pause", ts=time.time() + 4).signed(SECRET)
+
+    async def go():
+        worker, operator = RedisControl(services["redis"], SECRET), RedisControl(services["redis"], SECRET)
+        try:
+            assert await worker.send(pause)
+            assert await operator.send(stop)               # the worker still thinks "paused"
+            assert await worker.send(pause2)               # a pause never lifts a stop
+            after_stop = await worker.status(rid)
+            assert await operator.send(resume)
+            with redis_sync.Redis.from_url(services["redis"]) as r:
+                r.delete(state_key(rid))                   # and then the record is gone
+            assert await worker.send(pause3)
+            return after_stop, await worker.status(rid)
+        finally:
+            await worker.close()
+            await operator.close()
+    after_stop, last = run(go())
+    assert after_stop.state == "stopped" and after_stop.command.id == stop.id
+    assert last.state == "paused" and last.command.id == pause3.id
+    with redis_sync.Redis.from_url(services["redis"]) as r:
+        assert [e["id"] for e in audit(r, rid)] == [pause.id, stop.id, pause2.id, resume.id, pause3.id]

@@ -137,12 +137,12 @@ def test_active_alerts_read_by_one_worker_follow_what_another_wrote(redis_url):
         try:
             mine, theirs = RedisOutbox(a.redis, "rlwatch:shared"), RedisOutbox(b.redis, "rlwatch:shared")
             now = time.time()
-            await mine.activate(firing("r1", "red", 10), now)
-            await mine.activate(firing("r2", "yellow", 10), now)
+            await mine.track(firing("r1", "red", 10), now)
+            await mine.track(firing("r2", "yellow", 10), now)
             first = {(x.run_id, x.step) for x in await theirs.active(now)}
-            await mine.activate(firing("r1", "red", 20), now)          # the same alert, later
-            await mine.deactivate(firing("r2", "yellow", 10))
-            await mine.activate(firing("r3", "orange", 5), now - ACTIVE_MAX_AGE - 1)   # stale
+            await mine.track(firing("r1", "red", 20), now)          # the same alert, later
+            await mine.track(firing("r2", "yellow", 10).model_copy(update={"state": "resolved"}), now)
+            await mine.track(firing("r3", "orange", 5), now - ACTIVE_MAX_AGE - 1)   # stale
             second = {(x.run_id, x.step) for x in await theirs.active(now)}
             left = await a.redis.hlen("rlwatch:shared:outbox:active")
             again = await theirs.active(now)
@@ -155,6 +155,66 @@ def test_active_alerts_read_by_one_worker_follow_what_another_wrote(redis_url):
     assert first == {("r1", 10), ("r2", 10)}
     assert second == {("r1", 20)} and left == 1            # the stale one was removed from Redis
     assert [(x.run_id, x.step, x.summary) for x in again] == [("r1", 20, "step 20")]
+
+
+def test_a_runs_newest_step_only_moves_forward_whoever_notes_it(redis_url):
+    """Two workers noting alerts of one run out of order (a late resolved one, a replayed one):
+    the run's newest step, which step-based repeats count from, never goes back."""
+    def alert(step: int, state: str = "firing") -> Alert:
+        return Alert(rule="kl_above_target", severity="red", state=state, run_id="r-steps", step=step,
+                     summary=f"step {step}")
+
+    async def go():
+        a, b = RedisControl(redis_url), RedisControl(redis_url)
+        try:
+            ns = "rlwatch:steps-" + uuid.uuid4().hex[:6]
+            mine, theirs = RedisOutbox(a.redis, ns), RedisOutbox(b.redis, ns)
+            now = time.time()
+            seen = []
+            for box, step, state in ((mine, 10, "firing"), (theirs, 30, "firing"), (mine, 20, "resolved"),
+                                     (theirs, 5, "firing"), (mine, 31, "resolved")):
+                await box.track(alert(step, state), now)
+                seen.append(await theirs.run_step("r-steps"))
+            return seen, [x.step for x in await mine.active(now)]
+        finally:
+            await a.close()
+            await b.close()
+
+    seen, active = asyncio.run(go())
+    assert seen == [10, 30, 30, 30, 31]
+    assert active == []            # the last alert of that rule resolved it
+
+
+def test_taking_due_notifications_leases_them_and_forgets_ids_whose_record_is_gone(redis_url):
+    """A receiver's lane takes what is due: each taken one is leased (not taken again until the
+    lease ends, then taken again if not finished); an id left in the due set without its record
+    is dropped, and one held for a step is taken once the step came."""
+    from alerts.outbox import OutboxItem
+
+    async def go():
+        control = RedisControl(redis_url)
+        try:
+            ns = "rlwatch:take-" + uuid.uuid4().hex[:6]
+            box = RedisOutbox(control.redis, ns)
+            now = time.time()
+            items = [OutboxItem(f"id-{i}", "slack", "g", f"k{i}", "r-take", "{}", next_try=now - 1,
+                                due_step=7 if i == 2 else None) for i in range(3)]
+            for it in items:
+                assert await box.enqueue(it)
+            await control.redis.hdel(ns + ":outbox:items", "id-1")          # a record gone by hand
+            first = sorted(it.id for it in await box.take_due("slack", now, lease=30))
+            again = await box.take_due("slack", now + 1, lease=30)          # under the lease
+            after = sorted(it.id for it in await box.take_due("slack", now + 31, lease=30))
+            due = await control.redis.zrange(ns + ":outbox:due:slack", 0, -1)
+            held = await control.redis.zrange(ns + ":outbox:steps:r-take", 0, -1)
+            return first, again, after, sorted(d.decode() for d in due), held
+        finally:
+            await control.close()
+
+    first, again, after, due, held = asyncio.run(go())
+    assert first == ["id-0", "id-2"] and again == [] and after == ["id-0", "id-2"]
+    assert due == ["id-0", "id-2"]          # id-1 left the due set with its record
+    assert held == []                       # id-2 no longer waits for its step
 
 
 # -- Redis AUTH and TLS ---------------------------------------------------------------------------

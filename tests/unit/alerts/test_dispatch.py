@@ -359,7 +359,7 @@ def test_routes_must_name_configured_notifiers():
 
 def test_when_the_store_is_down_it_still_pages_directly(caplog):
     class DownOutbox(MemoryOutbox):
-        async def activate(self, alert, now):
+        async def track(self, alert, now):
             raise ConnectionError("Redis at 10.0.0.1:6379 unreachable")
 
     d, clock, n, control = rig(outbox=DownOutbox())

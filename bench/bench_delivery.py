@@ -1,0 +1,143 @@
+"""What the worker's alert lanes cost per alert, on a real redis-server: Redis round trips and
+CPU, for one tree or several side by side (``--tree`` an older copy of the code, e.g. a
+``git worktree``, with its native core built or copied in).
+
+The alerts are those a simulated fleet raises through the whole core with the built-in pack
+(``bench_fleet_replay.fleet_lines``: interleaved PPO/GRPO runs, most with a fault), each with its
+incident snapshot, as the worker publishes them. Two passes, each on its own application id:
+
+* **notify**: ``Dispatcher.notify`` per alert, as the worker's notification lane calls it
+  (incident, outbox, the background send to the default console receiver), then the outbox
+  drained;
+* **brake**: every firing alert through a ``BrakeThread`` (its own thread, loop and Redis
+  client), as the worker's fast path pulls it, until each one's commands landed.
+
+Round trips are counted in the client (each command, pipeline or script sent is one); CPU is
+the process's (both threads). On a shared host CPU figures drift by tens of per cent between
+runs; round trips do not.
+
+    python bench/bench_delivery.py [--runs 24] [--steps 400] [--tree OLD_TREE ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import asyncio, contextlib, io, json, sys, time, uuid
+tree = sys.argv[1]
+sys.path.insert(0, tree); sys.path.insert(1, tree + "/bench")
+from bench_fleet_replay import fleet_lines
+from contract.alert import Alert
+from contract.events import parse_event
+from contract.settings import Settings
+from rules.loader import load_pack
+from streams.processor import Pipeline
+from streams.snapshot import SnapshotRecorder, attach_snapshot
+from alerts.factory import build_brake_thread, build_dispatcher
+from redis.asyncio.connection import AbstractConnection
+
+trips = [0]
+send = AbstractConnection.send_packed_command
+async def counted(self, command, check_health=True):
+    trips[0] += 1
+    return await send(self, command, check_health)
+AbstractConnection.send_packed_command = counted
+
+pipe, rec, raw_alerts = Pipeline(load_pack("rlhf")), SnapshotRecorder(), []
+for line in fleet_lines(int(sys.argv[2]), int(sys.argv[3])):
+    ev = parse_event(line, 0.0)
+    rec.observe(ev)
+    for a in pipe.feed(ev, ev.ts):
+        raw_alerts.append(attach_snapshot(a, rec, pipe.runs[a.run_id]).to_json())
+
+def settings():
+    return Settings(redis=sys.argv[4], app_id="bench-delivery-" + uuid.uuid4().hex[:8])
+
+async def notify(alerts):
+    d = build_dispatcher(settings())
+    await d.outbox.pending()          # connected before counting
+    t, c = trips[0], time.process_time()
+    with contextlib.redirect_stdout(io.StringIO()):      # the console receiver's lines
+        for a in alerts:
+            await d.notify(a)
+        await d.idle(timeout=60)
+        await d.drainer.drain()
+    out = trips[0] - t, time.process_time() - c
+    await d.drainer.close()
+    return out
+
+async def brake(alerts):
+    loop = asyncio.get_running_loop()
+    d = build_dispatcher(settings())
+    bt = build_brake_thread(settings(), d, loop)
+    firing = [a for a in alerts if a.state == "firing"]
+    left, all_done = [len(firing)], asyncio.Event()
+    if not firing:
+        all_done.set()
+    def done():
+        def one():
+            left[0] -= 1
+            if not left[0]:
+                all_done.set()
+        loop.call_soon_threadsafe(one)
+    t, c = trips[0], time.process_time()
+    for a in firing:
+        bt.submit(a, done)
+    await asyncio.wait_for(all_done.wait(), 120)
+    out = trips[0] - t, time.process_time() - c, len(firing), sum(len(d.plan(a)) for a in firing)
+    bt.stop()
+    return out
+
+alerts = [Alert.from_json(x) for x in raw_alerts]
+n_trips, n_cpu = asyncio.run(notify(alerts))
+b_trips, b_cpu, firing, commands = asyncio.run(brake(alerts))
+print(json.dumps({"alerts": len(alerts), "firing": firing, "commands": commands,
+                  "notify_trips": n_trips, "notify_cpu": n_cpu, "brake_trips": b_trips, "brake_cpu": b_cpu}))
+"""
+
+
+def measure(tree: Path, runs: int, steps: int, redis_url: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0")
+    out = subprocess.run([sys.executable, "-c", CHILD, str(tree), str(runs), str(steps), redis_url],
+                         env=env, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise SystemExit(f"the delivery pass failed for {tree}:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--redis", default=os.environ.get("RLWATCH_TEST_REDIS", "redis://127.0.0.1:6379/0"))
+    ap.add_argument("--tree", action="append", default=[], type=Path,
+                    help="another copy of the code to measure beside this one (repeatable)")
+    ap.add_argument("--rounds", type=int, default=2, help="passes per tree, in turns (CPU: the lowest)")
+    args = ap.parse_args()
+    trees = [ROOT, *[t.resolve() for t in args.tree]]
+    got: dict[Path, list[dict]] = {t: [] for t in trees}
+    for _ in range(args.rounds):
+        for t in trees:
+            got[t].append(measure(t, args.runs, args.steps, args.redis))
+    first = got[ROOT][0]
+    print(f"fleet: {args.runs} runs x {args.steps} steps: {first['alerts']} alerts, {first['firing']} "
+          f"firing, {first['commands']} brake commands; per alert (notify) and per firing alert (brake)")
+    print(f"  {'notify trips':>12} {'notify CPU ms':>13} {'brake trips':>11} {'brake CPU ms':>12}  tree")
+    for t in trees:
+        rows = got[t]
+        r = rows[0]
+        n_cpu = min(x["notify_cpu"] for x in rows) / max(r["alerts"], 1) * 1e3
+        b_cpu = min(x["brake_cpu"] for x in rows) / max(r["firing"], 1) * 1e3
+        print(f"  {r['notify_trips'] / max(r['alerts'], 1):12.2f} {n_cpu:13.3f} {r['brake_trips'] / max(r['firing'], 1):11.2f} "
+              f"{b_cpu:12.3f}  {t}")
+
+
+if __name__ == "__main__":
+    main()
