@@ -82,6 +82,11 @@ class Drainer:
         self._lanes: dict[str, asyncio.Task] = {}
         self._again: set[str] = set()
 
+    @property
+    def _run_scoped(self) -> bool:
+        """Whether every inhibition rule compares alerts of one run only."""
+        return all({"run", "run_id"} & set(r.equal) for r in self.routing.inhibit_rules)
+
     # -- in the background ----------------------------------------------------------------------
     def kick(self, receivers: Iterable[str] | None = None) -> None:
         """Drain ``receivers`` (default all) in background lanes, one per receiver."""
@@ -129,7 +134,10 @@ class Drainer:
         if not taken:
             return 0
         silences = await self.silences.all() if self.silences is not None else []
-        context = (await self.outbox.active(now), silences)
+        # inhibition compares alerts of one run (the default rules, and any whose `equal` names
+        # the run): only those runs' firing alerts are read, however large the fleet
+        runs = {it.run_id for _, items in taken for it in items} if self._run_scoped else None
+        context = (await self.outbox.active(now, runs), silences)
         done = await asyncio.gather(*(self._receiver(n, items, now, context, out) for n, items in taken))
         return sum(done)
 

@@ -18,7 +18,8 @@ firing alerts (for inhibition and repeats) and the latest step seen per run.
 Redis keys (prefix ``rlwatch:<app id>:outbox:``, so deployments sharing a Redis never send each
 other's notifications): ``items`` (hash id -> item), ``due:<receiver>`` (zset),
 ``steps:<run>`` (zset id -> step), ``mark:<id>`` (outcome), ``dead:<receiver>`` (list),
-``groups`` (hash), ``active`` (hash fingerprint -> alert), ``runstep`` (hash run -> step).
+``groups`` (hash), ``active`` (hash fingerprint -> alert), ``active:<run>`` (the same, one
+run's), ``runstep`` (hash run -> step).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Iterable, Protocol
 
 from alerts.grouping import GroupClock
 from contract.alert import Alert
@@ -34,6 +35,7 @@ from contract.alert import Alert
 __all__ = ["MemoryOutbox", "Outbox", "OutboxItem", "RedisOutbox", "item_id"]
 MARK_TTL = 14 * 24 * 3600
 ACTIVE_MAX_AGE = 24 * 3600.0
+MAX_PARSED = 20_000     # active alerts kept parsed by a RedisOutbox between reads
 GROUP_MAX_AGE = 7 * 24 * 3600.0
 
 
@@ -90,7 +92,9 @@ class Outbox(Protocol):
     async def track(self, alert: Alert, now: float) -> None:
         """A firing alert joins the active alerts (a resolved one leaves them), and its step
         becomes its run's newest step if it is newer."""
-    async def active(self, now: float) -> list[Alert]: ...
+    async def active(self, now: float, runs: Iterable[str] | None = None) -> list[Alert]:
+        """The firing alerts (of these ``runs`` only, when given); those older than
+        ``ACTIVE_MAX_AGE`` are dropped."""
     async def run_step(self, run_id: str) -> int | None: ...
 
 
@@ -193,11 +197,12 @@ class MemoryOutbox:
             self.firing.pop(alert.fingerprint, None)
         self.run_steps[alert.run_id] = max(alert.step, self.run_steps.get(alert.run_id, alert.step))
 
-    async def active(self, now: float) -> list[Alert]:
+    async def active(self, now: float, runs: Iterable[str] | None = None) -> list[Alert]:
         for fp, (at, _) in list(self.firing.items()):
             if now - at > ACTIVE_MAX_AGE:
                 self.firing.pop(fp)
-        return [a for _, a in self.firing.values()]
+        wanted = None if runs is None else set(runs)
+        return [a for _, a in self.firing.values() if wanted is None or a.run_id in wanted]
 
     async def run_step(self, run_id: str) -> int | None:
         return self.run_steps.get(run_id)
@@ -213,13 +218,16 @@ end
 return 0
 """
 
-#: RedisOutbox.track: KEYS the active alerts, the runs' newest steps; ARGV the alert's
+#: RedisOutbox.track: KEYS the active alerts, the runs' newest steps, the run's own active
+#: alerts; ARGV the alert's
 #: fingerprint, its record ("" for a resolved alert: removed), its run, its step
 _TRACK = """
 if ARGV[2] ~= '' then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 else
   redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[3], ARGV[1])
 end
 local cur = redis.call('HGET', KEYS[2], ARGV[3])
 if not cur or tonumber(cur) < tonumber(ARGV[4]) then
@@ -353,29 +361,49 @@ class RedisOutbox:
 
     async def track(self, alert: Alert, now: float) -> None:
         firing = alert.state == "firing"
-        await self._track(keys=[self.p + "active", self.p + "runstep"], args=[
+        await self._track(keys=[self.p + "active", self.p + "runstep", self.p + "active:" + alert.run_id], args=[
             alert.fingerprint, json.dumps({"at": now, "alert": alert.to_json()}) if firing else "",
             alert.run_id, alert.step])
 
-    async def active(self, now: float) -> list[Alert]:
-        """The firing alerts (a value changed by another worker is parsed again). The alerts
-        returned are shared with later calls: read them, do not change them."""
-        raw = await self.redis.hgetall(self.p + "active")
+    async def active(self, now: float, runs: Iterable[str] | None = None) -> list[Alert]:
+        """The firing alerts, of the whole fleet or of ``runs`` only (each run's own hash: a
+        notification's inhibition reads its run's alerts, not the fleet's). A value changed by
+        another worker is parsed again. The alerts returned are shared with later calls: read
+        them, do not change them."""
+        if runs is None:
+            keys = [self.p + "active"]
+            raws = [await self.redis.hgetall(keys[0])]
+        else:
+            keys = [self.p + "active:" + r for r in runs]
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for k in keys:
+                    pipe.hgetall(k)
+                raws = await pipe.execute()
         parsed, kept = self._parsed, {}
         out, stale = [], []
-        for fp, v in raw.items():
-            hit = parsed.get(v)
-            if hit is None:
-                d = json.loads(v)
-                hit = (d["at"], Alert.from_json(d["alert"]))
-            if now - hit[0] > ACTIVE_MAX_AGE:
-                stale.append(fp)
-            else:
-                kept[v] = hit
-                out.append(hit[1])
-        self._parsed = kept
+        for raw in raws:
+            for fp, v in raw.items():
+                hit = parsed.get(v)
+                if hit is None:
+                    d = json.loads(v)
+                    hit = (d["at"], Alert.from_json(d["alert"]))
+                if now - hit[0] > ACTIVE_MAX_AGE:
+                    stale.append((fp, hit[1].run_id))
+                else:
+                    kept[v] = hit
+                    out.append(hit[1])
+        if runs is None:
+            self._parsed = kept          # a whole read: only what is active stays parsed
+        else:
+            if len(parsed) > MAX_PARSED:
+                parsed.clear()
+            parsed.update(kept)
         if stale:
-            await self.redis.hdel(self.p + "active", *stale)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for fp, run_id in stale:
+                    pipe.hdel(self.p + "active", fp)
+                    pipe.hdel(self.p + "active:" + run_id, fp)
+                await pipe.execute()
         return out
 
     async def run_step(self, run_id: str) -> int | None:

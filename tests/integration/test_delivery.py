@@ -157,6 +157,41 @@ def test_active_alerts_read_by_one_worker_follow_what_another_wrote(redis_url):
     assert [(x.run_id, x.step, x.summary) for x in again] == [("r1", 20, "step 20")]
 
 
+def test_a_runs_firing_alerts_are_read_without_the_rest_of_the_fleet(redis_url):
+    """A notification's inhibition reads the firing alerts of its own run: another run's alerts
+    are not read, a resolved one leaves its run, a stale one leaves both the run and the fleet."""
+    from alerts.outbox import ACTIVE_MAX_AGE
+
+    def firing(run: str, severity: str, step: int) -> Alert:
+        return Alert(rule="kl_above_target", severity=severity, state="firing", run_id=run, step=step,
+                     summary=f"step {step}")
+
+    async def go():
+        a, b = RedisControl(redis_url), RedisControl(redis_url)
+        try:
+            ns = "rlwatch:runs-" + uuid.uuid4().hex[:6]
+            mine, theirs = RedisOutbox(a.redis, ns), RedisOutbox(b.redis, ns)
+            now = time.time()
+            for run in ("r1", "r2", "r3"):
+                await mine.track(firing(run, "red", 10), now)
+            await mine.track(firing("r1", "yellow", 11), now)
+            await mine.track(firing("r2", "red", 10).model_copy(update={"state": "resolved"}), now)
+            await mine.track(firing("r3", "orange", 12), now - ACTIVE_MAX_AGE - 1)      # stale
+            one = sorted((x.run_id, x.severity) for x in await theirs.active(now, ["r1", "r2"]))
+            three = sorted((x.run_id, x.severity) for x in await theirs.active(now, ["r3"]))
+            fleet = sorted((x.run_id, x.severity) for x in await theirs.active(now))
+            left = await a.redis.hlen(ns + ":outbox:active:r3")
+            return one, three, fleet, left
+        finally:
+            await a.close()
+            await b.close()
+
+    one, three, fleet, left = asyncio.run(go())
+    assert one == [("r1", "red"), ("r1", "yellow")]
+    assert three == [("r3", "red")] and left == 1        # the stale one left the run's hash too
+    assert fleet == [("r1", "red"), ("r1", "yellow"), ("r3", "red")]
+
+
 def test_a_runs_newest_step_only_moves_forward_whoever_notes_it(redis_url):
     """Two workers noting alerts of one run out of order (a late resolved one, a replayed one):
     the run's newest step, which step-based repeats count from, never goes back."""

@@ -199,6 +199,21 @@ def test_a_red_alert_mutes_the_runs_lower_tiers_but_not_their_commands():
     assert sorted(back.delivered) == ["hook", "slack"]
 
 
+def test_an_inhibition_rule_across_runs_still_sees_the_whole_fleets_firing_alerts():
+    """The default rules compare alerts of one run, so a notification reads its run's firing
+    alerts only; a rule whose ``equal`` does not name the run reads the fleet's."""
+    fleet_wide = ("route: {receiver: [slack, hook]}\ninhibit_rules:\n"
+                  "  - {source: {severity: red}, target: {severity: yellow}, equal: [rule]}\n")
+    d, clock, n, control = rig(fleet_wide)
+    run(d.handle(alert(severity="red")))
+    other = run(d.handle(alert(severity="yellow", run_id="ppo-b", actions=[])))
+    assert other.suppressed == {"slack": "inhibited", "hook": "inhibited"}
+    d, clock, n, control = rig(INHIBIT)       # the defaults: another run's red mutes nothing here
+    run(d.handle(alert(severity="red")))
+    other = run(d.handle(alert(severity="yellow", run_id="ppo-b", actions=[])))
+    assert sorted(other.delivered) == ["hook", "slack"]
+
+
 def test_silences_mute_matching_alerts_until_they_expire():
     silences = MemorySilences()
     d, clock, n, control = rig(silences=silences)
