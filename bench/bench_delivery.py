@@ -16,7 +16,9 @@ Round trips are counted in the client (each command, pipeline or script sent is 
 the process's (both threads). On a shared host CPU figures drift by tens of per cent between
 runs; round trips do not.
 
-    python bench/bench_delivery.py [--runs 24] [--steps 400] [--tree OLD_TREE ...]
+``--fleet-active N`` puts N other runs' firing alerts in the outbox first, as a large fleet has.
+
+    python bench/bench_delivery.py [--runs 24] [--steps 400] [--fleet-active 0] [--tree OLD_TREE ...]
 """
 from __future__ import annotations
 
@@ -63,6 +65,14 @@ def settings():
 async def notify(alerts):
     d = build_dispatcher(settings())
     await d.outbox.pending()          # connected before counting
+    now = time.time()
+    for i in range(int(sys.argv[5])):     # the rest of the fleet's firing alerts
+        other = Alert(rule="kl_above_target", severity="yellow", state="firing", run_id=f"other-{i}",
+                      step=100, summary="x" * 400)
+        if hasattr(d.outbox, "track"):
+            await d.outbox.track(other, now)
+        else:                                      # a tree from before outbox.track
+            await d.outbox.activate(other, now)
     t, c = trips[0], time.process_time()
     with contextlib.redirect_stdout(io.StringIO()):      # the console receiver's lines
         for a in alerts:
@@ -103,9 +113,9 @@ print(json.dumps({"alerts": len(alerts), "firing": firing, "commands": commands,
 """
 
 
-def measure(tree: Path, runs: int, steps: int, redis_url: str) -> dict:
+def measure(tree: Path, runs: int, steps: int, redis_url: str, others: int) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0")
-    out = subprocess.run([sys.executable, "-c", CHILD, str(tree), str(runs), str(steps), redis_url],
+    out = subprocess.run([sys.executable, "-c", CHILD, str(tree), str(runs), str(steps), redis_url, str(others)],
                          env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise SystemExit(f"the delivery pass failed for {tree}:\n{out.stderr[-3000:]}")
@@ -120,15 +130,19 @@ def main() -> None:
     ap.add_argument("--tree", action="append", default=[], type=Path,
                     help="another copy of the code to measure beside this one (repeatable)")
     ap.add_argument("--rounds", type=int, default=2, help="passes per tree, in turns (CPU: the lowest)")
+    ap.add_argument("--fleet-active", type=int, default=0, metavar="N",
+                    help="firing alerts of N other runs in the outbox before the notify pass (a large "
+                    "fleet's): what each notification's inhibition reads")
     args = ap.parse_args()
     trees = [ROOT, *[t.resolve() for t in args.tree]]
     got: dict[Path, list[dict]] = {t: [] for t in trees}
     for _ in range(args.rounds):
         for t in trees:
-            got[t].append(measure(t, args.runs, args.steps, args.redis))
+            got[t].append(measure(t, args.runs, args.steps, args.redis, args.fleet_active))
     first = got[ROOT][0]
     print(f"fleet: {args.runs} runs x {args.steps} steps: {first['alerts']} alerts, {first['firing']} "
-          f"firing, {first['commands']} brake commands; per alert (notify) and per firing alert (brake)")
+          f"firing, {first['commands']} brake commands, {args.fleet_active} other runs' firing alerts; "
+          "per alert (notify) and per firing alert (brake)")
     print(f"  {'notify trips':>12} {'notify CPU ms':>13} {'brake trips':>11} {'brake CPU ms':>12}  tree")
     for t in trees:
         rows = got[t]
