@@ -4,13 +4,15 @@ CPU, for one tree or several side by side (``--tree`` an older copy of the code,
 
 The alerts are those a simulated fleet raises through the whole core with the built-in pack
 (``bench_fleet_replay.fleet_lines``: interleaved PPO/GRPO runs, most with a fault), each with its
-incident snapshot, as the worker publishes them. Two passes, each on its own application id:
+incident snapshot, as the worker publishes them. Three passes, on one application id:
 
 * **notify**: ``Dispatcher.notify`` per alert, as the worker's notification lane calls it
   (incident, outbox, the background send to the default console receiver), then the outbox
   drained;
 * **brake**: every firing alert through a ``BrakeThread`` (its own thread, loop and Redis
-  client), as the worker's fast path pulls it, until each one's commands landed.
+  client), as the worker's fast path pulls it, until each one's commands landed;
+* **tick**: the delivery timer's pass (repeats, unacknowledged brakes, re-sends, the outbox) with
+  the fleet's alerts active and its brakes unacknowledged (nobody trains here), per tick.
 
 Round trips are counted in the client (each command, pipeline or script sent is one); CPU is
 the process's (both threads). On a shared host CPU figures drift by tens of per cent between
@@ -59,8 +61,10 @@ for line in fleet_lines(int(sys.argv[2]), int(sys.argv[3])):
     for a in pipe.feed(ev, ev.ts):
         raw_alerts.append(attach_snapshot(a, rec, pipe.runs[a.run_id]).to_json())
 
+SETTINGS = Settings(redis=sys.argv[4], app_id="bench-delivery-" + uuid.uuid4().hex[:8])
+
 def settings():
-    return Settings(redis=sys.argv[4], app_id="bench-delivery-" + uuid.uuid4().hex[:8])
+    return SETTINGS
 
 async def notify(alerts):
     d = build_dispatcher(settings())
@@ -105,11 +109,25 @@ async def brake(alerts):
     bt.stop()
     return out
 
+async def tick():
+    d = build_dispatcher(settings())
+    await d.outbox.pending()
+    with contextlib.redirect_stdout(io.StringIO()):
+        await d.tick(wait=True)           # the first tick may escalate: not counted
+        t, c = trips[0], time.process_time()
+        for _ in range(5):
+            await d.tick(wait=True)
+    out = (trips[0] - t) / 5, (time.process_time() - c) / 5
+    await d.drainer.close()
+    return out
+
 alerts = [Alert.from_json(x) for x in raw_alerts]
 n_trips, n_cpu = asyncio.run(notify(alerts))
 b_trips, b_cpu, firing, commands = asyncio.run(brake(alerts))
+t_trips, t_cpu = asyncio.run(tick())
 print(json.dumps({"alerts": len(alerts), "firing": firing, "commands": commands,
-                  "notify_trips": n_trips, "notify_cpu": n_cpu, "brake_trips": b_trips, "brake_cpu": b_cpu}))
+                  "notify_trips": n_trips, "notify_cpu": n_cpu, "brake_trips": b_trips, "brake_cpu": b_cpu,
+                  "tick_trips": t_trips, "tick_cpu": t_cpu}))
 """
 
 
@@ -143,14 +161,16 @@ def main() -> None:
     print(f"fleet: {args.runs} runs x {args.steps} steps: {first['alerts']} alerts, {first['firing']} "
           f"firing, {first['commands']} brake commands, {args.fleet_active} other runs' firing alerts; "
           "per alert (notify) and per firing alert (brake)")
-    print(f"  {'notify trips':>12} {'notify CPU ms':>13} {'brake trips':>11} {'brake CPU ms':>12}  tree")
+    print(f"  {'notify trips':>12} {'notify CPU ms':>13} {'brake trips':>11} {'brake CPU ms':>12} "
+          f"{'tick trips':>10} {'tick CPU ms':>11}  tree")
     for t in trees:
         rows = got[t]
         r = rows[0]
         n_cpu = min(x["notify_cpu"] for x in rows) / max(r["alerts"], 1) * 1e3
         b_cpu = min(x["brake_cpu"] for x in rows) / max(r["firing"], 1) * 1e3
+        t_cpu = min(x["tick_cpu"] for x in rows) * 1e3
         print(f"  {r['notify_trips'] / max(r['alerts'], 1):12.2f} {n_cpu:13.3f} {r['brake_trips'] / max(r['firing'], 1):11.2f} "
-              f"{b_cpu:12.3f}  {t}")
+              f"{b_cpu:12.3f} {r['tick_trips']:10.1f} {t_cpu:11.3f}  {t}")
 
 
 if __name__ == "__main__":

@@ -21,9 +21,10 @@ def test_the_delivery_benchmark_counts_round_trips_and_cpu_per_alert(services):
     assert out.returncode == 0, out.stderr[-2000:]
     head = re.search(r"(\d+) alerts, (\d+) firing, (\d+) brake commands", out.stdout)
     assert head and int(head.group(1)) > 0 and int(head.group(2)) > 0, out.stdout
-    row = re.search(r"^\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+" + re.escape(str(ROOT)) + "$",
-                    out.stdout, re.M)
+    row = re.search(r"^\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
+                    + re.escape(str(ROOT)) + "$", out.stdout, re.M)
     assert row, out.stdout
-    notify_trips, notify_cpu, brake_trips, brake_cpu = map(float, row.groups())
+    notify_trips, notify_cpu, brake_trips, brake_cpu, tick_trips, tick_cpu = map(float, row.groups())
     # every alert costs the outbox at least its queueing; a firing one's brake at least one script
     assert notify_trips >= 1 and brake_trips >= 1 and notify_cpu > 0 and brake_cpu > 0
+    assert tick_trips >= 1 and tick_cpu > 0      # at least the unacknowledged brakes are read
