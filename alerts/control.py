@@ -154,6 +154,8 @@ class RedisControl:
         keys = [state_key(run_id), applied_key(cmd.id), runs_key(), audit_key(run_id), pending_key(run_id)]
         body = cmd.model_dump_json()
         entry = json.dumps({"type": "command", **cmd.model_dump(exclude_none=True)})
+        # a command that sets no state is also kept in a list for workers disconnected right now
+        # (pub/sub is fire and forget); they read it when they connect
         pending = body if implied_state(cmd.action) is None else ""
         raw = self._seen.get(run_id)
         for _ in range(_STALE_TRIES):
@@ -164,11 +166,12 @@ class RedisControl:
                 b"0" if raw is None else b"1", raw or b"", new_raw, APPLIED_TTL, run_id, entry,
                 pending, channel(run_id), body])
             got = rest[0] if rest else None
-            if status == b"ok":
+            status = status.decode() if isinstance(status, bytes) else status
+            if status == "ok":
                 self._remember(run_id, new_raw or raw)
                 return new, True
             self._remember(run_id, got)
-            if status == b"applied":
+            if status == "applied":
                 return trusted(run_id, got, self.secret), False
             raw = got     # stale: another writer changed the state since
         raise RuntimeError(f"the control state of run {run_id} kept changing under "

@@ -219,8 +219,8 @@ return 0
 """
 
 #: RedisOutbox.track: KEYS the active alerts, the runs' newest steps, the run's own active
-#: alerts; ARGV the alert's
-#: fingerprint, its record ("" for a resolved alert: removed), its run, its step
+#: alerts; ARGV the alert's fingerprint, its record ("" for a resolved alert: removed), its
+#: run, its step
 _TRACK = """
 if ARGV[2] ~= '' then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
