@@ -236,6 +236,16 @@ end
 return 0
 """
 
+#: RedisOutbox._index_runs: KEYS the fleet's active alerts, one run's; ARGV fingerprints of
+#: that run. Each still active in the fleet's hash is copied to the run's (if not there yet).
+_INDEX = """
+for _, fp in ipairs(ARGV) do
+  local v = redis.call('HGET', KEYS[1], fp)
+  if v then redis.call('HSETNX', KEYS[2], fp, v) end
+end
+return 0
+"""
+
 #: RedisOutbox.take_due: KEYS a receiver's due set, the items; ARGV now, the lease's end, the
 #: limit. The items due (each leased: due again at the lease's end); ids whose item is gone
 #: leave the due set.
@@ -268,6 +278,8 @@ class RedisOutbox:
         self._enqueue = redis.register_script(_ENQUEUE)
         self._take = redis.register_script(_TAKE)
         self._track = redis.register_script(_TRACK)
+        self._index = redis.register_script(_INDEX)
+        self._indexed = False
         # the active alerts as last parsed, by their stored value: every pass of the outbox reads
         # them all (inhibition), and parsing each again made a fleet's deliveries quadratic
         self._parsed: dict[bytes, tuple[float, Alert]] = {}
@@ -374,6 +386,8 @@ class RedisOutbox:
             keys = [self.p + "active"]
             raws = [await self.redis.hgetall(keys[0])]
         else:
+            if not self._indexed:
+                await self._index_runs()
             keys = [self.p + "active:" + r for r in runs]
             async with self.redis.pipeline(transaction=False) as pipe:
                 for k in keys:
@@ -405,6 +419,20 @@ class RedisOutbox:
                     pipe.hdel(self.p + "active:" + run_id, fp)
                 await pipe.execute()
         return out
+
+    async def _index_runs(self) -> None:
+        """Once per process: the fleet's firing alerts into their runs' hashes, for alerts
+        tracked by a version that kept only the fleet's (each copied only while still active)."""
+        by_run: dict[str, list[str]] = {}
+        for fp, v in (await self.redis.hgetall(self.p + "active")).items():
+            try:
+                run_id = Alert.from_json(json.loads(v)["alert"]).run_id
+            except (ValueError, KeyError, TypeError):
+                continue      # an unreadable record: left where it is
+            by_run.setdefault(run_id, []).append(_s(fp))
+        for run_id, fps in by_run.items():
+            await self._index(keys=[self.p + "active", self.p + "active:" + run_id], args=fps)
+        self._indexed = True
 
     async def run_step(self, run_id: str) -> int | None:
         raw = await self.redis.hget(self.p + "runstep", run_id)

@@ -192,6 +192,33 @@ def test_a_runs_firing_alerts_are_read_without_the_rest_of_the_fleet(redis_url):
     assert fleet == [("r1", "red"), ("r1", "yellow"), ("r3", "red")]
 
 
+def test_alerts_tracked_before_the_per_run_hashes_still_inhibit_their_run(redis_url):
+    """An upgrade: alerts an older worker tracked are only in the fleet's hash; a new worker
+    copies those still active into their runs' hashes the first time it reads one."""
+    red = Alert(rule="kl_above_target", severity="red", state="firing", run_id="r-old", step=10, summary="s")
+
+    async def go():
+        control = RedisControl(redis_url)
+        try:
+            ns = "rlwatch:upgrade-" + uuid.uuid4().hex[:6]
+            fleet = ns + ":outbox:active"
+            now = time.time()
+            await control.redis.hset(fleet, red.fingerprint, json.dumps({"at": now, "alert": red.to_json()}))
+            box = RedisOutbox(control.redis, ns)
+            got = [(x.run_id, x.severity) for x in await box.active(now, ["r-old"])]
+            await control.redis.hdel(fleet, red.fingerprint)          # resolved by an old worker
+            later = RedisOutbox(control.redis, ns)
+            await control.redis.delete(ns + ":outbox:active:r-old")
+            again = await later.active(now, ["r-old"])
+            return got, again
+        finally:
+            await control.close()
+
+    got, again = asyncio.run(go())
+    assert got == [("r-old", "red")]
+    assert again == []          # gone from the fleet's hash: not copied back
+
+
 def test_a_runs_newest_step_only_moves_forward_whoever_notes_it(redis_url):
     """Two workers noting alerts of one run out of order (a late resolved one, a replayed one):
     the run's newest step, which step-based repeats count from, never goes back."""
