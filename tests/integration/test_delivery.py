@@ -7,6 +7,7 @@ share keys with other suites."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -123,33 +124,43 @@ def bodies(rec, prefix: str) -> list:
 
 # -- the outbox's active alerts, shared by workers ----------------------------------------------
 
+def firing(run: str, severity: str, step: int, state: str = "firing") -> Alert:
+    """An alert of the outbox tests (kl_above_target), its summary naming its step."""
+    return Alert(rule="kl_above_target", severity=severity, state=state, run_id=run, step=step,
+                 summary=f"step {step}")
+
+
+@contextlib.asynccontextmanager
+async def two_workers(redis_url: str):
+    """Two workers' outboxes (each on its own Redis client) in one fresh namespace, a client
+    and the namespace."""
+    a, b = RedisControl(redis_url), RedisControl(redis_url)
+    ns = "rlwatch:outbox-test-" + uuid.uuid4().hex[:6]
+    try:
+        yield RedisOutbox(a.redis, ns), RedisOutbox(b.redis, ns), a.redis, ns
+    finally:
+        await a.close()
+        await b.close()
+
+
 def test_active_alerts_read_by_one_worker_follow_what_another_wrote(redis_url):
     """Each pass of the outbox reads the firing alerts (inhibition); a worker keeps them parsed
     between passes, and a value another worker changed or removed is read as it now is."""
     from alerts.outbox import ACTIVE_MAX_AGE
 
-    def firing(run: str, severity: str, step: int) -> Alert:
-        return Alert(rule="kl_above_target", severity=severity, state="firing", run_id=run, step=step,
-                     summary=f"step {step}")
-
     async def go():
-        a, b = RedisControl(redis_url), RedisControl(redis_url)
-        try:
-            mine, theirs = RedisOutbox(a.redis, "rlwatch:shared"), RedisOutbox(b.redis, "rlwatch:shared")
+        async with two_workers(redis_url) as (mine, theirs, r, ns):
             now = time.time()
             await mine.track(firing("r1", "red", 10), now)
             await mine.track(firing("r2", "yellow", 10), now)
             first = {(x.run_id, x.step) for x in await theirs.active(now)}
             await mine.track(firing("r1", "red", 20), now)          # the same alert, later
-            await mine.track(firing("r2", "yellow", 10).model_copy(update={"state": "resolved"}), now)
+            await mine.track(firing("r2", "yellow", 10, "resolved"), now)
             await mine.track(firing("r3", "orange", 5), now - ACTIVE_MAX_AGE - 1)   # stale
             second = {(x.run_id, x.step) for x in await theirs.active(now)}
-            left = await a.redis.hlen("rlwatch:shared:outbox:active")
+            left = await r.hlen(ns + ":outbox:active")
             again = await theirs.active(now)
             return first, second, left, again
-        finally:
-            await a.close()
-            await b.close()
 
     first, second, left, again = asyncio.run(go())
     assert first == {("r1", 10), ("r2", 10)}
@@ -162,29 +173,19 @@ def test_a_runs_firing_alerts_are_read_without_the_rest_of_the_fleet(redis_url):
     are not read, a resolved one leaves its run, a stale one leaves both the run and the fleet."""
     from alerts.outbox import ACTIVE_MAX_AGE
 
-    def firing(run: str, severity: str, step: int) -> Alert:
-        return Alert(rule="kl_above_target", severity=severity, state="firing", run_id=run, step=step,
-                     summary=f"step {step}")
-
     async def go():
-        a, b = RedisControl(redis_url), RedisControl(redis_url)
-        try:
-            ns = "rlwatch:runs-" + uuid.uuid4().hex[:6]
-            mine, theirs = RedisOutbox(a.redis, ns), RedisOutbox(b.redis, ns)
+        async with two_workers(redis_url) as (mine, theirs, r, ns):
             now = time.time()
             for run in ("r1", "r2", "r3"):
                 await mine.track(firing(run, "red", 10), now)
             await mine.track(firing("r1", "yellow", 11), now)
-            await mine.track(firing("r2", "red", 10).model_copy(update={"state": "resolved"}), now)
+            await mine.track(firing("r2", "red", 10, "resolved"), now)
             await mine.track(firing("r3", "orange", 12), now - ACTIVE_MAX_AGE - 1)      # stale
             one = sorted((x.run_id, x.severity) for x in await theirs.active(now, ["r1", "r2"]))
             three = sorted((x.run_id, x.severity) for x in await theirs.active(now, ["r3"]))
             fleet = sorted((x.run_id, x.severity) for x in await theirs.active(now))
-            left = await a.redis.hlen(ns + ":outbox:active:r3")
+            left = await r.hlen(ns + ":outbox:active:r3")
             return one, three, fleet, left
-        finally:
-            await a.close()
-            await b.close()
 
     one, three, fleet, left = asyncio.run(go())
     assert one == [("r1", "red"), ("r1", "yellow")]
@@ -195,24 +196,18 @@ def test_a_runs_firing_alerts_are_read_without_the_rest_of_the_fleet(redis_url):
 def test_alerts_tracked_before_the_per_run_hashes_still_inhibit_their_run(redis_url):
     """An upgrade: alerts an older worker tracked are only in the fleet's hash; a new worker
     copies those still active into their runs' hashes the first time it reads one."""
-    red = Alert(rule="kl_above_target", severity="red", state="firing", run_id="r-old", step=10, summary="s")
+    red = firing("r-old", "red", 10)
 
     async def go():
-        control = RedisControl(redis_url)
-        try:
-            ns = "rlwatch:upgrade-" + uuid.uuid4().hex[:6]
+        async with two_workers(redis_url) as (first, later, r, ns):
             fleet = ns + ":outbox:active"
             now = time.time()
-            await control.redis.hset(fleet, red.fingerprint, json.dumps({"at": now, "alert": red.to_json()}))
-            box = RedisOutbox(control.redis, ns)
-            got = [(x.run_id, x.severity) for x in await box.active(now, ["r-old"])]
-            await control.redis.hdel(fleet, red.fingerprint)          # resolved by an old worker
-            later = RedisOutbox(control.redis, ns)
-            await control.redis.delete(ns + ":outbox:active:r-old")
+            await r.hset(fleet, red.fingerprint, json.dumps({"at": now, "alert": red.to_json()}))
+            got = [(x.run_id, x.severity) for x in await first.active(now, ["r-old"])]
+            await r.hdel(fleet, red.fingerprint)          # resolved by an old worker
+            await r.delete(ns + ":outbox:active:r-old")
             again = await later.active(now, ["r-old"])
             return got, again
-        finally:
-            await control.close()
 
     got, again = asyncio.run(go())
     assert got == [("r-old", "red")]
@@ -222,25 +217,15 @@ def test_alerts_tracked_before_the_per_run_hashes_still_inhibit_their_run(redis_
 def test_a_runs_newest_step_only_moves_forward_whoever_notes_it(redis_url):
     """Two workers noting alerts of one run out of order (a late resolved one, a replayed one):
     the run's newest step, which step-based repeats count from, never goes back."""
-    def alert(step: int, state: str = "firing") -> Alert:
-        return Alert(rule="kl_above_target", severity="red", state=state, run_id="r-steps", step=step,
-                     summary=f"step {step}")
-
     async def go():
-        a, b = RedisControl(redis_url), RedisControl(redis_url)
-        try:
-            ns = "rlwatch:steps-" + uuid.uuid4().hex[:6]
-            mine, theirs = RedisOutbox(a.redis, ns), RedisOutbox(b.redis, ns)
+        async with two_workers(redis_url) as (mine, theirs, r, ns):
             now = time.time()
             seen = []
             for box, step, state in ((mine, 10, "firing"), (theirs, 30, "firing"), (mine, 20, "resolved"),
                                      (theirs, 5, "firing"), (mine, 31, "resolved")):
-                await box.track(alert(step, state), now)
+                await box.track(firing("r-steps", "red", step, state), now)
                 seen.append(await theirs.run_step("r-steps"))
             return seen, [x.step for x in await mine.active(now)]
-        finally:
-            await a.close()
-            await b.close()
 
     seen, active = asyncio.run(go())
     assert seen == [10, 30, 30, 30, 31]
