@@ -26,6 +26,7 @@ from alerts.outbox import Outbox, OutboxItem
 from alerts.retry import RetryPolicy
 from alerts.routing import Routing
 from alerts.inhibition import inhibited_by
+from alerts.matchers import RUN_FIELDS
 from alerts.silences import SilenceStore, silenced_by
 from contract.alert import Alert
 
@@ -85,7 +86,7 @@ class Drainer:
     @property
     def _run_scoped(self) -> bool:
         """Whether every inhibition rule compares alerts of one run only."""
-        return all({"run", "run_id"} & set(r.equal) for r in self.routing.inhibit_rules)
+        return all(RUN_FIELDS.intersection(r.equal) for r in self.routing.inhibit_rules)
 
     # -- in the background ----------------------------------------------------------------------
     def kick(self, receivers: Iterable[str] | None = None) -> None:

@@ -28,15 +28,19 @@ from typing import Any
 
 from contract.alert import SEVERITIES, Alert
 
-__all__ = ["FIELDS", "Matchers", "field_value", "parse_matcher_args"]
+__all__ = ["FIELDS", "Matchers", "RUN_FIELDS", "field_value", "parse_matcher_args"]
 
 FIELDS = ("severity", "rule", "run", "run_id", "rank", "state", "metric", "fingerprint")
 _COMPARE = re.compile(r"^(>=|<=|>|<)\s*([a-z]+)$")
 
 
+#: the names a matcher or an inhibition rule may give the run id
+RUN_FIELDS = frozenset({"run", "run_id"})
+
+
 def field_value(alert: Alert, name: str) -> str:
     """The value of ``name`` on ``alert``, as a string ("" when absent)."""
-    if name in ("run", "run_id"):
+    if name in RUN_FIELDS:
         return alert.run_id
     if name == "rank":
         return "" if alert.rank is None else str(alert.rank)

@@ -61,13 +61,10 @@ for line in fleet_lines(int(sys.argv[2]), int(sys.argv[3])):
     for a in pipe.feed(ev, ev.ts):
         raw_alerts.append(attach_snapshot(a, rec, pipe.runs[a.run_id]).to_json())
 
-SETTINGS = Settings(redis=sys.argv[4], app_id="bench-delivery-" + uuid.uuid4().hex[:8])
-
-def settings():
-    return SETTINGS
+SETTINGS = Settings(redis=sys.argv[4], app_id="bench-delivery-" + uuid.uuid4().hex[:8])   # one for all passes
 
 async def notify(alerts):
-    d = build_dispatcher(settings())
+    d = build_dispatcher(SETTINGS)
     await d.outbox.pending()          # connected before counting
     now = time.time()
     for i in range(int(sys.argv[5])):     # the rest of the fleet's firing alerts
@@ -89,8 +86,8 @@ async def notify(alerts):
 
 async def brake(alerts):
     loop = asyncio.get_running_loop()
-    d = build_dispatcher(settings())
-    bt = build_brake_thread(settings(), d, loop)
+    d = build_dispatcher(SETTINGS)
+    bt = build_brake_thread(SETTINGS, d, loop)
     firing = [a for a in alerts if a.state == "firing"]
     left, all_done = [len(firing)], asyncio.Event()
     if not firing:
@@ -110,7 +107,7 @@ async def brake(alerts):
     return out
 
 async def tick():
-    d = build_dispatcher(settings())
+    d = build_dispatcher(SETTINGS)
     await d.outbox.pending()
     with contextlib.redirect_stdout(io.StringIO()):
         await d.tick(wait=True)           # the first tick may escalate: not counted
