@@ -508,7 +508,8 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
 
     @app.timer(interval=FLUSH_SECONDS)
     async def flush_fleet():
-        await fleet.flush()
+        if fleet.ready():     # every second, or less often when flushes grow long
+            await fleet.flush()
 
     @app.timer(interval=settings.tick_seconds)
     async def liveness():

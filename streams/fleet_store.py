@@ -42,7 +42,7 @@ from typing import Any
 
 from contract.events import record_json
 
-__all__ = ["FINISHED_AFTER", "SILENT_AFTER", "FleetStore", "FleetWriter", "MemoryFleetStore", "finite_number",
+__all__ = ["FINISHED_AFTER", "FLUSH_SHARE", "MAX_FLUSH_GAP", "SILENT_AFTER", "FleetStore", "FleetWriter", "MemoryFleetStore", "finite_number",
            "fleet_namespace", "make_record", "run_status", "summary_of"]
 
 RECORD_VERSION = 1
@@ -54,6 +54,11 @@ SPARK_POINTS = 48
 SPARK_METRICS = ("kl/mean", "reward/mean")
 RATE_WINDOW = 30.0
 MAX_CACHED = 5000     # records a writer keeps to continue sparklines without reading them back
+#: the fleet view's writes take at most about this share of the worker's time: a flush that took
+#: ``t`` seconds is followed by the next one no sooner than ``t / FLUSH_SHARE`` seconds later
+FLUSH_SHARE = 0.05
+#: the longest a changed run's record waits for its write, however long the flushes take
+MAX_FLUSH_GAP = 15.0
 
 
 def fleet_namespace(app_id: str) -> str:
@@ -302,16 +307,27 @@ class FleetStore:
 # -- the worker's side -----------------------------------------------------------------------------
 class FleetWriter:
     """Called by the worker after each event (``note``); writes changed runs' records once a
-    second (``flush``), and at once when an alert changed. Never raises into the pipeline: a
-    Redis failure is logged once per outage and the records are written when it is back.
+    second (``flush``), and sooner when a note was urgent (the demo's, when an alert changed).
+    Never raises into the pipeline: a Redis failure is logged once per outage and the records
+    are written when it is back.
+
+    A worker of thousands of runs writes thousands of records per flush: :meth:`ready` says
+    whether a periodic flush is due, which it is after an urgent note, or once the last flush
+    started at least ``1 / FLUSH_SHARE`` (20) times as long ago as it took (at most
+    ``MAX_FLUSH_GAP`` seconds). A few dozen runs take a millisecond or two and are written
+    every second; a thousand take about a tenth of a second and wait two, so the writes stay
+    about a twentieth of the worker's time, and the dashboard's records are that much older.
 
     ``local``: an optional observer of the same process (the dashboard's chart history) that is
     given each event with the summary the core holds after it (``observe_event(event, summary)``).
     """
 
     def __init__(self, store, summarise: Callable[[Any], dict], *, local=None,
-                 clock: Callable[[], float] = time.time, writer: str | None = None, log=None):
+                 clock: Callable[[], float] = time.time, writer: str | None = None, log=None,
+                 timer: Callable[[], float] = time.monotonic):
         self.store = store
+        self.timer = timer
+        self.next_at = 0.0        # the timer's reading before which a flush waits (see ready)
         self.summarise = summarise
         self.local = local
         self.clock = clock
@@ -384,10 +400,22 @@ class FleetWriter:
     def due(self) -> bool:
         return bool(self.dirty) and self.urgent
 
+    def ready(self) -> bool:
+        """Whether a periodic flush should write now: runs changed, and an alert changed or
+        the last flush is long enough ago for its cost (see the class doc)."""
+        return bool(self.dirty) and (self.urgent or self.timer() >= self.next_at)
+
     async def flush(self) -> int:
         """Write the records of the runs that changed. Returns how many were written."""
         if not self.dirty:
             return 0
+        started = self.timer()
+        try:
+            return await self._flush()
+        finally:
+            self.next_at = started + min(MAX_FLUSH_GAP, (self.timer() - started) / FLUSH_SHARE)
+
+    async def _flush(self) -> int:
         now = self.clock()
         ids = list(self.dirty)
         self.dirty.clear()

@@ -241,3 +241,49 @@ def test_resuming_a_flow_that_was_not_suspended_keeps_the_agents_queues():
     assert final_resume_keeps(BatchApp("lane-flow", broker="kafka://127.0.0.1:1"))
     import faust
     assert not final_resume_keeps(faust.App("lane-flow-faust", broker="kafka://127.0.0.1:1"))  # the bug
+
+
+def test_commits_are_spaced_out_while_the_writes_before_them_take_long(monkeypatch):
+    """The periodic commit comes every ``commit_interval`` while the hooks before it (the run
+    states written to the table) are quick, and later when they take more than a fiftieth of
+    that: a worker of a thousand runs spent about 15 % of its time on them and their sending."""
+    import streams.batch_lane as lane
+    from faust.transport.drivers import aiokafka as driver
+
+    assert [lane.commit_gap(s, 2.8) for s in (0.0, 0.01, 0.15, 9.0)] == [2.8, 2.8, 7.5, 30.0]
+    c = consumer()
+    clock, hook, waits, commits, starts = [1000.0], [0.001], [], [], []
+
+    async def committed(self, topics=None, start_new_transaction=True):
+        commits.append(round(clock[0], 3))
+        return True
+
+    def write_states():
+        starts.append(clock[0])
+        clock[0] += hook[0]
+
+    async def sleep(seconds):
+        waits.append(round(seconds, 3))
+        clock[0] += seconds
+        if len(commits) == 3:
+            hook[0] = 0.2                   # the fleet grew: its writes take 0.2 s
+        if len(commits) >= 6:
+            c._stopped.set()
+
+    monkeypatch.setattr(driver.Consumer, "commit", committed)
+    monkeypatch.setattr(lane, "monotonic", lambda: clock[0])
+    c.app.before_commit.append(write_states)
+    c.sleep = sleep
+    asyncio.run(type(c)._commit_handler(c))
+    assert len(commits) == len(starts) == 6          # every commit after its hooks
+    gaps = [round(b - a, 3) for a, b in zip(starts, starts[1:])]
+    assert gaps == [2.8, 2.8, 2.8, 10.0, 10.0]     # 0.2 s of writes: 10 s apart
+    # the commit every 10,000 messages waits as long, and only then
+    c._n_acked = 10_000
+    clock[0] = starts[-1] + 9.9
+    assert not c.count_commit_due(10_000)
+    clock[0] = starts[-1] + 10.01
+    assert c.count_commit_due(10_000) and not c.count_commit_due(10_001)
+    hook[0] = 0.001                                   # quick again: as many messages, at once
+    asyncio.run(c.commit())
+    assert c.count_commit_due(10_000)

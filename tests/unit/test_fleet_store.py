@@ -184,3 +184,51 @@ def test_the_dashboard_gets_the_summary_with_rank_0_and_not_with_every_rank():
     assert got == [("r", 0, True), ("r", 1, False), ("r", 2, False),
                    ("no-rank-0", 3, True), ("no-rank-0", 4, True)]
     assert calls == ["r", "no-rank-0", "no-rank-0"]
+
+
+class _SlowStore(MemoryFleetStore):
+    """A store whose writes take ``seconds`` per record on the writer's timer."""
+
+    def __init__(self, clock: list[float], seconds: float):
+        super().__init__()
+        self.clock, self.seconds = clock, seconds
+
+    async def put(self, records):
+        self.clock[0] += self.seconds * len(records)
+        await super().put(records)
+
+
+def test_a_writer_of_many_runs_writes_less_often_and_an_urgent_note_still_goes_at_once():
+    """Flushes that take long are spaced out (about a twentieth of the time goes to them), up
+    to a limit; a few runs are written every time they changed."""
+    now = [100.0]
+
+    def writer(seconds_per_record: float) -> tuple[FleetWriter, list[float]]:
+        w = FleetWriter(_SlowStore(now, seconds_per_record),
+                        lambda st: {**summary(st.step), "run_id": st.run_id},
+                        clock=lambda: T0, writer="w", timer=lambda: now[0])
+        return w, []
+
+    def seconds(w: FleetWriter, starts: list[float], runs: int, ticks: int) -> list[float]:
+        """The worker's timer, once a second, with every run changed in between: the times
+        between the flushes it made."""
+        for _ in range(ticks):
+            for r in range(runs):
+                w.note(_State(f"r{r}", int(now[0])))
+            if w.ready():
+                starts.append(now[0])
+                asyncio.run(w.flush())
+            now[0] += 1.0
+        return [round(b - a, 3) for a, b in zip(starts, starts[1:])]
+
+    few = writer(0.0005)                                      # 4 runs: 2 ms per flush
+    assert seconds(*few, runs=4, ticks=5) == [1.002] * 4      # every tick
+    many = writer(0.0001)                                     # 1,000 runs: 0.1 s per flush
+    assert seconds(*many, runs=1000, ticks=11) == [2.1] * 5   # 2 s after the start, next tick
+    assert not many[0].ready()
+    many[0].note(_State("r1", 999), parse_event(
+        {"schema": 1, "kind": "heartbeat", "run_id": "r1", "step": 999, "ts": T0, "final": True}, T0),
+        urgent=True)
+    assert many[0].ready()                                    # at once, all the same
+    huge = writer(0.01)                                       # 10 s per flush
+    assert seconds(*huge, runs=1000, ticks=16) == [15.0] * 3  # at most MAX_FLUSH_GAP apart
