@@ -36,7 +36,7 @@ from msgspec import Raw
 from contract.alert import SEVERITIES, Alert, severity_rank
 from contract.events import EventError, StepEvent
 from contract.presets import PRESETS, Preset, guess_preset
-from rules.compile import Program, resolve_threshold
+from rules.compile import Program, per_rule, resolve_threshold
 from rules.engine import RunRules, evaluate
 from rules.state import AlertState
 from streams import signals
@@ -381,13 +381,12 @@ def quiet_when_finite(program: Program) -> bool:
     """True when no step rule of ``program`` can hold on a step whose metrics are all finite
     (e.g. the rules every rank evaluates: NaN/Inf checks): such a step, with no alert open on
     the rank, changes nothing and need not be evaluated."""
-    for cr in program.rules:
-        if cr.trigger != "step":
-            continue
-        for tier in cr.rule.tiers:
-            if _when_finite(tier.when) in (True, "other"):
-                return False
-    return True
+    return all(cr.trigger != "step" or _quiet_when_finite(cr.rule) for cr in program.rules)
+
+
+@per_rule
+def _quiet_when_finite(rule) -> bool:
+    return all(_when_finite(tier.when) not in (True, "other") for tier in rule.tiers)
 
 
 #: what the per-step fields (metrics, dists, groups, rank_step) hold between steps: empty,

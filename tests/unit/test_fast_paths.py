@@ -79,3 +79,29 @@ def test_a_rank_step_is_skipped_only_when_no_rule_can_hold_on_finite_values(tier
     state.program(0)     # a run's rules are compiled on first use: its bank is made then
     program = compile_rules([rule], {}, {}, run_mod._Source(state, 0))
     assert run_mod.quiet_when_finite(program) is expected
+
+
+def test_what_a_rule_reads_is_worked_out_once_per_rule_object(monkeypatch):
+    """Every run compiles the same rules: their facts (inputs, trigger, ...) are remembered per
+    rule object, a copy of a rule (a preset's renamed pack) gets its own, and the memory is
+    bounded."""
+    import rules.compile as compile_mod
+    from rules.schema import Rule
+
+    calls = []
+
+    @compile_mod.per_rule
+    def reads(rule):
+        calls.append(rule.id)
+        return compile_mod.rule_inputs(rule)
+
+    rule = Rule.model_validate({"id": "r", "tiers": [{"severity": "yellow",
+                                                      "when": {"metric": "kl/mean", "above": 1}}]})
+    renamed = rule.model_copy(update={"id": "r2"})
+    assert [reads(rule), reads(rule), reads(renamed)] == [frozenset({"kl/mean"})] * 3
+    assert calls == ["r", "r2"]
+    monkeypatch.setattr(compile_mod, "MAX_RULES_KEPT", 2)
+    third = rule.model_copy(update={"id": "r3"})
+    reads(third)                        # the memory was full: emptied, then this one kept
+    reads(rule)
+    assert calls == ["r", "r2", "r3", "r"]
