@@ -332,7 +332,12 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     table = app.Table(RUN_TABLE, default=None, partitions=PARTITIONS, key_type=bytes,
                       value_type=bytes, use_partitioner=True, extra_topic_configs=CHANGELOG_CONFIG)
     states = RunStates(table, processor)
-    recorder = SnapshotRecorder()   # recent steps and samples per run, for incident snapshots
+    # recent steps and samples per run, for incident snapshots: as many runs as the decoded
+    # states (the recorder's default of 1,000 runs, under a fleet of 1,250, dropped each run's
+    # history before its next step came: every snapshot was empty, and making the history
+    # afresh took 6 % of the worker's time). The price is memory: about 1.5 MB per run of 30
+    # metrics and 8 ranks (768 steps kept), measured
+    recorder = SnapshotRecorder(max_runs=MAX_DECODED_RUNS)
     counters = {"events": 0, "dlq": 0, "alerts": 0}
     # the fleet view every dashboard and `rlwatch status` read (streams/fleet_store.py)
     fleet = FleetWriter(FleetStore.from_url(settings.redis, settings.app_id, settings.run_ttl_hours * 3600),

@@ -287,3 +287,27 @@ def test_commits_are_spaced_out_while_the_writes_before_them_take_long(monkeypat
     hook[0] = 0.001                                   # quick again: as many messages, at once
     asyncio.run(c.commit())
     assert c.count_commit_due(10_000)
+
+
+def test_an_alert_in_a_fleet_of_more_than_a_thousand_runs_has_its_runs_history(monkeypatch):
+    """The snapshot recorder keeps as many runs as the worker keeps decoded: with its old limit
+    of 1,000 runs, a run's history was gone by its next step in a fleet of 1,100 runs, and its
+    alert's snapshot showed nothing of the steps before it."""
+    import streams.app as app_module
+
+    monkeypatch.setattr(app_module.RunStates, "flush_run", lambda self, run_id: None)  # no broker
+    run, sent, app, settings = worker_lane(monkeypatch)
+
+    def kl(run_id: str, s: int, value: float) -> bytes:
+        return json.dumps({"schema": 1, "kind": "step", "run_id": run_id, "step": s,
+                           "ts": 1.7e9 + s, "metrics": {"kl/mean": value}}).encode()
+
+    events = [kl("hot", s, 0.02) for s in range(6)]
+    events += [kl(f"other-{i}", 0, 0.02) for i in range(1100)]
+    events += [kl("hot", s, 0.3) for s in range(6, 14)]
+    run(events, FakeConsumer())
+    fired = [json.loads(v) for t, v, _ in sent if t == settings.alerts_topic]
+    red = [a for a in fired if a["run_id"] == "hot" and a["severity"] == "red" and a.get("snapshot")]
+    assert red, [(a["rule"], a["severity"]) for a in fired]
+    window = [row["step"] for row in red[0]["snapshot"]["window"]["steps"]]
+    assert window[:6] == [0, 1, 2, 3, 4, 5]          # the healthy steps before the burst
