@@ -68,7 +68,8 @@ from streams.run import RunState
 from streams.snapshot import SnapshotRecorder, attach_snapshot
 from streams.state_codec import StateDecodeError, decode_state, encode_state
 
-__all__ = ["CHANGELOG_CONFIG", "build_app", "changelog_topic", "ensure_topics", "worker_instance_id"]
+__all__ = ["CHANGELOG_CONFIG", "build_app", "changelog_topic", "ensure_topics",
+           "worker_instance_id"]
 
 log = logging.getLogger("rlwatch.worker")
 

@@ -56,7 +56,8 @@ try:   # the lock Faust's own acknowledgements take (newer Faust versions), else
 except ImportError:  # pragma: no cover - depends on the Faust version
     _ack_lock = contextlib.nullcontext()
 
-__all__ = ["BatchApp", "BatchConsumer", "LaneBatch", "SteadyFlowControl", "commit_gap", "round_robin"]
+__all__ = ["BatchApp", "BatchConsumer", "LaneBatch", "SteadyFlowControl", "commit_gap",
+           "round_robin"]
 
 
 class LaneBatch(list):

@@ -42,8 +42,9 @@ from typing import Any
 
 from contract.events import record_json
 
-__all__ = ["FINISHED_AFTER", "FLUSH_SHARE", "MAX_FLUSH_GAP", "SILENT_AFTER", "FleetStore", "FleetWriter", "MemoryFleetStore", "finite_number",
-           "fleet_namespace", "make_record", "run_status", "summary_of"]
+__all__ = ["FINISHED_AFTER", "FLUSH_SHARE", "MAX_FLUSH_GAP", "SILENT_AFTER", "FleetStore",
+           "FleetWriter", "MemoryFleetStore", "finite_number", "fleet_namespace", "make_record",
+           "run_status", "summary_of"]
 
 RECORD_VERSION = 1
 #: a run silent this long is shown as finished (unless it closed cleanly earlier)
@@ -401,8 +402,8 @@ class FleetWriter:
         return bool(self.dirty) and self.urgent
 
     def ready(self) -> bool:
-        """Whether a periodic flush should write now: runs changed, and an alert changed or
-        the last flush is long enough ago for its cost (see the class doc)."""
+        """Whether a periodic flush should write now: runs changed, and a note was urgent or
+        the last flush is long enough ago for what it cost (see the class doc)."""
         return bool(self.dirty) and (self.urgent or self.timer() >= self.next_at)
 
     async def flush(self) -> int:

@@ -295,7 +295,14 @@ def test_an_alert_in_a_fleet_of_more_than_a_thousand_runs_has_its_runs_history(m
     alert's snapshot showed nothing of the steps before it."""
     import streams.app as app_module
 
+    class Brakes:       # no Redis here: the brakes are only counted
+        pulled: list = []
+
+        def submit(self, alert, done):
+            self.pulled.append(alert.run_id)
+
     monkeypatch.setattr(app_module.RunStates, "flush_run", lambda self, run_id: None)  # no broker
+    monkeypatch.setattr(app_module, "build_brake_thread", lambda *a: Brakes())
     run, sent, app, settings = worker_lane(monkeypatch)
 
     def kl(run_id: str, s: int, value: float) -> bytes:
@@ -307,7 +314,9 @@ def test_an_alert_in_a_fleet_of_more_than_a_thousand_runs_has_its_runs_history(m
     events += [kl("hot", s, 0.3) for s in range(6, 14)]
     run(events, FakeConsumer())
     fired = [json.loads(v) for t, v, _ in sent if t == settings.alerts_topic]
-    red = [a for a in fired if a["run_id"] == "hot" and a["severity"] == "red" and a.get("snapshot")]
+    red = [a for a in fired
+           if a["run_id"] == "hot" and a["severity"] == "red" and a.get("snapshot")]
     assert red, [(a["rule"], a["severity"]) for a in fired]
     window = [row["step"] for row in red[0]["snapshot"]["window"]["steps"]]
     assert window[:6] == [0, 1, 2, 3, 4, 5]          # the healthy steps before the burst
+    assert "hot" in Brakes.pulled

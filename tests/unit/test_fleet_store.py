@@ -226,9 +226,8 @@ def test_a_writer_of_many_runs_writes_less_often_and_an_urgent_note_still_goes_a
     many = writer(0.0001)                                     # 1,000 runs: 0.1 s per flush
     assert seconds(*many, runs=1000, ticks=11) == [2.1] * 5   # 2 s after the start, next tick
     assert not many[0].ready()
-    many[0].note(_State("r1", 999), parse_event(
-        {"schema": 1, "kind": "heartbeat", "run_id": "r1", "step": 999, "ts": T0, "final": True}, T0),
-        urgent=True)
+    final = {"schema": 1, "kind": "heartbeat", "run_id": "r1", "step": 999, "ts": T0, "final": True}
+    many[0].note(_State("r1", 999), parse_event(final, T0), urgent=True)
     assert many[0].ready()                                    # at once, all the same
     huge = writer(0.01)                                       # 10 s per flush
     assert seconds(*huge, runs=1000, ticks=16) == [15.0] * 3  # at most MAX_FLUSH_GAP apart
