@@ -14,7 +14,12 @@ takes the dead one's group instance id and its partitions at once; 10 s session)
 static membership (``RLWATCH_WORKER_ID=none``: the group waits for the dead member's 10 s
 session), and the old settings (no static membership, Faust's 60 s session). Target: < 10 s.
 
-    python bench/bench_restart.py [--trials 3] [--skip-old]
+With ``--load-runs N`` the worker has a fleet to take back: ``N`` healthy runs x 8 ranks log
+``--load-rate`` step events per second in total from another process, from ``--settle`` seconds
+before the first kill to the end, so the restarted worker restores their states (the changelog)
+and catches up with their events while the probe goes red.
+
+    python bench/bench_restart.py [--trials 3] [--skip-old] [--load-runs 0] [--load-rate 5000]
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _stack import KAFKA, REDIS, Worker, bench_env, pct, services_up  # noqa: E402
+from _stack import KAFKA, REDIS, Load, Worker, bench_env, pct, services_up  # noqa: E402
 
 from producers import Monitor  # noqa: E402
 
@@ -61,12 +66,18 @@ def trial(env: dict, first: Worker) -> tuple[float, float, float, Worker]:
         probe.close(2)
 
 
-def setting(name: str, trials: int, **extra) -> tuple[str, list[tuple[float, float, float]]]:
+def setting(name: str, trials: int, load: tuple[int, float, float] = (0, 0.0, 0.0),
+            **extra) -> tuple[str, list[tuple[float, float, float]]]:
+    """``load``: (runs, events per second, seconds of load before the first kill)."""
     sid = uuid.uuid4().hex[:8]
     env = bench_env(sid, RLWATCH_CONTROL_SECRET=SECRET, RLWATCH_ACK_TIMEOUT=600, **extra)
     worker = Worker(env).start()
     time.sleep(3)
     out = []
+    fleet = None
+    if load[0]:
+        fleet = Load(env["RLWATCH_EVENTS_TOPIC"], load[0], 8, load[1]).start()
+        time.sleep(load[2])
     try:
         for i in range(trials):
             ready, to_pause, from_kill, worker = trial(env, worker)
@@ -75,6 +86,9 @@ def setting(name: str, trials: int, **extra) -> tuple[str, list[tuple[float, flo
             out.append((ready, to_pause, from_kill))
             time.sleep(3)
     finally:
+        if fleet is not None:
+            print(f"  {name}: the load sent {fleet.rate:,.0f} events/s", flush=True)
+            fleet.stop()
         worker.stop()
     return name, out
 
@@ -83,12 +97,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--skip-old", action="store_true", help="leave out the 60 s session setting")
+    ap.add_argument("--load-runs", type=int, default=0, help="healthy runs (x 8 ranks) logging meanwhile")
+    ap.add_argument("--load-rate", type=float, default=5000.0, help="their step events per second")
+    ap.add_argument("--settle", type=float, default=30.0, help="seconds of load before the first kill")
     args = ap.parse_args()
     services_up()
-    rows = [setting("static membership, 10 s session", args.trials),
-            setting("no static membership, 10 s session", max(1, args.trials - 1), RLWATCH_WORKER_ID="none")]
+    load = (args.load_runs, args.load_rate, args.settle)
+    if args.load_runs:
+        print(f"load: {args.load_runs:,} runs x 8 ranks, {args.load_rate:,.0f} events/s", flush=True)
+    rows = [setting("static membership, 10 s session", args.trials, load),
+            setting("no static membership, 10 s session", max(1, args.trials - 1), load,
+                    RLWATCH_WORKER_ID="none")]
     if not args.skip_old:
-        rows.append(setting("old: no static membership, 60 s session", 1, RLWATCH_WORKER_ID="none",
+        rows.append(setting("old: no static membership, 60 s session", 1, load, RLWATCH_WORKER_ID="none",
                             RLWATCH_SESSION_TIMEOUT=60))
     print("\nworker killed (SIGKILL) and restarted at once (seconds, median / worst of the trials)")
     print(f"{'setting':42s} {'n':>2s} {'-> Ready':>14s} {'-> processing':>16s}")
