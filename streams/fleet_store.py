@@ -31,6 +31,7 @@ Keys (``ns`` = ``rlwatch:<app_id>:fleet``):
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -60,6 +61,10 @@ MAX_CACHED = 5000     # records a writer keeps to continue sparklines without re
 FLUSH_SHARE = 0.05
 #: the longest a changed run's record waits for its write, however long the flushes take
 MAX_FLUSH_GAP = 15.0
+#: records built between two turns of the event loop: built all at once, the records of 1,250
+#: runs held the worker's loop, and with it the events and the brakes they raise (such a flush
+#: took up to a second, its write to Redis included)
+FLUSH_SLICE = 100
 
 
 def fleet_namespace(app_id: str) -> str:
@@ -426,7 +431,9 @@ class FleetWriter:
             if missing:   # continue what another worker (or this one before a restart) wrote
                 self.records.update(await self.store.get_many(missing))
             out, used = [], {}
-            for run_id in ids:
+            for i, run_id in enumerate(ids):
+                if i and i % FLUSH_SLICE == 0:
+                    await asyncio.sleep(0)      # the events lane gets a turn between slices
                 st = self.states.get(run_id)
                 if st is None:
                     continue

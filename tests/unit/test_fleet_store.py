@@ -231,3 +231,27 @@ def test_a_writer_of_many_runs_writes_less_often_and_an_urgent_note_still_goes_a
     assert many[0].ready()                                    # at once, all the same
     huge = writer(0.01)                                       # 10 s per flush
     assert seconds(*huge, runs=1000, ticks=16) == [15.0] * 3  # at most MAX_FLUSH_GAP apart
+
+
+def test_a_flush_of_many_runs_gives_the_event_loop_turns_while_it_builds_the_records():
+    """The worker's events lane shares the loop: a flush of 350 runs lets it in between slices
+    of records instead of holding it until every record is built."""
+    w = _writer(MemoryFleetStore())
+    for r in range(350):
+        w.note(_State(f"r{r}", 1))
+    turns = []
+
+    async def lane():
+        while True:
+            turns.append(len(w.states))      # runs not written yet when the lane got a turn
+            await asyncio.sleep(0)
+
+    async def both():
+        other = asyncio.ensure_future(lane())
+        await asyncio.sleep(0)
+        written = await w.flush()
+        other.cancel()
+        return written
+
+    assert asyncio.run(both()) == 350
+    assert len(turns) >= 4 and all(n == 350 for n in turns[:4])   # turns while building
