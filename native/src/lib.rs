@@ -1915,6 +1915,12 @@ impl Bank {
         Bank { core: Arc::new(Mutex::new(Core::new())), readers: PyDict::new_bound(py).unbind() }
     }
 
+    /// Its readers, for the cycle collector (they hold no Python objects; visited so that a
+    /// reader put in a cycle later is seen).
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        visit.call(&self.readers)
+    }
+
     #[getter]
     fn get_step(&self) -> PyResult<i64> {
         Ok(lock(&self.core)?.step)

@@ -17,6 +17,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
 use std::sync::{Arc, Mutex};
 
 use super::{lock, Core, Reader};
@@ -110,6 +111,12 @@ impl CallCompare {
     fn __call__(&self, py: Python<'_>) -> PyResult<Option<bool>> {
         self.eval(py)
     }
+
+    /// The reader, for the cycle collector: a compiled rule's closures and the run state they
+    /// read form a cycle through this object, which is garbage once the run is dropped.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.read)
+    }
 }
 
 /// `compare_call(read, kind, threshold, first)`: the native test of a Python reader.
@@ -166,6 +173,15 @@ pub struct Node {
 }
 
 impl Branch {
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self {
+            Branch::Compare(c) => visit.call(c),
+            Branch::Call(c) => visit.call(c),
+            Branch::Node(n) => visit.call(n),
+            Branch::Python(f) => visit.call(f),
+        }
+    }
+
     #[inline]
     fn eval(&self, py: Python<'_>) -> PyResult<Option<bool>> {
         match self {
@@ -220,6 +236,13 @@ impl Node {
     fn __call__(&self, py: Python<'_>) -> PyResult<Option<bool>> {
         self.eval(py)
     }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for b in &self.branches {
+            b.traverse(&visit)?;
+        }
+        Ok(())
+    }
 }
 
 /// `join(op, tests)`: the native `all` / `any` / `not` of ``tests``; None when no test is
@@ -265,6 +288,13 @@ impl Scan {
         }
         let branches = tests.into_iter().map(|t| Branch::of(py, t).0).collect();
         Ok(Scan { branches, keys })
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for b in &self.branches {
+            b.traverse(&visit)?;
+        }
+        Ok(())
     }
 
     fn __call__(

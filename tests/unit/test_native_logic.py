@@ -324,3 +324,31 @@ def test_compiled_conditions_on_python_readers_are_native_when_the_core_is():
     assert kinds["length_shape"] == "Node"          # any of three dist conditions
     assert kinds["rank_outlier"] == "CallCompare"   # a cross-rank reader
     assert kinds["category_imbalance"] == "Node"    # all of three group conditions
+
+
+@pytest.mark.parametrize("holder", ["compare_call", "join", "join_of_python", "scan"])
+def test_a_cycle_through_a_native_test_is_collected(holder):
+    """A compiled test holds its Python reader, and the reader reads the run that holds the
+    test: the collector must see the native object's references to free the cycle."""
+    import gc
+    import weakref
+
+    class Run:
+        pass
+
+    def reader_of(run):         # the reader's own cell holds the run, as a compiled rule's
+        return lambda: run.value
+
+    run = Run()
+    run.value = 2.0
+    read = reader_of(run)
+    call = native.compare_call(read, "above", 1.0, False)
+    test = {"compare_call": lambda: call,
+            "join": lambda: native.join("all", [call, _native_test(True)]),
+            "join_of_python": lambda: native.join("any", [_native_test(False), read]),
+            "scan": lambda: native.Scan([call], ["k/"])}[holder]()
+    run.test = test
+    gone = weakref.ref(run)
+    del run, read, call, test
+    gc.collect()
+    assert gone() is None

@@ -343,3 +343,28 @@ def test_heartbeats_do_not_alert_and_tick_detects_a_stalled_run():
     after = feed(p, [step_event("r", 3, {"kl/mean": 0.02}, ts=T0 + 400)])
     after += p.tick(T0 + 401)
     assert [(a.rule, a.state) for a in after] == [("run_stalled", "resolved")]
+
+
+# -- memory ------------------------------------------------------------------------------------
+
+def test_a_dropped_run_state_is_freed_with_its_compiled_rules():
+    """A worker drops the decoded states of runs that ended or were evicted. A run's compiled
+    rules read its state, so state and rules form a cycle: the collector must be able to free
+    it, native tests (which hold Python readers) included. Before the native classes let the
+    collector see their references, every dropped run stayed in memory for good."""
+    import gc
+    import weakref
+
+    raw = list(simulate(SimConfig(run_id="gone", fault="rank_outlier", onset=20, seed=3,
+                                  samples_every=5, world_size=4), 40))
+    proc = Processor(rlhf_pack())
+    st = proc.new_state("gone")
+    alerts = []
+    for r in raw:
+        alerts += proc.process(st, parse_event(r, r["ts"]), r["ts"])
+    assert firing(alerts, "rank_outlier"), "the cross-rank rules never ran: vacuous"
+    assert len(st.programs) == 4
+    gone = weakref.ref(st)
+    del st
+    gc.collect()
+    assert gone() is None, [type(x).__name__ for x in gc.get_referrers(gone())][:10]
