@@ -156,9 +156,9 @@ def cmd_worker(args) -> int:
         server = _start_fleet_web(args.web, settings, mode="worker", metrics_scope="local")
     app = build_app(settings, pack=pack, **({"observer": server.fleet} if server else {}))
     sys.argv = ["rlwatch-worker", "worker", "-l", args.loglevel.lower(), "--without-web"]
-    from streams.processor import tune_gc
-
-    tune_gc()   # start-up objects frozen, rare cyclic collections: a fleet's run states are many
+    # start-up objects frozen, rare cyclic collections, and what survives a full collection
+    # frozen too: a fleet's compiled rules are millions of objects (streams.heap)
+    app.rlwatch_heap.install()
     app.main()
     return 0
 

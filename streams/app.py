@@ -63,6 +63,7 @@ from rules.loader import load_pack
 from streams.batch_lane import BatchApp
 from streams.broker_log import BrokerLogGate
 from streams.fleet_store import FleetStore, FleetWriter, summary_of
+from streams.heap import Heap
 from streams.processor import Processor
 from streams.run import RunState
 from streams.snapshot import SnapshotRecorder, attach_snapshot
@@ -74,6 +75,7 @@ __all__ = ["CHANGELOG_CONFIG", "build_app", "changelog_topic", "ensure_topics",
 log = logging.getLogger("rlwatch.worker")
 
 FLUSH_SECONDS = 1.0       # the fleet view's flush to Redis
+HEAP_SECONDS = 10.0       # how often a thaw of the frozen heap may come (streams.heap)
 LANE_SLICE = 200          # events of a batch between two turns of the event loop
 _DEAD, _ALERTS = "dead", "alerts"
 MAX_STATE_BYTES = 900_000   # an encoded state's limit, under Kafka's default 1 MB message limit
@@ -222,6 +224,7 @@ class RunStates:
         self.table, self.processor, self.limit = table, processor, limit
         self.cache: OrderedDict[str, RunState] = OrderedDict()
         self.dirty: set[str] = set()
+        self.dropped = 0     # decoded states let go so far (evicted, expired, revoked): streams.heap
 
     def get(self, run_id: str) -> RunState:
         st = self.cache.get(run_id)
@@ -257,6 +260,7 @@ class RunStates:
                 self._write(old, st)
                 self.dirty.discard(old)
             del self.cache[old]
+            self.dropped += 1
 
     def touch(self, run_id: str) -> None:
         self.dirty.add(run_id)
@@ -289,7 +293,8 @@ class RunStates:
 
     def drop(self, run_id: str) -> None:
         """Forget a run for good (it expired): its statistics go with it."""
-        self.cache.pop(run_id, None)
+        if self.cache.pop(run_id, None) is not None:
+            self.dropped += 1
         self.dirty.discard(run_id)
         key = run_id.encode()
         if key in self.table:
@@ -297,6 +302,7 @@ class RunStates:
 
     def forget(self) -> None:
         """After a rebalance the table may hold newer states than the cache: drop the cache."""
+        self.dropped += len(self.cache)
         self.cache.clear()
         self.dirty.clear()
 
@@ -333,6 +339,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     table = app.Table(RUN_TABLE, default=None, partitions=PARTITIONS, key_type=bytes,
                       value_type=bytes, use_partitioner=True, extra_topic_configs=CHANGELOG_CONFIG)
     states = RunStates(table, processor)
+    heap = Heap()
     # recent steps and samples per run, for incident snapshots: as many runs as the decoded
     # states (the recorder's default of 1,000 runs, under a fleet of 1,250, dropped each run's
     # history before its next step came: every snapshot was empty, and making the history
@@ -560,6 +567,16 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                 fleet.note(st)
                 await publish(alerts)
 
+    @app.timer(interval=HEAP_SECONDS)
+    async def collect_heap():
+        """The frozen heap thawed and collected when due (streams.heap: the dropped runs it
+        holds are freed; the worker stands still meanwhile, so it is logged)."""
+        thaw = heap.tick(time.time(), len(states.cache), states.dropped)
+        if thaw is not None:
+            log.info("rlwatch: collected the frozen heap in %.0f ms: %d objects freed, %d runs "
+                     "dropped since the last time, %d objects frozen again", thaw.seconds * 1e3,
+                     thaw.collected, thaw.dropped, thaw.frozen)
+
     @app.timer(interval=60.0)
     async def report():
         log.info("rlwatch: %(events)d events, %(dlq)d dead-lettered, %(alerts)d alerts", counters)
@@ -582,5 +599,6 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
 
     app.rlwatch_counters = counters
     app.rlwatch_states = states
+    app.rlwatch_heap = heap         # installed by `rlwatch worker` (cli), not by tests' apps
     app.rlwatch_fleet = fleet
     return app

@@ -144,4 +144,11 @@ def test_decoded_run_states_are_bounded_and_an_evicted_run_keeps_its_state():
             states.touch(run_id)
     assert list(states.cache) == ["lru-2", "lru-3", "lru-4"]          # at most three decoded
     assert {b"lru-0", b"lru-1"} <= set(table)                            # the others in the table
+    assert states.dropped == 2        # counted for streams.heap's thaw
     assert states.get("lru-0").summary()["last_step"] == 2              # and back, as they were
+    assert states.dropped == 3        # lru-2 made way
+    states.drop("lru-4")
+    states.drop("never-seen")
+    assert states.dropped == 4
+    states.forget()
+    assert states.dropped == 6 and not states.cache

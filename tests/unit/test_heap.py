@@ -1,0 +1,76 @@
+"""streams.heap: the worker freezes what survives a collection (a fleet's compiled rules,
+millions of objects, are then not visited again) and thaws it when due, so that runs dropped
+meanwhile are freed all the same."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from streams.heap import Heap
+
+
+class Node:
+    """A run-like cycle: state -> rules -> state."""
+
+    def __init__(self):
+        self.rules = [lambda: self]
+
+
+@pytest.fixture
+def heap():
+    h = Heap(thaw_every=3600.0, min_dropped=10)
+    threshold = gc.get_threshold()
+    h.install()
+    yield h
+    h.uninstall()
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+    gc.collect()
+
+
+@pytest.mark.parametrize("generation", [0, 1, 2])
+def test_what_survives_a_collection_is_frozen_and_not_visited_again(heap, generation):
+    kept = [Node() for _ in range(2000)]
+    assert any(o is kept[0] for o in gc.get_objects())
+    before = gc.get_freeze_count()
+    gc.collect(generation)
+    assert heap.passes >= 1
+    assert gc.get_freeze_count() >= before + 2000
+    assert not any(o is kept[0] for o in gc.get_objects())   # out of the generations visited
+    assert len(gc.get_objects(1)) == len(gc.get_objects(2)) == 0
+
+
+def test_a_run_dropped_while_frozen_is_freed_at_the_thaw(heap):
+    run = Node()
+    gone = weakref.ref(run)
+    gc.collect()                      # the run survives a full collection: frozen
+    del run
+    gc.collect()
+    assert gone() is not None         # frozen garbage: what the thaw is for
+    t0 = 1000.0
+    assert heap.tick(t0, held=50, dropped=0) is None           # starts the clock
+    assert heap.tick(t0 + 60, held=50, dropped=9) is None      # under min_dropped
+    thaw = heap.tick(t0 + 70, held=5, dropped=10)
+    assert thaw is not None and thaw.dropped == 10 and thaw.collected >= 1
+    assert gone() is None
+    assert heap.thaws == 1
+
+
+def test_a_thaw_is_due_by_time_or_by_half_as_many_runs_dropped_as_held():
+    h = Heap(thaw_every=3600.0, min_dropped=200)
+    assert not h.due(0.0, held=1000, dropped=5)          # the first call starts the clock
+    assert not h.due(3599.0, held=1000, dropped=504)
+    assert h.due(3599.0, held=1000, dropped=505)
+    assert h.due(3600.0, held=1000, dropped=5)
+    assert not h.due(3599.0, held=10, dropped=204)       # at least min_dropped
+    assert h.due(3599.0, held=10, dropped=205)
+
+
+def test_without_install_it_leaves_the_collector_alone():
+    h = Heap(thaw_every=0.0, min_dropped=0)
+    frozen = gc.get_freeze_count()
+    assert h.tick(0.0, 0, 0) is None and h.tick(10.0, 0, 100) is None
+    gc.collect()
+    assert gc.get_freeze_count() == frozen and h.passes == 0
