@@ -4,13 +4,16 @@ webhook, and a load generator in a process of its own."""
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -56,10 +59,15 @@ def bench_env(sid: str, **extra) -> dict[str, str]:
 
 
 class Worker:
-    """`rlwatch worker` in a subprocess; its output lines are kept (with arrival times)."""
+    """`rlwatch worker` in a subprocess; its output lines are kept (with arrival times). It
+    runs in a directory of its own (Faust's data directory goes there), the same one after a
+    restart, removed when the bench ends; the tree's root is put on its path."""
 
     def __init__(self, env: dict[str, str], loglevel: str = "warning"):
-        self.env, self.loglevel = env, loglevel
+        self.env, self.loglevel = dict(env), loglevel
+        self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        self.cwd = tempfile.mkdtemp(prefix="rlwatch-bench-worker-")
+        atexit.register(shutil.rmtree, self.cwd, True)
         self.lines: list[tuple[float, str]] = []
         self.proc: subprocess.Popen | None = None
         self.started = 0.0
@@ -69,7 +77,7 @@ class Worker:
         self.started = time.time()
         # "Ready" is logged at INFO by Faust's worker; keep its own log at info, ours quiet
         self.proc = subprocess.Popen([sys.executable, "-m", "rlwatch", "worker", "--loglevel", "info"],
-                                     cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     cwd=self.cwd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, bufsize=1)
         threading.Thread(target=self._pump, daemon=True).start()
         if wait:

@@ -75,7 +75,7 @@ __all__ = ["CHANGELOG_CONFIG", "build_app", "changelog_topic", "ensure_topics",
 log = logging.getLogger("rlwatch.worker")
 
 FLUSH_SECONDS = 1.0       # the fleet view's flush to Redis
-HEAP_SECONDS = 10.0       # how often a thaw of the frozen heap may come (streams.heap)
+HEAP_SECONDS = 60.0       # how often the worker asks whether a thaw of the frozen heap is due
 LANE_SLICE = 200          # events of a batch between two turns of the event loop
 _DEAD, _ALERTS = "dead", "alerts"
 MAX_STATE_BYTES = 900_000   # an encoded state's limit, under Kafka's default 1 MB message limit
@@ -224,7 +224,6 @@ class RunStates:
         self.table, self.processor, self.limit = table, processor, limit
         self.cache: OrderedDict[str, RunState] = OrderedDict()
         self.dirty: set[str] = set()
-        self.dropped = 0     # decoded states let go so far (evicted, expired, revoked): streams.heap
 
     def get(self, run_id: str) -> RunState:
         st = self.cache.get(run_id)
@@ -260,7 +259,7 @@ class RunStates:
                 self._write(old, st)
                 self.dirty.discard(old)
             del self.cache[old]
-            self.dropped += 1
+            st.release()      # it and its rules: freed now, frozen heap or not (streams.heap)
 
     def touch(self, run_id: str) -> None:
         self.dirty.add(run_id)
@@ -293,8 +292,9 @@ class RunStates:
 
     def drop(self, run_id: str) -> None:
         """Forget a run for good (it expired): its statistics go with it."""
-        if self.cache.pop(run_id, None) is not None:
-            self.dropped += 1
+        st = self.cache.pop(run_id, None)
+        if st is not None:
+            st.release()
         self.dirty.discard(run_id)
         key = run_id.encode()
         if key in self.table:
@@ -302,7 +302,8 @@ class RunStates:
 
     def forget(self) -> None:
         """After a rebalance the table may hold newer states than the cache: drop the cache."""
-        self.dropped += len(self.cache)
+        for st in self.cache.values():
+            st.release()
         self.cache.clear()
         self.dirty.clear()
 
@@ -569,13 +570,12 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
 
     @app.timer(interval=HEAP_SECONDS)
     async def collect_heap():
-        """The frozen heap thawed and collected when due (streams.heap: the dropped runs it
-        holds are freed; the worker stands still meanwhile, so it is logged)."""
-        thaw = heap.tick(time.time(), len(states.cache), states.dropped)
+        """The frozen heap thawed and collected when due (streams.heap; the worker stands
+        still meanwhile, so it is logged)."""
+        thaw = heap.tick(time.time())
         if thaw is not None:
-            log.info("rlwatch: collected the frozen heap in %.0f ms: %d objects freed, %d runs "
-                     "dropped since the last time, %d objects frozen again", thaw.seconds * 1e3,
-                     thaw.collected, thaw.dropped, thaw.frozen)
+            log.info("rlwatch: collected the frozen heap in %.0f ms: %d objects freed, %d "
+                     "frozen again", thaw.seconds * 1e3, thaw.collected, thaw.frozen)
 
     @app.timer(interval=60.0)
     async def report():

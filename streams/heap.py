@@ -10,15 +10,15 @@ so the worker does nothing meanwhile, the brake included. Measured in a worker u
 Nearly all of those objects live as long as their run. So what survives any collection is
 frozen (``gc.freeze``, which is cheap): later collections visit only what is newer than the
 last pass, at most a young generation's worth of objects (``YOUNG`` allocations), and the
-older generations stay empty. Frozen objects are never collected, though: a run dropped
-meanwhile (evicted, expired, handed to another worker) would stay in memory, and so would any
-other cycle that became garbage after surviving a pass. So the frozen heap is thawed and
-collected (:meth:`Heap.tick`) once in a while: after ``thaw_every`` seconds, or sooner once
-half as many runs were dropped as the worker holds (at least ``MIN_DROPPED``). That pause is as
-long as a full collection was (1.6-2.2 s with 1,250 runs), but it comes rarely, when the
-worker's loop asks for it, and is logged with what it freed. In a worker under a steady load of
-1,250 runs, thawing every minute freed 80 objects the first time and none after: little but
-dropped runs becomes cyclic garbage after surviving a pass.
+older generations stay empty. Frozen objects are never collected, though, so a cycle that
+becomes garbage after surviving a pass stays in memory. A run's state and its compiled rules
+form such a cycle: the worker breaks it when it drops a run (evicted, expired, handed to
+another worker: ``RunState.release``), and reference counting frees the run at once. For any
+other cycle, the frozen heap is thawed and collected (:meth:`Heap.tick`) every ``thaw_every``
+seconds. That pause is as long as a full collection was (1.6-2.2 s with 1,250 runs), but it
+comes once an hour, when the worker's loop asks for it, and is logged with what it freed. In a
+worker under a steady load of 1,250 runs, thawing every minute freed 80 objects the first time
+and none after.
 
 Reference counting frees everything else as before: most of what an event allocates is freed
 at once and never reaches the collector.
@@ -31,16 +31,14 @@ from dataclasses import dataclass
 
 from streams.processor import tune_gc
 
-__all__ = ["Heap", "MIN_DROPPED", "THAW_EVERY", "YOUNG"]
+__all__ = ["Heap", "THAW_EVERY", "YOUNG"]
 
 #: allocations (less deallocations) of tracked objects between two young passes; each pass
 #: visits at most about this many objects (20,000: 10-40 ms on a small, busy host)
 YOUNG = 20_000
 
-#: seconds between thaws of the frozen heap (the dropped runs it holds are then freed)
+#: seconds between thaws of the frozen heap (the cycles that became garbage are then freed)
 THAW_EVERY = 3600.0
-#: a thaw comes sooner once this many runs were dropped, and half as many as the worker holds
-MIN_DROPPED = 200
 
 
 @dataclass
@@ -51,24 +49,21 @@ class Thaw:
     collected: int
     frozen: int
     seconds: float
-    dropped: int
 
 
 class Heap:
     """The freeze-what-survives policy of a worker process (see the module doc).
 
-    ``install`` once, after start-up; then ``tick(now, held, dropped)`` now and then from the
-    worker's loop, with the runs it holds decoded and the runs it dropped so far (a counter
-    that only grows). Without ``install`` it does nothing: an application built in a test
-    leaves its process's collector alone."""
+    ``install`` once, after start-up; then ``tick(now)`` now and then from the worker's loop.
+    Without ``install`` it does nothing: an application built in a test leaves its process's
+    collector alone."""
 
-    def __init__(self, *, thaw_every: float = THAW_EVERY, min_dropped: int = MIN_DROPPED):
-        self.thaw_every, self.min_dropped = thaw_every, min_dropped
+    def __init__(self, *, thaw_every: float = THAW_EVERY):
+        self.thaw_every = thaw_every
         self.installed = False
         self.passes = 0                # collections seen (their survivors then frozen)
         self.thaws = 0
         self._thawed_at: float | None = None
-        self._dropped_at_thaw = 0
 
     def install(self) -> None:
         if self.installed:
@@ -88,19 +83,18 @@ class Heap:
             self.passes += 1
             gc.freeze()                # the survivors of a pass: not visited again
 
-    def due(self, now: float, held: int, dropped: int) -> bool:
-        """A thaw is due: ``thaw_every`` seconds since the last (the first tick starts the
-        clock), or half as many runs dropped since as are held, at least ``min_dropped``."""
+    def due(self, now: float) -> bool:
+        """A thaw is due: ``thaw_every`` seconds since the last (the first call starts the
+        clock)."""
         if self._thawed_at is None:
-            self._thawed_at, self._dropped_at_thaw = now, dropped
+            self._thawed_at = now
             return False
-        gone = dropped - self._dropped_at_thaw
-        return now - self._thawed_at >= self.thaw_every or gone >= max(self.min_dropped, held / 2)
+        return now - self._thawed_at >= self.thaw_every
 
-    def tick(self, now: float, held: int, dropped: int) -> Thaw | None:
+    def tick(self, now: float) -> Thaw | None:
         """Thaw and collect the frozen heap when due (then freeze it again); what it did, or
         None."""
-        if not self.installed or not self.due(now, held, dropped):
+        if not self.installed or not self.due(now):
             return None
         t = time.perf_counter()
         gc.unfreeze()
@@ -108,6 +102,5 @@ class Heap:
         gc.freeze()
         seconds = time.perf_counter() - t
         self.thaws += 1
-        thaw = Thaw(collected, gc.get_freeze_count(), seconds, dropped - self._dropped_at_thaw)
-        self._thawed_at, self._dropped_at_thaw = now, dropped
-        return thaw
+        self._thawed_at = now
+        return Thaw(collected, gc.get_freeze_count(), seconds)

@@ -436,6 +436,7 @@ class RunState:
         self.banks: dict[int, Bank] = {}
         self.programs: dict[int, Program] = {}
         self.rules: RunRules | None = None
+        self._released = False     # release() let go of the programs: compile again on use
         self.alerts: dict[str, AlertState] = {}
         self._ranks_open: set[int] = set()   # ranks (other than 0) with an alert state of their own
         self.checkpoints: list[tuple[int, str]] = []
@@ -504,11 +505,21 @@ class RunState:
             if r == 0 or self.program(r).rules:
                 self.banks[r].load(st)
 
+    def release(self) -> None:
+        """Let go of the compiled rules. They read this state, so state and rules form a
+        cycle, which reference counting cannot free and a worker's collector does not visit
+        once frozen (streams.heap): the worker calls this when it drops the state. A state
+        used after it compiles its rules again, its statistics kept."""
+        if self.programs:
+            self.programs = {}
+            self._released = True
+
     def program(self, rank: int) -> Program:
         p = self.programs.get(rank)
         if p is None:
-            if self.rules is None:   # compiled on first use: by then the first event's targets are in
-                self.bind()
+            if self.rules is None or self._released:   # compiled on first use: by then the
+                self._released = False                # first event's targets are in
+                self.bind(self.rules)
                 p = self.programs.get(rank)
                 if p is not None:
                     return p

@@ -1,6 +1,6 @@
 """streams.heap: the worker freezes what survives a collection (a fleet's compiled rules,
-millions of objects, are then not visited again) and thaws it when due, so that runs dropped
-meanwhile are freed all the same."""
+millions of objects, are then not visited again) and thaws it when due, so that cycles that
+became garbage meanwhile are freed all the same."""
 from __future__ import annotations
 
 import gc
@@ -20,7 +20,7 @@ class Node:
 
 @pytest.fixture
 def heap():
-    h = Heap(thaw_every=3600.0, min_dropped=10)
+    h = Heap(thaw_every=3600.0)
     threshold = gc.get_threshold()
     h.install()
     yield h
@@ -42,35 +42,26 @@ def test_what_survives_a_collection_is_frozen_and_not_visited_again(heap, genera
     assert len(gc.get_objects(1)) == len(gc.get_objects(2)) == 0
 
 
-def test_a_run_dropped_while_frozen_is_freed_at_the_thaw(heap):
+def test_a_cycle_that_became_garbage_while_frozen_is_freed_at_the_thaw(heap):
     run = Node()
     gone = weakref.ref(run)
-    gc.collect()                      # the run survives a full collection: frozen
+    gc.collect()                      # the cycle survives a pass: frozen
     del run
     gc.collect()
     assert gone() is not None         # frozen garbage: what the thaw is for
     t0 = 1000.0
-    assert heap.tick(t0, held=50, dropped=0) is None           # starts the clock
-    assert heap.tick(t0 + 60, held=50, dropped=9) is None      # under min_dropped
-    thaw = heap.tick(t0 + 70, held=5, dropped=10)
-    assert thaw is not None and thaw.dropped == 10 and thaw.collected >= 1
+    assert heap.tick(t0) is None                  # starts the clock
+    assert heap.tick(t0 + 3599) is None
+    thaw = heap.tick(t0 + 3600)
+    assert thaw is not None and thaw.collected >= 1 and thaw.frozen > 0
     assert gone() is None
     assert heap.thaws == 1
-
-
-def test_a_thaw_is_due_by_time_or_by_half_as_many_runs_dropped_as_held():
-    h = Heap(thaw_every=3600.0, min_dropped=200)
-    assert not h.due(0.0, held=1000, dropped=5)          # the first call starts the clock
-    assert not h.due(3599.0, held=1000, dropped=504)
-    assert h.due(3599.0, held=1000, dropped=505)
-    assert h.due(3600.0, held=1000, dropped=5)
-    assert not h.due(3599.0, held=10, dropped=204)       # at least min_dropped
-    assert h.due(3599.0, held=10, dropped=205)
+    assert heap.tick(t0 + 3601) is None           # the clock starts again
 
 
 def test_without_install_it_leaves_the_collector_alone():
-    h = Heap(thaw_every=0.0, min_dropped=0)
+    h = Heap(thaw_every=0.0)
     frozen = gc.get_freeze_count()
-    assert h.tick(0.0, 0, 0) is None and h.tick(10.0, 0, 100) is None
+    assert h.tick(0.0) is None and h.tick(10.0) is None
     gc.collect()
     assert gc.get_freeze_count() == frozen and h.passes == 0

@@ -368,3 +368,47 @@ def test_a_dropped_run_state_is_freed_with_its_compiled_rules():
     del st
     gc.collect()
     assert gone() is None, [type(x).__name__ for x in gc.get_referrers(gone())][:10]
+
+
+def _rank_outlier_run(run_id: str = "gone"):
+    raw = list(simulate(SimConfig(run_id=run_id, fault="rank_outlier", onset=20, seed=3,
+                                  samples_every=5, world_size=4), 60))
+    return [parse_event(r, r["ts"]) for r in raw]
+
+
+def test_a_released_run_state_is_freed_by_reference_counting_alone():
+    """A worker freezes its heap (streams.heap), so the collector no longer frees a dropped
+    run: RunState.release breaks the cycle of the run and its compiled rules."""
+    import gc
+    import weakref
+
+    proc = Processor(rlhf_pack())
+    st = proc.new_state("gone")
+    for e in _rank_outlier_run()[:200]:
+        proc.process(st, e, e.ts)
+    gone = weakref.ref(st)
+    gc.collect()
+    gc.disable()
+    try:
+        st.release()
+        del st
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
+def test_a_released_run_state_used_again_gives_the_same_alerts():
+    events = _rank_outlier_run()
+    pack = rlhf_pack()
+    whole = Processor(pack)
+    st = whole.new_state("gone")
+    full = [a for e in events for a in whole.process(st, e, e.ts)]
+    assert firing(full, "rank_outlier"), "no cross-rank alert: vacuous"
+    again = Processor(pack)
+    st = again.new_state("gone")
+    out = []
+    for i, e in enumerate(events):
+        if i % 37 == 36:
+            st.release()          # as a worker that dropped the state and then used it after all
+        out += again.process(st, e, e.ts)
+    assert [a.model_dump_json() for a in out] == [a.model_dump_json() for a in full]
