@@ -575,7 +575,8 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         thaw = heap.tick(time.time())
         if thaw is not None:
             log.info("rlwatch: collected the frozen heap in %.0f ms: %d objects freed, %d "
-                     "frozen again", thaw.seconds * 1e3, thaw.collected, thaw.frozen)
+                     "frozen again; the next in %.0f minutes", thaw.seconds * 1e3, thaw.collected,
+                     thaw.frozen, thaw.next_in / 60)
 
     @app.timer(interval=60.0)
     async def report():

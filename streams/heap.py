@@ -16,9 +16,11 @@ form such a cycle: the worker breaks it when it drops a run (evicted, expired, h
 another worker: ``RunState.release``), and reference counting frees the run at once. For any
 other cycle, the frozen heap is thawed and collected (:meth:`Heap.tick`) every ``thaw_every``
 seconds. That pause is as long as a full collection was (1.6-2.2 s with 1,250 runs), but it
-comes once an hour, when the worker's loop asks for it, and is logged with what it freed. In a
-worker under a steady load of 1,250 runs, thawing every minute freed 80 objects the first time
-and none after.
+comes rarely, when the worker's loop asks for it, and is logged with what it freed. In a worker
+under a steady load of 1,250 runs, thawing every minute freed 80 objects the first time and
+none after. So the interval adapts to what the thaws find: it starts at an hour, doubles (up
+to a day) after a thaw that found less than one object in ``QUIET_SHARE`` garbage, and halves
+(down to ten minutes) after one that found more than ``BUSY_SHARE``.
 
 Reference counting frees everything else as before: most of what an event allocates is freed
 at once and never reaches the collector.
@@ -31,24 +33,32 @@ from dataclasses import dataclass
 
 from streams.processor import tune_gc
 
-__all__ = ["Heap", "THAW_EVERY", "YOUNG"]
+__all__ = ["BUSY_SHARE", "Heap", "QUIET_SHARE", "THAW_EVERY", "YOUNG"]
 
 #: allocations (less deallocations) of tracked objects between two young passes; each pass
 #: visits at most about this many objects (20,000: 10-40 ms on a small, busy host)
 YOUNG = 20_000
 
-#: seconds between thaws of the frozen heap (the cycles that became garbage are then freed)
+#: seconds between thaws of the frozen heap (the cycles that became garbage are then freed):
+#: the first interval, and the least and most it adapts to
 THAW_EVERY = 3600.0
+MIN_THAW_EVERY = 600.0
+MAX_THAW_EVERY = 86_400.0
+#: a thaw that finds less than this share of the heap garbage doubles the interval; one that
+#: finds more than BUSY_SHARE halves it
+QUIET_SHARE = 1e-4
+BUSY_SHARE = 1e-2
 
 
 @dataclass
 class Thaw:
     """What one thaw did: objects the collection found unreachable, how many it left frozen,
-    and how long it took (the worker stood still meanwhile)."""
+    how long it took (the worker stood still meanwhile), and the seconds to the next."""
 
     collected: int
     frozen: int
     seconds: float
+    next_in: float
 
 
 class Heap:
@@ -58,8 +68,9 @@ class Heap:
     Without ``install`` it does nothing: an application built in a test leaves its process's
     collector alone."""
 
-    def __init__(self, *, thaw_every: float = THAW_EVERY):
-        self.thaw_every = thaw_every
+    def __init__(self, *, thaw_every: float = THAW_EVERY, least: float = MIN_THAW_EVERY,
+                 most: float = MAX_THAW_EVERY):
+        self.thaw_every, self.least, self.most = thaw_every, least, most
         self.installed = False
         self.passes = 0                # collections seen (their survivors then frozen)
         self.thaws = 0
@@ -101,6 +112,19 @@ class Heap:
         collected = gc.collect()
         gc.freeze()
         seconds = time.perf_counter() - t
+        frozen = gc.get_freeze_count()
         self.thaws += 1
         self._thawed_at = now
-        return Thaw(collected, gc.get_freeze_count(), seconds)
+        self.thaw_every = self.next_interval(collected, frozen)
+        return Thaw(collected, frozen, seconds, self.thaw_every)
+
+    def next_interval(self, collected: int, frozen: int) -> float:
+        """The interval after a thaw that found ``collected`` garbage objects among
+        ``collected + frozen``: doubled when that share is under QUIET_SHARE, halved when over
+        BUSY_SHARE, within [least, most]."""
+        share = collected / max(1, collected + frozen)
+        if share < QUIET_SHARE:
+            return min(self.most, max(self.least, self.thaw_every * 2))
+        if share > BUSY_SHARE:
+            return max(self.least, min(self.most, self.thaw_every / 2))
+        return min(self.most, max(self.least, self.thaw_every))

@@ -57,6 +57,18 @@ def test_a_cycle_that_became_garbage_while_frozen_is_freed_at_the_thaw(heap):
     assert gone() is None
     assert heap.thaws == 1
     assert heap.tick(t0 + 3601) is None           # the clock starts again
+    assert thaw.next_in == heap.thaw_every
+
+
+def test_the_interval_between_thaws_adapts_to_the_garbage_they_find():
+    h = Heap(thaw_every=3600.0, least=600.0, most=86_400.0)
+    assert h.next_interval(collected=80, frozen=4_000_000) == 7200.0      # quiet: doubled
+    assert h.next_interval(collected=2_000, frozen=1_000_000) == 3600.0   # between: kept
+    assert h.next_interval(collected=50_000, frozen=1_000_000) == 1800.0  # busy: halved
+    h.thaw_every = 80_000.0
+    assert h.next_interval(0, 4_000_000) == 86_400.0                      # at most a day
+    h.thaw_every = 700.0
+    assert h.next_interval(50_000, 1_000_000) == 600.0                    # at least ten minutes
 
 
 def test_without_install_it_leaves_the_collector_alone():
