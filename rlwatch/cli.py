@@ -156,8 +156,8 @@ def cmd_worker(args) -> int:
         server = _start_fleet_web(args.web, settings, mode="worker", metrics_scope="local")
     app = build_app(settings, pack=pack, **({"observer": server.fleet} if server else {}))
     sys.argv = ["rlwatch-worker", "worker", "-l", args.loglevel.lower(), "--without-web"]
-    # start-up objects frozen, rare cyclic collections, and what survives a full collection
-    # frozen too: a fleet's compiled rules are millions of objects (streams.heap)
+    # start-up objects frozen, and what survives each collector pass frozen too: a fleet's
+    # compiled rules are millions of objects, a pass over them a stop of seconds (streams.heap)
     app.rlwatch_heap.install()
     app.main()
     return 0
