@@ -123,8 +123,5 @@ class Heap:
         ``collected + frozen``: doubled when that share is under QUIET_SHARE, halved when over
         BUSY_SHARE, within [least, most]."""
         share = collected / max(1, collected + frozen)
-        if share < QUIET_SHARE:
-            return min(self.most, max(self.least, self.thaw_every * 2))
-        if share > BUSY_SHARE:
-            return max(self.least, min(self.most, self.thaw_every / 2))
-        return min(self.most, max(self.least, self.thaw_every))
+        factor = 2.0 if share < QUIET_SHARE else 0.5 if share > BUSY_SHARE else 1.0
+        return min(self.most, max(self.least, self.thaw_every * factor))
