@@ -1052,6 +1052,10 @@ class RunState:
             "ts_replaced": self.ts_replaced,
             "closed": self.closed,
             "preset": self.preset,
+            # how many step events were read for a framework's names: a restarted worker goes
+            # on from there, as this one would (not 5 more tries, which also cost a restore
+            # about a tenth of its time)
+            "preset_tries": self._preset_tries,
             "pending": {str(s): {str(r): e for r, e in ranks.items()} for s, ranks in self.pending.items()},
             "dist_bases": {k: ([{"m": v[0][0]}] if v and isinstance(v[0], tuple) else v)
                            for k, v in self.dist_bases.items()},
@@ -1070,6 +1074,10 @@ class RunState:
         rs.preset = state.get("preset")
         if rs.preset in PRESETS:
             rs._renamer, rs._preset_tries = PRESETS[rs.preset], PRESET_TRIES
+        else:   # (a state from an older worker has no count: the tries start over)
+            tries = state.get("preset_tries", 0)
+            if type(tries) is int:
+                rs._preset_tries = min(PRESET_TRIES, max(rs._preset_tries, tries))
         rs.targets = state.get("targets", {})
         rs.bind()
         for r, b in state.get("banks", {}).items():

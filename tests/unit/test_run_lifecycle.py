@@ -87,3 +87,35 @@ def test_canonical_names_are_left_alone():
     for s in range(10):
         p.feed(ev("c", s, metrics={"kl/mean": 0.01, "reward/mean": 0.3}), T0 + s)
     assert p.runs["c"].preset is None
+
+
+def test_a_restart_does_not_look_for_a_framework_again():
+    """A run whose first steps named no framework keeps its names after a worker restart, as
+    it does without one: the restored state remembers the steps already looked at."""
+    def steps(feed, lo, hi):
+        for s in range(lo, hi):
+            feed(ev("c", s, metrics={"kl/mean": 0.01, "reward/mean": 0.3}) if s < 6
+                 else _grpo_step("c", s, 0.02), T0 + s)
+
+    kept = Pipeline(only_rules("kl_above_target"))
+    steps(kept.feed, 0, 10)
+    restarted = Pipeline(only_rules("kl_above_target"))
+    steps(restarted.feed, 0, 6)
+    restarted.runs["c"] = restarted.processor.load_state(restarted.runs["c"].to_state())
+    steps(restarted.feed, 6, 10)
+    assert kept.runs["c"].preset is None
+    assert restarted.runs["c"].preset is None
+    assert restarted.runs["c"].latest_metrics == kept.runs["c"].latest_metrics
+
+
+def test_a_state_without_the_count_of_tries_looks_again():
+    """A state written by an older worker (no count) is read as before: the tries start over."""
+    p = Pipeline(only_rules("kl_above_target"))
+    for s in range(6):
+        p.feed(ev("c", s, metrics={"kl/mean": 0.01}), T0 + s)
+    state = p.runs["c"].to_state()
+    assert state["preset_tries"] == 5
+    del state["preset_tries"]
+    p.runs["c"] = p.processor.load_state(state)
+    p.feed(_grpo_step("c", 6, 0.02), T0 + 6)
+    assert p.runs["c"].preset == "trl-grpo"
