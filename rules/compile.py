@@ -308,15 +308,44 @@ def _compare_pair(read: Callable[[], tuple], kind: str, thr: float | None, metri
     return test, explain
 
 
-def _leaf(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
+def _plan_leaf(c: Condition, targets, params) -> tuple:
+    """What a leaf reads and how it compares, as data: ``(how, *args)``, for :func:`_bind`
+    (everything that does not depend on the run's statistics, worked out once)."""
     kind, thr = _comparison(c, targets, params)
     if c.metric is not None:
         # a two-metric signal names its second metric where cycle_rise names its cycle metric
-        read = src.metric(c.metric, c.signal, c.window, c.smooth, c.cycle_metric or c.versus, c.min_steps,
-                          MIN_POINTS[c.signal], READY_POINTS[c.signal])
-        return _compare_value(read, kind, thr, c.metric)
+        return ("metric", (c.metric, c.signal, c.window, c.smooth, c.cycle_metric or c.versus,
+                           c.min_steps, MIN_POINTS[c.signal], READY_POINTS[c.signal]),
+                kind, thr, c.metric)
     if c.nonfinite is not None:
-        bad = src.nonfinite(None if c.nonfinite == "any" else list(c.nonfinite))
+        return ("nonfinite", None if c.nonfinite == "any" else list(c.nonfinite))
+    if c.ranks is not None:
+        return ("ranks", (c.ranks, c.stat), kind, thr, c.ranks)
+    if c.hashes is not None:
+        return ("hashes", c.hashes, f"hashes.{c.hashes}")
+    if c.dist is not None:
+        cap = resolve_threshold(c.cap, targets, params)
+        return ("dist", (c.dist, c.stat, c.window, cap), kind, thr, f"dists.{c.dist}")
+    if c.corr is not None:
+        x, y = c.corr
+        return ("corr", (x, y, c.window), kind, thr, f"corr({x},{y})")
+    if c.groups is not None:
+        return ("groups", (c.groups, c.stat, c.window), kind, thr, f"groups.{c.groups}")
+    if c.samples is not None:
+        return ("samples", (c.samples, c.stat), kind, thr, f"samples.{c.samples}")
+    if c.stalled_seconds is not None:
+        return ("stalled", resolve_threshold(c.stalled_seconds, targets, params))
+    return ("unknown",)
+
+
+def _bind_leaf(plan: tuple, src: Source) -> tuple[Test, Explain]:
+    """A leaf's test and explain over ``src``, from its :func:`_plan_leaf`."""
+    how = plan[0]
+    if how == "metric":
+        _, args, kind, thr, label = plan
+        return _compare_value(src.metric(*args), kind, thr, label)
+    if how == "nonfinite":
+        bad = src.nonfinite(None if plan[1] is None else list(plan[1]))   # (plans are shared)
 
         def test():
             return bool(bad())
@@ -326,12 +355,13 @@ def _leaf(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
             return (bool(b), math.nan if b else 0.0, None, b[0] if b else None,
                     ", ".join(b) if b else None, None)
         return test, explain
-    if c.ranks is not None:
-        return _compare_pair(src.rank_stat(c.ranks, c.stat), kind, thr, c.ranks,
+    if how == "ranks":
+        _, args, kind, thr, label = plan
+        return _compare_pair(src.rank_stat(*args), kind, thr, label,
                              lambda r: None if r is None else f"rank {r}", src)
-    if c.hashes is not None:
-        read = src.hash_mismatch(c.hashes)
-        name = f"hashes.{c.hashes}"
+    if how == "hashes":
+        read = src.hash_mismatch(plan[1])
+        name = plan[2]
 
         def test():
             b = read()
@@ -345,22 +375,20 @@ def _leaf(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
                     ("ranks " + ", ".join(map(str, b)) + " differ from rank 0") if b else None,
                     b[0] if b else None)
         return test, explain
-    if c.dist is not None:
-        cap = resolve_threshold(c.cap, targets, params)
-        return _compare_value(src.dist_stat(c.dist, c.stat, c.window, cap), kind, thr,
-                              f"dists.{c.dist}", src)
-    if c.corr is not None:
-        x, y = c.corr
-        return _compare_value(src.corr(x, y, c.window), kind, thr, f"corr({x},{y})", src)
-    if c.groups is not None:
-        return _compare_pair(src.group_stat(c.groups, c.stat, c.window), kind, thr,
-                             f"groups.{c.groups}", _slopes_detail, src)
-    if c.samples is not None:
-        return _compare_pair(src.sample_stat(c.samples, c.stat), kind, thr,
-                             f"samples.{c.samples}", lambda d: d, src)
-    if c.stalled_seconds is not None:
-        limit = resolve_threshold(c.stalled_seconds, targets, params)
-        return _compare_value(src.seconds_since_event(), "above", limit, "heartbeat", src)
+    if how == "dist":
+        _, args, kind, thr, label = plan
+        return _compare_value(src.dist_stat(*args), kind, thr, label, src)
+    if how == "corr":
+        _, args, kind, thr, label = plan
+        return _compare_value(src.corr(*args), kind, thr, label, src)
+    if how == "groups":
+        _, args, kind, thr, label = plan
+        return _compare_pair(src.group_stat(*args), kind, thr, label, _slopes_detail, src)
+    if how == "samples":
+        _, args, kind, thr, label = plan
+        return _compare_pair(src.sample_stat(*args), kind, thr, label, lambda d: d, src)
+    if how == "stalled":
+        return _compare_value(src.seconds_since_event(), "above", plan[1], "heartbeat", src)
     return (lambda: None), (lambda: _UNKNOWN)
 
 
@@ -405,22 +433,38 @@ def _cost(c: Condition) -> tuple[float, bool]:
     return 30, True      # groups (trends recomputed every few steps), ranks, samples, liveness
 
 
-def _node(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
+def _plan(c: Condition, targets, params) -> tuple:
+    """A condition as data for :func:`_bind`: ``("all", parts, order)``, ``("any", parts)``,
+    ``("not", part)`` or a leaf's :func:`_plan_leaf`. ``order``: the order an ``all`` reads its
+    parts in (cheap ones first, unless a number depends on when it is read)."""
     if c.all is not None:
-        parts = [_node(x, src, targets, params) for x in c.all]
+        parts = [_plan(x, targets, params) for x in c.all]
         costs = [_cost(x) for x in c.all]
         order = list(range(len(parts)))
         if not any(timed for _, timed in costs):
             order.sort(key=lambda i: costs[i][0])   # the result does not depend on the order
-        tests = [parts[i][0] for i in order]
+        return ("all", parts, order)
+    if c.any is not None:
+        return ("any", [_plan(x, targets, params) for x in c.any])
+    if c.not_ is not None:
+        return ("not", _plan(c.not_, targets, params))
+    return _plan_leaf(c, targets, params)
+
+
+def _bind(plan: tuple, src: Source) -> tuple[Test, Explain]:
+    """The test and explain of a condition's :func:`_plan` over the statistics of ``src``."""
+    how = plan[0]
+    if how == "all":
+        parts = [_bind(x, src) for x in plan[1]]
+        tests = [parts[i][0] for i in plan[2]]
         test = _join(src, "all", tests) or all_of(tests)
 
         def explain():
             got = [e() for _, e in parts]
             return (test(), *_first_numbers(got))
         return test, explain
-    if c.any is not None:
-        parts = [_node(x, src, targets, params) for x in c.any]
+    if how == "any":
+        parts = [_bind(x, src) for x in plan[1]]
         tests = [p[0] for p in parts]
         test = _join(src, "any", tests) or any_of(tests)
 
@@ -429,15 +473,15 @@ def _node(c: Condition, src: Source, targets, params) -> tuple[Test, Explain]:
             hit = [g for g in got if g[0]]
             return (test(), *_first_numbers(hit or got))
         return test, explain
-    if c.not_ is not None:
-        inner_test, inner_explain = _node(c.not_, src, targets, params)
+    if how == "not":
+        inner_test, inner_explain = _bind(plan[1], src)
         test = _join(src, "not", [inner_test]) or not_of(inner_test)
 
         def explain():
             e = inner_explain()
             return (test(), *e[1:])
         return test, explain
-    return _leaf(c, src, targets, params)
+    return _bind_leaf(plan, src)
 
 
 def all_of(tests: list[Test]) -> Test:
@@ -492,21 +536,52 @@ def _first_numbers(parts: list[Explained]) -> tuple:
     return (None, None, None, None, None)
 
 
+#: rule plans kept (:func:`_rule_plan`); emptied when full
+MAX_PLANS = 4096
+_PLANS: dict[tuple, tuple] = {}
+
+
+def _rule_plan(rule: Rule, params: dict[str, float], targets: dict[str, float], targets_key) -> tuple:
+    """``(tiers, notes)`` of a rule as plans: ``(tier, state key, plan)`` per tier and ``(plan,
+    text, otherwise)`` per note. Worked out once per rule, parameters and targets: every run
+    compiles the same rules with the same thresholds, and only binding the plans to a run's
+    statistics is the run's own (planning was about a third of a run's compile, which is most
+    of restoring a run after a restart)."""
+    try:
+        key = (id(rule), tuple(params.items()), targets_key)
+        got = _PLANS.get(key)
+    except TypeError:     # a parameter that cannot be a key (not a number): plan afresh
+        key, got = None, None
+    if got is None or got[0] is not rule:
+        tiers = [(t, f"{rule.id}/{t.severity}/", _plan(t.when, targets, params)) for t in rule.tiers]
+        notes = [(_plan(n.when, targets, params), n.text, n.otherwise) for n in rule.notes]
+        got = (rule, tiers, notes, rule_inputs(rule), rule_trigger(rule), nonfinite_only(rule))
+        if key is not None:
+            if len(_PLANS) >= MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = got    # the rule is kept with its plan: its id cannot come back
+    return got
+
+
 def compile_rules(rules: list[Rule], params: dict[str, dict[str, float]],
                   targets: dict[str, float], src: Source, positions: dict[str, int] | None = None,
                   keep: Callable[[Rule], bool] = lambda r: True) -> Program:
     """The rules (thresholds resolved with ``targets`` and ``params``) as closures over ``src``;
     ``keep`` picks the rules to compile (e.g. only the ones every rank evaluates)."""
     out = []
+    try:
+        targets_key = tuple(targets.items())
+        hash(targets_key)
+    except TypeError:
+        targets_key = object()      # never found again: planned afresh
     for i, rule in enumerate(rules):
         if not keep(rule):
             continue
         p = params.get(rule.id, rule.params)
-        tiers = []
-        for t in rule.tiers:
-            test, explain = _node(t.when, src, targets, p)
-            tiers.append(CompiledTier(t, f"{rule.id}/{t.severity}/", test, explain))
-        notes = [(_node(n.when, src, targets, p)[1], n.text, n.otherwise) for n in rule.notes]
-        out.append(CompiledRule(rule, positions.get(rule.id, i) if positions else i, p, tiers,
-                                notes, rule_inputs(rule), rule_trigger(rule), nonfinite_only(rule)))
+        _, tiers, notes, inputs, trigger, only_nonfinite = _rule_plan(rule, p, targets, targets_key)
+        out.append(CompiledRule(
+            rule, positions.get(rule.id, i) if positions else i, p,
+            [CompiledTier(t, key, *_bind(plan, src)) for t, key, plan in tiers],
+            [(_bind(plan, src)[1], text, otherwise) for plan, text, otherwise in notes],
+            inputs, trigger, only_nonfinite))
     return Program(out, targets)
