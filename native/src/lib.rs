@@ -928,26 +928,65 @@ impl Window {
         } else {
             let have = trk.steps.len() as i64;
             if pending > have || self.synced == 0 {
-                self.st.clear();
-                self.xs.clear();
-                if self.sorted.is_some() {
-                    self.sorted = Some(Vec::new());
-                }
-                self.s = 0;
-                self.tv = 0;
-                self.tp = 0;
+                self.rebuild(trk);
                 pending = have;
-            }
-            let mut i = have - pending;
-            while i < have {
-                let (s, x) = (trk.steps[i as usize], trk.values[i as usize]);
-                self.add(s, x);
-                i += 1;
+            } else {
+                let mut i = have - pending;
+                while i < have {
+                    let (s, x) = (trk.steps[i as usize], trk.values[i as usize]);
+                    self.add(s, x);
+                    i += 1;
+                }
             }
         }
         self.synced = trk.total;
         if self.sums && (pending > 1 || (trk.total & 127) == 0) {
             self.resum();
+        }
+    }
+
+    /// The window afresh from every point its track holds (a window read for the first time,
+    /// as after a restart, or one that fell behind its track): what adding the points one by
+    /// one from an empty window gives, with less work. The points those adds would push out
+    /// again are found from the steps alone and never added; the sorted values are sorted at
+    /// once (a stable sort keeps equal values in the order they came, as the adds'
+    /// `bisect_right` does), except where the Mann-Kendall counts need each point's place
+    /// among the earlier ones. The sums are worked out afresh (`resum`, as the caller did after
+    /// adding more than one point).
+    fn rebuild(&mut self, trk: &Track) {
+        let have = trk.steps.len();
+        // where the adds would leave the window's first point: before adding point i, the
+        // window holds points a..i and drops its first while it is at or before the edge and
+        // at least `points` are held
+        let mut a = 0usize;
+        for i in 0..have {
+            let edge = trk.steps[i] - self.steps_w;
+            while a < i && trk.steps[a] <= edge && (i - a) as i64 >= self.points {
+                a += 1;
+            }
+        }
+        self.st.clear();
+        self.xs.clear();
+        self.s = 0;
+        self.tv = 0;
+        self.tp = 0;
+        if self.mk {
+            self.sorted = Some(Vec::with_capacity(have - a));
+            for i in a..have {
+                self.add(trk.steps[i], trk.values[i]);
+            }
+        } else {
+            self.st.extend(trk.steps.range(a..));
+            self.xs.extend(trk.values.range(a..));
+            if self.sorted.is_some() {
+                let mut v: Vec<f64> = self.xs.iter().copied().collect();
+                // no NaN here: a track keeps finite values only
+                v.sort_by(|x, y| x.partial_cmp(y).unwrap_or(std::cmp::Ordering::Equal));
+                self.sorted = Some(v);
+            }
+        }
+        if self.sums {
+            self.resum();   // (the adds' running sums give these same numbers from one point)
         }
     }
 
