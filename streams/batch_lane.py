@@ -44,6 +44,7 @@ from time import monotonic
 from typing import Any, Awaitable, Callable
 
 import faust
+from faust.tables.manager import TableManager
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as _driver
 from mode import Service
@@ -56,8 +57,8 @@ try:   # the lock Faust's own acknowledgements take (newer Faust versions), else
 except ImportError:  # pragma: no cover - depends on the Faust version
     _ack_lock = contextlib.nullcontext()
 
-__all__ = ["BatchApp", "BatchConsumer", "LaneBatch", "SteadyFlowControl", "commit_gap",
-           "round_robin"]
+__all__ = ["BatchApp", "BatchConsumer", "LaneBatch", "PromptTableManager", "SteadyFlowControl",
+           "commit_gap", "round_robin"]
 
 
 class LaneBatch(list):
@@ -416,6 +417,17 @@ class SteadyFlowControl(FlowControlEvent):
         super().resume()
 
 
+class PromptTableManager(TableManager):
+    """Faust's table manager without the second it waits at start before it looks at the
+    tables (for tables an app declares late). The worker declares its table before it starts,
+    so that second was only a second more of restart, with the brake off."""
+
+    async def on_start(self) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
+
+
 class BatchApp(faust.App):
     """A ``faust.App`` with batch lanes (:meth:`batch_lane`) and ``before_commit`` hooks, whose
     flow control keeps the agents' queues when nothing was suspended (:class:`SteadyFlowControl`)."""
@@ -425,6 +437,7 @@ class BatchApp(faust.App):
         return SteadyFlowControl(loop=self.loop)
 
     def __init__(self, *args: Any, batch_lanes: bool = True, **kwargs: Any) -> None:
+        kwargs.setdefault("TableManager", PromptTableManager)
         super().__init__(*args, **kwargs)
         self.batch_lanes_enabled = batch_lanes
         self.batch_lanes: dict[str, LaneHandler] = {}

@@ -350,3 +350,28 @@ def test_the_commit_every_so_many_messages_is_made_by_the_commit_task_within_a_t
     c.sleep = sleep
     asyncio.run(type(c)._commit_handler(c))
     assert [round(b - a, 3) for a, b in zip(starts, starts[1:])] == [2.8, 1.0]
+
+
+def test_the_table_manager_starts_recovery_without_waiting_a_second(monkeypatch):
+    """Faust's table manager waits a second at start before it looks at the tables; the
+    worker's declares them first, so its manager goes straight to the recovery."""
+    app = BatchApp("lane-tables", broker="kafka://127.0.0.1:1", store="memory://",
+                   key_serializer="raw", value_serializer="raw")
+    app.Table("runs", default=None, partitions=4, key_type=bytes, value_type=bytes)
+    manager = app.tables
+    steps: list[str] = []
+
+    async def no_sleep(seconds):
+        raise AssertionError(f"the table manager waited {seconds} s at start")
+
+    async def channels():
+        steps.append("channels")
+
+    async def recovery_start():
+        steps.append("recovery")
+
+    monkeypatch.setattr(manager, "sleep", no_sleep)
+    monkeypatch.setattr(manager, "_update_channels", channels)
+    monkeypatch.setattr(type(manager.recovery), "start", lambda self: recovery_start())
+    asyncio.run(manager.on_start())
+    assert steps == ["channels", "recovery"]
