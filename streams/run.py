@@ -31,6 +31,7 @@ from collections import Counter
 from operator import mul
 from typing import Any, Callable
 
+import msgspec
 from msgspec import Raw
 
 from contract.alert import SEVERITIES, Alert, severity_rank
@@ -190,6 +191,10 @@ class PySeries:
 
     def to_list(self) -> list:
         return [list(p) for p in self.pts]
+
+    def to_msgpack(self) -> bytes:
+        """``to_list()`` as MessagePack (the native series writes the same bytes itself)."""
+        return msgspec.msgpack.encode(self.to_list())
 
 
 #: the native versions of spearman, _Moments and PySeries (native/src/dists.rs),
@@ -413,6 +418,14 @@ def _split_corr_key(key: str) -> tuple[str, str, int]:
         x, y, window = key.split("|")
         got = _CORR_KEYS[key] = (x, y, int(window))
     return got
+
+
+def _series_list(series) -> list:
+    return series.to_list()
+
+
+def _packed_series(series) -> Raw:
+    return Raw(series.to_msgpack())
 
 
 def _ratio_pos(x: float, base: float) -> float:
@@ -1028,11 +1041,14 @@ class RunState:
     def to_state(self, packed: bool = False) -> dict:
         """The run as plain data (what :meth:`from_state` takes back). ``packed``: each rank's
         statistics as ready MessagePack (``msgspec.Raw``, written by the bank itself: for
-        :func:`streams.state_codec.encode_state`, which gives the same bytes either way)."""
+        :func:`streams.state_codec.encode_state`, which gives the same bytes either way), and
+        so is each series of a group."""
         if packed:
             banks = {str(r): Raw(b.to_msgpack()) for r, b in self.banks.items()}
+            series = _packed_series
         else:
             banks = {str(r): b.to_state() for r, b in self.banks.items()}
+            series = _series_list
         return {
             "run_id": self.run_id,
             "incarnation": self.incarnation,
@@ -1060,8 +1076,8 @@ class RunState:
             "dist_bases": {k: ([{"m": v[0][0]}] if v and isinstance(v[0], tuple) else v)
                            for k, v in self.dist_bases.items()},
             "corr_ema": self.corr_ema,
-            "groups": {k: {"points": {c: p.to_list() for c, p in g["points"].items()},
-                           "gap": g["gap"].to_list()} for k, g in self.groups.items()},
+            "groups": {k: {"points": {c: series(p) for c, p in g["points"].items()},
+                           "gap": series(g["gap"])} for k, g in self.groups.items()},
             "prompts": self.prompts,
             "latest_metrics": {k: v for k, v in self.latest_metrics.items() if math.isfinite(v)},
         }

@@ -10,6 +10,7 @@ import math
 import os
 import random
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -209,6 +210,8 @@ def test_a_series_is_the_python_one_number_for_number(pts, ordered, edge, keep):
         assert _same(a.slope(), b.slope())
         assert len(a) == len(b) and a.span() == b.span() and _same(a.last(), b.last())
         assert str(a.to_list()) == str(b.to_list())    # (NaN != NaN: compare as text)
+        # a worker writes the points as MessagePack: msgspec's bytes of the same list
+        assert a.to_msgpack() == b.to_msgpack() == msgspec.msgpack.encode(b.to_list())
         a.trim(edge, keep)
         b.trim(edge, keep)
         assert str(a.to_list()) == str(b.to_list())
