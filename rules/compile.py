@@ -23,8 +23,8 @@ from typing import Any, Callable, Protocol
 from rules.schema import MIN_POINTS, READY_POINTS, Condition, Rule, Threshold, Tier, leaves
 
 __all__ = ["CompiledRule", "CompiledTier", "Explained", "Program", "RuleList", "Source",
-           "compile_rules", "flat_tiers", "nonfinite_only", "per_rule", "resolve_threshold",
-           "rule_inputs", "rule_trigger"]
+           "bind_rules", "compile_rules", "every_rule", "flat_tiers", "nonfinite_only", "per_rule",
+           "plan_rules", "resolve_threshold", "rule_inputs", "rule_trigger"]
 
 Test = Callable[[], "bool | None"]
 #: (holds, value, threshold, metric, detail, rank)
@@ -536,52 +536,45 @@ def _first_numbers(parts: list[Explained]) -> tuple:
     return (None, None, None, None, None)
 
 
-#: rule plans kept (:func:`_rule_plan`); emptied when full
-MAX_PLANS = 4096
-_PLANS: dict[tuple, tuple] = {}
+def every_rule(rule: Rule) -> bool:
+    """The ``keep`` of :func:`compile_rules` that keeps every rule."""
+    return True
 
 
-def _rule_plan(rule: Rule, params: dict[str, float], targets: dict[str, float], targets_key) -> tuple:
-    """``(tiers, notes)`` of a rule as plans: ``(tier, state key, plan)`` per tier and ``(plan,
-    text, otherwise)`` per note. Worked out once per rule, parameters and targets: every run
-    compiles the same rules with the same thresholds, and only binding the plans to a run's
-    statistics is the run's own (planning was about a third of a run's compile, which is most
-    of restoring a run after a restart)."""
-    try:
-        key = (id(rule), tuple(params.items()), targets_key)
-        got = _PLANS.get(key)
-    except TypeError:     # a parameter that cannot be a key (not a number): plan afresh
-        key, got = None, None
-    if got is None or got[0] is not rule:
-        tiers = [(t, f"{rule.id}/{t.severity}/", _plan(t.when, targets, params)) for t in rule.tiers]
-        notes = [(_plan(n.when, targets, params), n.text, n.otherwise) for n in rule.notes]
-        got = (rule, tiers, notes, rule_inputs(rule), rule_trigger(rule), nonfinite_only(rule))
-        if key is not None:
-            if len(_PLANS) >= MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = got    # the rule is kept with its plan: its id cannot come back
-    return got
-
-
-def compile_rules(rules: list[Rule], params: dict[str, dict[str, float]],
-                  targets: dict[str, float], src: Source, positions: dict[str, int] | None = None,
-                  keep: Callable[[Rule], bool] = lambda r: True) -> Program:
-    """The rules (thresholds resolved with ``targets`` and ``params``) as closures over ``src``;
-    ``keep`` picks the rules to compile (e.g. only the ones every rank evaluates)."""
+def plan_rules(rules: list[Rule], params: dict[str, dict[str, float]], targets: dict[str, float],
+               positions: dict[str, int] | None = None,
+               keep: Callable[[Rule], bool] = every_rule) -> list[tuple]:
+    """The rules ``keep`` picks, thresholds resolved with ``targets`` and ``params``, as plans:
+    ``(rule, position, params, tiers, notes, inputs, trigger, nonfinite only)``, each tier a
+    ``(tier, state key, plan)`` and each note a ``(plan, text, otherwise)``. Nothing in them
+    depends on a run's statistics: :class:`rules.engine.RunRules` keeps them, and every run
+    with the same rules, parameters and targets binds the same plans (:func:`bind_rules`).
+    Planning was about a third of compiling a run, and compiling is most of restoring one."""
     out = []
-    try:
-        targets_key = tuple(targets.items())
-        hash(targets_key)
-    except TypeError:
-        targets_key = object()      # never found again: planned afresh
     for i, rule in enumerate(rules):
         if not keep(rule):
             continue
         p = params.get(rule.id, rule.params)
-        _, tiers, notes, inputs, trigger, only_nonfinite = _rule_plan(rule, p, targets, targets_key)
-        out.append(CompiledRule(
-            rule, positions.get(rule.id, i) if positions else i, p,
-            [CompiledTier(t, key, *_bind(plan, src)) for t, key, plan in tiers],
-            [(_bind(plan, src)[1], text, otherwise) for plan, text, otherwise in notes],
-            inputs, trigger, only_nonfinite))
-    return Program(out, targets)
+        out.append((rule, positions.get(rule.id, i) if positions else i, p,
+                    [(t, f"{rule.id}/{t.severity}/", _plan(t.when, targets, p)) for t in rule.tiers],
+                    [(_plan(n.when, targets, p), n.text, n.otherwise) for n in rule.notes],
+                    rule_inputs(rule), rule_trigger(rule), nonfinite_only(rule)))
+    return out
+
+
+def bind_rules(plans: list[tuple], targets: dict[str, float], src: Source) -> Program:
+    """The planned rules (:func:`plan_rules`) as closures over the statistics of ``src``."""
+    return Program([CompiledRule(rule, position, p,
+                                 [CompiledTier(t, key, *_bind(plan, src)) for t, key, plan in tiers],
+                                 [(_bind(plan, src)[1], text, otherwise) for plan, text, otherwise in notes],
+                                 inputs, trigger, only_nonfinite)
+                    for rule, position, p, tiers, notes, inputs, trigger, only_nonfinite in plans],
+                   targets)
+
+
+def compile_rules(rules: list[Rule], params: dict[str, dict[str, float]],
+                  targets: dict[str, float], src: Source, positions: dict[str, int] | None = None,
+                  keep: Callable[[Rule], bool] = every_rule) -> Program:
+    """The rules (thresholds resolved with ``targets`` and ``params``) as closures over ``src``;
+    ``keep`` picks the rules to compile (e.g. only the ones every rank evaluates)."""
+    return bind_rules(plan_rules(rules, params, targets, positions, keep), targets, src)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import fnmatch
 import math
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from contract.alert import SEVERITIES, Alert
-from rules.compile import (CompiledRule, CompiledTier, Program, RuleList, Source, compile_rules,
-                           flat_tiers)
+from rules.compile import (CompiledRule, CompiledTier, Program, RuleList, Source, bind_rules,
+                           every_rule, flat_tiers, plan_rules)
 from rules.schema import Condition, Pack, Rule, Threshold, leaves
 from rules.state import AlertState, advance
 
@@ -58,16 +58,24 @@ def _up(severity: str) -> str:
 
 @dataclass
 class RunRules:
-    """The pack as it applies to one run."""
+    """The pack as it applies to a run: shared by every run with the same overrides, reported
+    targets and preset (:meth:`rules.engine.RuleEngine.for_run`), and never changed."""
 
-    run_id: str
     rules: list[Rule]
     targets: dict[str, float]
     params: dict[str, dict[str, float]]
     positions: dict[str, int]
+    #: the rules planned (rules.compile.plan_rules), per ``keep``: each run binds them
+    _plans: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def compile(self, src: Source, keep: Callable[[Rule], bool] = lambda r: True) -> Program:
-        return compile_rules(self.rules, self.params, self.targets, src, self.positions, keep)
+    def compile(self, src: Source, keep: Callable[[Rule], bool] = every_rule) -> Program:
+        plans = self._plans.get(keep)
+        if plans is None:
+            if len(self._plans) >= 8:     # (a ``keep`` made afresh per call is planned afresh)
+                self._plans.clear()
+            plans = self._plans[keep] = plan_rules(self.rules, self.params, self.targets,
+                                                  self.positions, keep)
+        return bind_rules(plans, self.targets, src)
 
 
 def evaluate(run_id: str, rules: Iterable[CompiledRule], targets: dict[str, float],
@@ -201,18 +209,29 @@ class RuleEngine:
         self.rules = [r for r in pack.rules if r.enabled]
         self.positions = {r.id: i for i, r in enumerate(self.rules)}
 
+    def overrides_for(self, run_id: str) -> tuple[int, ...]:
+        """The positions of the pack's overrides whose ``runs`` pattern matches ``run_id``."""
+        return tuple(i for i, ov in enumerate(self.pack.overrides)
+                     if fnmatch.fnmatchcase(run_id, ov.runs))
+
     def for_run(self, run_id: str, reported_targets: dict[str, float] | None = None) -> RunRules:
+        return self.for_overrides(self.overrides_for(run_id), reported_targets)
+
+    def for_overrides(self, matching: tuple[int, ...],
+                      reported_targets: dict[str, float] | None = None) -> RunRules:
+        """The pack with the overrides at ``matching`` (:meth:`overrides_for`) applied, then the
+        targets a run reported."""
         targets = dict(self.pack.targets)
         disabled: set[str] = set()
         params = {r.id: dict(r.params) for r in self.rules}
-        for ov in self.pack.overrides:
-            if fnmatch.fnmatchcase(run_id, ov.runs):
-                targets.update(ov.targets)
-                disabled.update(ov.disable)
-                for rid, p in ov.params.items():
-                    params.setdefault(rid, {}).update(p)
+        for i in matching:
+            ov = self.pack.overrides[i]
+            targets.update(ov.targets)
+            disabled.update(ov.disable)
+            for rid, p in ov.params.items():
+                params.setdefault(rid, {}).update(p)
         targets.update(reported_targets or {})
-        return RunRules(run_id, [r for r in self.rules if r.id not in disabled], targets, params,
+        return RunRules([r for r in self.rules if r.id not in disabled], targets, params,
                         self.positions)
 
     def conditions(self) -> Iterable[Condition]:

@@ -55,15 +55,17 @@ class Processor:
     def resolve(self, run_id: str, targets: dict[str, float], preset: str | None = None) -> RunRules:
         """The pack as it applies to a run with these reported targets, and the scales of the
         framework its metric names came from (a preset found in its events), cached."""
-        key = (run_id, tuple(sorted(targets.items())), preset)
+        engine = self._engines.get(preset)
+        if engine is None:
+            engine = self._engines[preset] = RuleEngine(with_preset(self.pack, get_preset(preset)))
+        # one RunRules for every run with the same overrides, targets and preset: its rules are
+        # planned once (rules.compile.plan_rules) and each run only binds them
+        key = (engine.overrides_for(run_id), tuple(sorted(targets.items())), preset)
         rr = self._run_rules.get(key)
         if rr is None:
             if len(self._run_rules) > MAX_CACHED_RULES:
                 self._run_rules.clear()
-            engine = self._engines.get(preset)
-            if engine is None:
-                engine = self._engines[preset] = RuleEngine(with_preset(self.pack, get_preset(preset)))
-            rr = self._run_rules[key] = engine.for_run(run_id, targets)
+            rr = self._run_rules[key] = engine.for_overrides(key[0], targets)
         return rr
 
     def rules_for(self, state: RunState) -> RunRules:

@@ -37,7 +37,7 @@ from msgspec import Raw
 from contract.alert import SEVERITIES, Alert, severity_rank
 from contract.events import EventError, StepEvent
 from contract.presets import PRESETS, Preset, guess_preset
-from rules.compile import Program, per_rule, resolve_threshold
+from rules.compile import Program, every_rule, per_rule, resolve_threshold
 from rules.engine import RunRules, evaluate
 from rules.state import AlertState
 from streams import signals
@@ -420,6 +420,11 @@ def _split_corr_key(key: str) -> tuple[str, str, int]:
     return got
 
 
+def _each_rank(rule) -> bool:
+    """The rules a rank other than 0 evaluates for itself."""
+    return rule.scope == "each_rank"
+
+
 def _series_list(series) -> list:
     return series.to_list()
 
@@ -537,8 +542,8 @@ class RunState:
                 if p is not None:
                     return p
             self.banks[rank] = Bank()
-            keep = (lambda r: True) if rank == 0 else (lambda r: r.scope == "each_rank")
-            p = self.programs[rank] = self.rules.compile(_Source(self, rank), keep)
+            p = self.programs[rank] = self.rules.compile(_Source(self, rank),
+                                                         every_rule if rank == 0 else _each_rank)
             p.finite_gate = p.finite_gate or quiet_when_finite(p)
             p.reads_signals = bool(self.banks[rank].by_metric)
         return p
