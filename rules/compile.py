@@ -9,6 +9,11 @@ names to the rules that read them, so that an event touches only the rules whose
 arrived. Nothing is formatted or allocated per step: the numbers an alert shows come from
 ``explain()``, called only when an alert changes state.
 
+It is done in two halves: :func:`plan_rules` works out everything that does not depend on a
+run's statistics (thresholds, which reader each leaf asks for, the order of each ``all``), once
+per :class:`rules.engine.RunRules`, which runs with the same overrides and targets share; and
+:func:`bind_rules` binds those plans to one rank's statistics, once per run and rank.
+
 ``None`` means undecided (the metric was not logged at this step, its window has too few
 points, a target is not set): it neither advances nor resets an alert.
 """
@@ -318,7 +323,7 @@ def _plan_leaf(c: Condition, targets, params) -> tuple:
                            c.min_steps, MIN_POINTS[c.signal], READY_POINTS[c.signal]),
                 kind, thr, c.metric)
     if c.nonfinite is not None:
-        return ("nonfinite", None if c.nonfinite == "any" else list(c.nonfinite))
+        return ("nonfinite", None if c.nonfinite == "any" else tuple(c.nonfinite))
     if c.ranks is not None:
         return ("ranks", (c.ranks, c.stat), kind, thr, c.ranks)
     if c.hashes is not None:
@@ -345,7 +350,7 @@ def _bind_leaf(plan: tuple, src: Source) -> tuple[Test, Explain]:
         _, args, kind, thr, label = plan
         return _compare_value(src.metric(*args), kind, thr, label)
     if how == "nonfinite":
-        bad = src.nonfinite(None if plan[1] is None else list(plan[1]))   # (plans are shared)
+        bad = src.nonfinite(None if plan[1] is None else list(plan[1]))
 
         def test():
             return bool(bad())
