@@ -180,6 +180,21 @@ def test_target_tag_changes_the_thresholds_for_that_run_only():
     assert not firing(kl_alerts(values, run_id="default"))
 
 
+def test_runs_of_one_processor_keep_the_thresholds_of_their_own_targets():
+    """The processor shares a run's planned rules only with runs of the same overrides,
+    targets and preset: a run that reported no target keeps the defaults beside one that did,
+    and a second run with the same target gets that target's thresholds."""
+    p = Pipeline(rlhf_pack())
+    values = [0.02] * 5 + [0.06] * 10   # above 2.5 x 0.02 but below 1.5 x 0.05
+    strict = feed_series(p, "strict", "kl/mean", values, tags={"target.kl": "0.02"})
+    default = feed_series(p, "default", "kl/mean", values)
+    strict_too = feed_series(p, "strict-too", "kl/mean", values, tags={"target.kl": "0.02"})
+    assert [a.threshold for a in firing(strict, "kl_above_target", "yellow")] == [pytest.approx(0.03)]
+    assert not firing(default, "kl_above_target")
+    assert [(a.step, a.threshold) for a in firing(strict_too, "kl_above_target")] == \
+        [(a.step, a.threshold) for a in firing(strict, "kl_above_target")]
+
+
 def test_target_tag_on_the_first_event_only_still_applies_later():
     p = Pipeline(rlhf_pack())
     alerts = feed_series(p, "r", "kl/mean", [0.02], tags={"target.kl": "0.2"})
