@@ -8,8 +8,7 @@ import yaml
 
 #: libyaml's parser when PyYAML was built with it (the same documents, about ten times
 #: quicker than the pure-Python one: the built-in pack took 0.9 s of every worker's start)
-_Loader = getattr(yaml, "CSafeLoader", None) if getattr(yaml, "__with_libyaml__", False) else None
-_Loader = _Loader or yaml.SafeLoader
+_Loader = yaml.CSafeLoader if getattr(yaml, "__with_libyaml__", False) else yaml.SafeLoader
 
 __all__ = ["line_of", "parse_yaml"]
 
