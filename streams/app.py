@@ -64,6 +64,7 @@ from streams.batch_lane import BatchApp
 from streams.broker_log import BrokerLogGate
 from streams.fleet_store import FleetStore, FleetWriter, summary_of
 from streams.heap import Heap
+from streams.liveness import liveness_pass
 from streams.processor import Processor
 from streams.run import RunState
 from streams.snapshot import SnapshotRecorder, attach_snapshot
@@ -236,6 +237,29 @@ class RunStates:
         else:
             self.cache.move_to_end(run_id)
         return st
+
+    def peek(self, run_id: str) -> tuple[RunState | None, bool]:
+        """The run's state without making it a recently used one: (the decoded state, True),
+        or (a state restored from the table and not kept, False), or (None, False) when the
+        worker has neither. For passes over every run (the liveness timer): restoring runs
+        that are not decoded must not push the runs that are out of the cache."""
+        st = self.cache.get(run_id)
+        if st is not None:
+            return st, True
+        raw = self.table.get(run_id.encode())
+        return (self._restore(run_id, raw), False) if raw else (None, False)
+
+    def put_back(self, run_id: str, st: RunState, changed: bool) -> None:
+        """Done with a state from :meth:`peek`: written to the table at once when it changed
+        (before its alerts go out, as :meth:`flush_run`); one that was not decoded is let go."""
+        if self.cache.get(run_id) is st:
+            if changed:
+                self.dirty.add(run_id)
+                self.flush_run(run_id)
+            return
+        if changed:
+            self._write(run_id, st)
+        st.release()
 
     def _restore(self, run_id: str, raw) -> RunState:
         """The run's state from its stored value (MessagePack, or JSON from an older worker); a
@@ -551,22 +575,23 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         if fleet.ready():     # every second, or less often when flushes grow long
             await fleet.flush()
 
+    async def liveness_alerts(st: RunState, alerts: list[Alert]) -> None:
+        fleet.note(st)
+        await publish(alerts)
+
+    def expired(run_id: str) -> None:
+        fleet.forget(run_id)
+
     @app.timer(interval=settings.tick_seconds)
     async def liveness():
-        """Liveness rules for every run this worker owns; runs silent past the TTL expire."""
-        now = time.time()
-        owned = set(states.cache) | {k.decode() for k in list(table.keys())}
-        for run_id in owned:
-            st = states.get(run_id)
-            if now - st.last_event_ts > settings.run_ttl_hours * 3600:
-                states.drop(run_id)
-                fleet.forget(run_id)
-                continue
-            alerts = processor.tick(st, now)
-            if alerts:
-                states.touch(run_id)
-                fleet.note(st)
-                await publish(alerts)
+        """Liveness rules for every run this worker owns, a slice of runs at a time; runs silent
+        past the TTL expire. A rebalance stops the pass (the next one starts over)."""
+        generation = app.consumer_generation_id
+        owned = list(dict.fromkeys([*states.cache, *(k.decode() for k in list(table.keys()))]))
+        await liveness_pass(states, processor, owned, time.time(),
+                            ttl_seconds=settings.run_ttl_hours * 3600,
+                            active=lambda: app.lane_active(generation),
+                            alerted=liveness_alerts, expired=expired)
 
     @app.timer(interval=HEAP_SECONDS)
     async def collect_heap():

@@ -183,3 +183,32 @@ def test_a_restarted_worker_resumes_the_run_state(services, recorder, start_work
         assert alert["onset_step"] == 0 and alert["step"] == 4
     finally:
         mon.close()
+
+
+def test_the_worker_timer_finds_a_silent_run_and_spares_a_live_one(services, start_worker, session_id):
+    """The liveness timer (streams.liveness) through a real worker: a run whose last step is
+    older than run_stalled's 300 s is stalled at the next tick; a run that speaks is not."""
+    env = worker_env(services, session_id)
+    start_worker(env)
+    topic, alerts_topic = env["RLWATCH_EVENTS_TOPIC"], env["RLWATCH_ALERTS_TOPIC"]
+    silent, live = f"it-silent-{uuid.uuid4().hex[:6]}", f"it-live-{uuid.uuid4().hex[:6]}"
+    producer = KafkaProducer(bootstrap_servers=services["kafka"])
+    now = time.time()
+    for step in range(3):
+        for run_id, ts in ((silent, now - 400 + step), (live, now + step - 3)):
+            producer.send(topic, key=run_id.encode(), value=json.dumps(
+                {"schema": 1, "kind": "step", "run_id": run_id, "step": step, "ts": ts,
+                 "metrics": {"kl/mean": 0.02}}).encode())
+    producer.flush()
+    consumer = KafkaConsumer(alerts_topic, bootstrap_servers=services["kafka"],
+                             auto_offset_reset="earliest", consumer_timeout_ms=45_000,
+                             group_id=f"alerts-reader-{uuid.uuid4().hex}")
+    seen = []
+    for msg in consumer:
+        alert = json.loads(msg.value)
+        seen.append((alert["run_id"], alert["rule"], alert["state"]))
+        if alert["run_id"] == silent and alert["rule"] == "run_stalled":
+            break
+    consumer.close()
+    assert (silent, "run_stalled", "firing") in seen
+    assert not any(run_id == live for run_id, _, _ in seen)

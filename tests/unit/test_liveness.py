@@ -1,0 +1,121 @@
+"""The worker's liveness pass (streams.liveness) over its run states (streams.app.RunStates):
+it gives the event loop turns while it restores runs, leaves the runs the events lane is
+working on decoded, stops at a rebalance, and still finds stalled and expired runs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("faust")
+
+from streams.app import RunStates  # noqa: E402
+from streams.liveness import liveness_pass  # noqa: E402
+from streams.processor import Processor  # noqa: E402
+from streams.state_codec import decode_state  # noqa: E402
+from tests.unit._core import T0, rlhf_pack, step_event  # noqa: E402
+
+STALLED_AT = T0 + 3 + 400     # more than run_stalled's 300 s after the runs' last step
+
+
+def fleet(n: int, limit: int) -> tuple[Processor, RunStates, dict]:
+    """``n`` runs with three steps each, all in the table, the last ``limit`` decoded."""
+    processor = Processor(rlhf_pack())
+    table: dict[bytes, bytes] = {}
+    states = RunStates(table, processor, limit=limit)
+    for i in range(n):
+        run_id = f"run-{i:03d}"
+        for step in range(3):
+            processor.process(states.get(run_id), step_event(run_id, step, {"kl/mean": 0.02}), T0 + step)
+        states.touch(run_id)
+    states.flush()
+    return processor, states, table
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_a_pass_over_runs_not_decoded_gives_the_event_loop_turns():
+    processor, states, table = fleet(12, limit=12)
+    states.forget()                  # as after a restart: every run only in the table
+    turns = []
+
+    async def main():
+        async def other_work():      # what the events lane would do meanwhile
+            while True:
+                turns.append(sum(1 for _ in states.cache))
+                await asyncio.sleep(0)
+
+        task = asyncio.get_running_loop().create_task(other_work())
+        await asyncio.sleep(0)
+        turns.clear()
+        published = []
+
+        async def alerted(st, alerts):
+            published.extend(alerts)
+
+        done = await liveness_pass(states, processor, [k.decode() for k in table], T0 + 10,
+                                   ttl_seconds=3600, active=lambda: True, alerted=alerted,
+                                   expired=lambda run_id: None, slice_=4)
+        task.cancel()
+        return done, published
+
+    done, published = run(main())
+    assert (done.runs, done.restored, done.alerts, done.stopped) == (12, 12, 0, False)
+    assert published == []
+    assert len(turns) >= 2           # the loop ran other work during the pass (12 runs, 4 a slice)
+    assert not states.cache          # the restored runs were not kept decoded
+
+
+def test_the_runs_the_lane_works_on_stay_decoded_and_stalled_runs_still_alert():
+    processor, states, table = fleet(8, limit=3)
+    hot = list(states.cache)
+    assert len(hot) == 3
+    published = {}
+
+    async def alerted(st, alerts):
+        # the run's state is in the table before its alerts go out
+        stored = decode_state(table[st.run_id.encode()])
+        assert any(a.get("status") == "firing" for a in stored["alerts"].values())
+        published[st.run_id] = alerts
+
+    done = run(liveness_pass(states, processor, sorted(k.decode() for k in table), STALLED_AT,
+                             ttl_seconds=3600 * 24, active=lambda: True, alerted=alerted,
+                             expired=lambda run_id: None, slice_=2))
+    assert (done.runs, done.restored) == (8, 5)
+    assert list(states.cache) == hot              # the hot runs untouched, in the same order
+    assert set(published) == {f"run-{i:03d}" for i in range(8)}
+    assert all([(a.rule, a.state) for a in alerts] == [("run_stalled", "firing")]
+               for alerts in published.values())
+    # every run's firing alert is kept (a second pass does not fire again)
+    again = run(liveness_pass(states, processor, sorted(k.decode() for k in table), STALLED_AT + 10,
+                              ttl_seconds=3600 * 24, active=lambda: True, alerted=alerted,
+                              expired=lambda run_id: None))
+    assert again.alerts == 0
+
+
+def test_a_rebalance_stops_the_pass():
+    processor, states, table = fleet(10, limit=10)
+    states.forget()
+    checks = []
+
+    def active():
+        checks.append(1)
+        return len(checks) <= 4     # a rebalance starts while the fourth run is evaluated
+
+    done = run(liveness_pass(states, processor, sorted(k.decode() for k in table), T0 + 10,
+                             ttl_seconds=3600, active=active, alerted=None,
+                             expired=lambda run_id: None, slice_=2))
+    assert done.stopped and done.runs == 4
+
+
+def test_runs_silent_past_the_ttl_expire_decoded_or_not():
+    processor, states, table = fleet(4, limit=2)
+    gone = []
+    done = run(liveness_pass(states, processor, sorted(k.decode() for k in table), T0 + 7200,
+                             ttl_seconds=3600, active=lambda: True, alerted=None,
+                             expired=gone.append))
+    assert done.expired == 4 and sorted(gone) == [f"run-{i:03d}" for i in range(4)]
+    assert not table and not states.cache
