@@ -53,6 +53,7 @@ import time
 from collections import OrderedDict
 
 import faust
+from aiokafka.partitioner import murmur2
 
 from alerts.delivery import delivery_key
 from alerts.factory import build_brake_thread, build_dispatcher
@@ -70,7 +71,7 @@ from streams.run import RunState
 from streams.snapshot import SnapshotRecorder, attach_snapshot
 from streams.state_codec import StateDecodeError, decode_state, encode_state
 
-__all__ = ["CHANGELOG_CONFIG", "build_app", "changelog_topic", "ensure_topics",
+__all__ = ["CHANGELOG_CONFIG", "build_app", "changelog_topic", "ensure_topics", "partition_of",
            "worker_instance_id"]
 
 log = logging.getLogger("rlwatch.worker")
@@ -209,6 +210,13 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> None:
 READ_LATELY = 256
 #: fast-path brakes remembered for the brake lane (see ``fast_brake``)
 FAST_BRAKES = 1024
+
+
+def partition_of(run_id: str, partitions: int) -> int:
+    """The partition of the events topic (and of the run table) that holds ``run_id``'s
+    events: Kafka's default partitioner (murmur2 of the key, as the SDK's producer and the
+    table's writes use)."""
+    return (murmur2(run_id.encode()) & 0x7FFFFFFF) % partitions
 
 
 class RunStates:
@@ -587,7 +595,13 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         """Liveness rules for every run this worker owns, a slice of runs at a time; runs silent
         past the TTL expire. A rebalance stops the pass (the next one starts over)."""
         generation = app.consumer_generation_id
-        owned = list(dict.fromkeys([*states.cache, *(k.decode() for k in list(table.keys()))]))
+        mine = {tp.partition for tp in app.consumer.assignment() if tp.topic == settings.events_topic}
+        # the table's in-memory store keeps the states this worker wrote for partitions a
+        # rebalance took away since (Faust drops only those it read from the changelog): their
+        # runs go on elsewhere, and their copies here would look silent (false run_stalled)
+        owned = [run_id for run_id in dict.fromkeys(
+                     [*states.cache, *(k.decode() for k in list(table.keys()))])
+                 if partition_of(run_id, PARTITIONS) in mine]
         await liveness_pass(states, processor, owned, time.time(),
                             ttl_seconds=settings.run_ttl_hours * 3600,
                             active=lambda: app.lane_active(generation),

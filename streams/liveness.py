@@ -9,6 +9,8 @@ meanwhile waited for the whole pass. So the pass:
 * gives the event loop a turn every ``slice_`` runs (``LIVENESS_SLICE``);
 * stops when a rebalance started since it began (``active()`` false): the runs may belong to
   another worker now, and the next pass starts over with the runs this one owns then;
+* is given only the runs of the partitions the worker is assigned (the worker's table keeps
+  states it wrote for partitions a rebalance took away: those runs go on at another worker);
 * takes the runs that are not decoded with ``states.peek`` and lets them go after
   (``states.put_back``): a pass restoring every run would otherwise push the runs the events
   lane is working on out of the cache (each pass decoding and evicting the whole fleet again).

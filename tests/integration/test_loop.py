@@ -212,3 +212,49 @@ def test_the_worker_timer_finds_a_silent_run_and_spares_a_live_one(services, sta
     consumer.close()
     assert (silent, "run_stalled", "firing") in seen
     assert not any(run_id == live for run_id, _, _ in seen)
+
+
+def test_after_a_rebalance_a_worker_does_not_find_the_runs_it_gave_away_stalled(
+        services, start_worker, session_id, tmp_path):
+    """Two workers share the runs after a rebalance. The first one's table still holds the
+    states it wrote for the partitions it gave away (Faust's in-memory store keeps them): its
+    liveness timer must leave those runs alone. They go on at the other worker, and the copies
+    left here look silent: before, they raised false run_stalled alerts."""
+    pack = tmp_path / "stall.yaml"
+    pack.write_text("rules:\n  - id: run_stalled\n    params: {timeout: 12}\n    tiers:\n"
+                    "      - severity: orange\n        when: {stalled_seconds: timeout}\n"
+                    "        actions: [notify]\n")
+    env = worker_env(services, f"{session_id}-rb", RLWATCH_RULES=str(pack))
+    start_worker(env)
+    topic, alerts_topic = env["RLWATCH_EVENTS_TOPIC"], env["RLWATCH_ALERTS_TOPIC"]
+    runs = [f"it-rb-{i}-{uuid.uuid4().hex[:4]}" for i in range(12)]
+    producer = KafkaProducer(bootstrap_servers=services["kafka"])
+    halt = threading.Event()
+
+    def training():            # every run steps twice a second, all along
+        step = 0
+        while not halt.is_set():
+            for run_id in runs:
+                producer.send(topic, key=run_id.encode(), value=json.dumps(
+                    {"schema": 1, "kind": "step", "run_id": run_id, "step": step,
+                     "ts": time.time(), "metrics": {"kl/mean": 0.02}}).encode())
+            producer.flush()
+            step += 1
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=training, daemon=True)
+    thread.start()
+    try:
+        time.sleep(6)          # the first worker owns every run, and has written them
+        start_worker(env)      # the second takes half the partitions
+        time.sleep(30)         # more than the timeout after the rebalance
+    finally:
+        halt.set()
+        thread.join(timeout=5)
+    consumer = KafkaConsumer(alerts_topic, bootstrap_servers=services["kafka"],
+                             auto_offset_reset="earliest", consumer_timeout_ms=5_000,
+                             group_id=f"alerts-reader-{uuid.uuid4().hex}")
+    stalled = [(a["run_id"], a["state"]) for a in (json.loads(m.value) for m in consumer)
+               if a["rule"] == "run_stalled"]
+    consumer.close()
+    assert stalled == []

@@ -119,3 +119,28 @@ def test_runs_silent_past_the_ttl_expire_decoded_or_not():
                              expired=gone.append))
     assert done.expired == 4 and sorted(gone) == [f"run-{i:03d}" for i in range(4)]
     assert not table and not states.cache
+
+
+def test_a_run_belongs_to_the_partition_the_producers_send_its_events_to():
+    from aiokafka.partitioner import DefaultPartitioner as AioPartitioner
+    from kafka.partitioner.default import DefaultPartitioner as SdkPartitioner
+
+    from streams.app import partition_of
+
+    parts = [0, 1, 2, 3]
+    keys = ["run-a", "bench-x-fleet-01", "ü-run", "x" * 300] + [f"fleet-{i}" for i in range(40)]
+    got = [partition_of(k, 4) for k in keys]
+
+    class Cluster:         # what the SDK's partitioner asks of the cluster's metadata
+        def topics(self):
+            return {"events"}
+
+        def partitions_for_topic(self, topic):
+            return set(parts)
+
+        available_partitions_for_topic = partitions_for_topic
+
+    sdk = SdkPartitioner()
+    assert got == [sdk.partition("events", k, k.encode(), None, None, Cluster()) for k in keys]
+    assert got == [AioPartitioner.__call__(k.encode(), parts, parts) for k in keys]   # the table's
+    assert set(got) == set(parts)
