@@ -572,7 +572,14 @@ if _msgspec is not None:
         dists: dict[_Name, _SpeltDist] = {}
         groups: dict[_Name, _SpeltNumbers] = {}
 
+    class _WireKept(_msgspec.Struct, gc=False):
+        # what a recorder reads again of a step event it kept as its bytes (the other fields
+        # are skipped without being decoded)
+        metrics: _Numbers = {}
+        batch_ids: list[str] = []
+
     _WIRE_STEP = _msgspec.json.Decoder(_WireStep)
+    _WIRE_KEPT = _msgspec.json.Decoder(_WireKept)
     _WIRE_SPELT_STEP = _msgspec.json.Decoder(_WireSpeltStep)
     _WIRE_ERRORS = (_msgspec.ValidationError, _msgspec.DecodeError)
     _WIRE_INVALID = _msgspec.ValidationError
@@ -656,6 +663,20 @@ def _wire_step(raw: bytes | bytearray | str, received_at: float) -> StepEvent | 
     _set_extra(ev, {})
     _set_private(ev, None)
     return ev
+
+
+def kept_step_values(raw: bytes) -> tuple[dict[str, float], list[str]]:
+    """The metrics and batch ids of a step event that :func:`parse_event` accepted, read
+    again from its bytes (streams.snapshot keeps steps that way): the values ``parse_event``
+    gave, without decoding the rest of the event (its dists above all)."""
+    if _msgspec is not None:
+        try:
+            w = _WIRE_KEPT.decode(raw)
+            return w.metrics, w.batch_ids
+        except _WIRE_ERRORS:
+            pass     # non-finite spellings and the like: the whole parse words them
+    ev = parse_event(raw, 0.0)
+    return ev.metrics, ev.batch_ids
 
 
 def parse_event(raw: bytes | str | dict, received_at: float) -> StepEvent | SamplesEvent | CheckpointEvent | HeartbeatEvent:

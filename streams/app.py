@@ -426,7 +426,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                 {"reason": exc.reason, "ts": now, "key": key.decode("utf-8", "replace") if key else None,
                  "raw": body.decode("utf-8", "replace")[:100_000]}).encode()
         counters["events"] += 1
-        recorder.observe(event)
+        recorder.observe(event, raw)
         st = states.get(event.run_id)
         try:
             alerts = processor.process(st, event, now)

@@ -19,16 +19,15 @@ metrics and batch ids) and of recent sample batches; the processor feeds it ever
 alerts topic; the dispatcher stores it in Redis as an incident and strips it from
 notifications. Everything is bounded: a snapshot stays well under Kafka's message limit.
 
-The recorder sees every event, so it does as little as it can per event: a step is kept as a
-tuple that refers to the event's own ``metrics`` dict and ``batch_ids`` list (no copies; the
-core never changes them in place: a preset's renaming replaces ``event.metrics`` with a new
-dict, and the recorder keeps the logged one, as it always did), and a sample batch keeps the
-event's first ``MAX_SAMPLES`` samples as they are; they become dicts (``model_dump``, texts
-clipped) only when a snapshot is built. Measured in process over the fleet of
-``bench/bench_worker_kafka.py`` (24 runs, 8 ranks): the ``observe`` call itself about 2 µs per
-event instead of about 6, and parse + observe about 5 µs more than parsing alone instead of
-about 8 (what is left is mostly the memory traffic of the rings themselves: each kept step
-keeps its metrics dict alive until it leaves the ring).
+The recorder sees every event, so it does as little as it can per event. In the worker, a step
+is kept as the raw bytes it came in (``observe(event, raw)``: no copy, and about a third of the
+memory of the decoded metrics, which a worker watching 1,250 runs kept at about 2 GB); its
+metrics and batch ids are read from them again when a snapshot needs them. Without the bytes,
+a step is kept as a tuple that refers to the event's own ``metrics`` dict and ``batch_ids``
+list (no copies; the core never changes them in place: a preset's renaming replaces
+``event.metrics`` with a new dict, and the recorder keeps the logged one). A sample batch keeps
+the event's first ``MAX_SAMPLES`` samples as they are; they become dicts (``model_dump``, texts
+clipped) only when a snapshot is built.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from contract.alert import Alert
-from contract.events import SamplesEvent, StepEvent
+from contract.events import EventError, SamplesEvent, StepEvent, kept_step_values
 
 __all__ = ["SnapshotRecorder", "attach_snapshot", "build_snapshot"]
 
@@ -99,22 +98,66 @@ class SnapshotRecorder:
             self.runs.move_to_end(run_id)
         return t
 
-    def observe(self, event) -> None:
+    def observe(self, event, raw: bytes | None = None) -> None:
         """Feed one parsed event (any kind; only steps and samples are kept). Call it before the
-        core processes the event: the window shows the metrics as logged."""
+        core processes the event: the window shows the metrics as logged.
+
+        ``raw``: the bytes the event was parsed from, when the caller has them (the worker).
+        A step is then kept as those bytes, and its metrics and batch ids are read from them
+        again only when a snapshot needs them: the bytes of a step event take about a third
+        of the memory of its decoded metrics, and a worker keeps 768 steps of every run it
+        watches (about 1.6 MB a run decoded, about 0.6 MB as bytes)."""
         if isinstance(event, StepEvent):
+            rank = event.rank
+            tape = self.tape(event.run_id)
+            if type(raw) is bytes:
+                (tape.others if rank else tape.steps).append((event.step, rank, raw, _UNREAD))
+                return
             ids = event.batch_ids
             if ids:
                 ids = ids if len(ids) <= MAX_BATCH_IDS else ids[:MAX_BATCH_IDS]
             else:
                 ids = None
-            rank = event.rank
-            tape = self.tape(event.run_id)
             (tape.others if rank else tape.steps).append((event.step, rank, event.metrics, ids))
         elif isinstance(event, SamplesEvent):
             samples = event.samples
             self.tape(event.run_id).samples.append(
                 (event.step, event.rank, len(samples), samples[:MAX_SAMPLES]))
+
+
+_UNREAD = object()    # a step kept as its raw event: metrics and batch ids not read yet
+
+
+def _read_row(row: tuple) -> tuple:
+    """A kept step as ``(step, rank, metrics, batch ids or None)``, its metrics and batch ids
+    read again from its raw event when it was kept as one (it parsed when it came; an event
+    that does not parse again shows no metrics rather than fail the snapshot)."""
+    if row[3] is not _UNREAD:
+        return row
+    try:
+        metrics, ids = kept_step_values(row[2])
+    except EventError:
+        return (row[0], row[1], {}, None)
+    if ids:
+        ids = ids if len(ids) <= MAX_BATCH_IDS else ids[:MAX_BATCH_IDS]
+    return (row[0], row[1], metrics, ids or None)
+
+
+class _Kept:
+    """A kept step that reads its raw event on first use of its metrics or batch ids: a
+    snapshot reads the steps near the alert, not every step of the run's tape."""
+
+    __slots__ = ("_read", "row")
+
+    def __init__(self, row: tuple):
+        self.row, self._read = row, None
+
+    def __getitem__(self, i: int):
+        if i < 2:
+            return self.row[i]
+        if self._read is None:
+            self._read = _read_row(self.row)
+        return self._read[i]
 
 
 def _dump_samples(samples: list) -> list[dict]:
@@ -160,7 +203,7 @@ def build_snapshot(alert: Alert, recorder: SnapshotRecorder, state=None, before:
     steps = (list(tape.steps) + list(tape.others)) if tape else []   # (step, rank, metrics, ids)
     batches = list(tape.samples) if tape else []                      # (step, rank, count, samples)
     lo, hi = onset - before, max(alert.step, onset + after)
-    mine = [r for r in steps if r[1] == rank]
+    mine = [_Kept(r) if r[3] is _UNREAD else r for r in steps if r[1] == rank]
     window = [{"step": r[0], "metrics": r[2]} for r in mine if lo <= r[0] <= hi]
     if len(window) > MAX_WINDOW:  # a long way from onset to alert: both ends, not the middle
         head = min(before + after, MAX_WINDOW // 2)
@@ -173,6 +216,7 @@ def build_snapshot(alert: Alert, recorder: SnapshotRecorder, state=None, before:
     ranks: dict[str, dict] = {}
     for r in steps:
         if r[0] == alert.step:
+            r = _read_row(r)
             entry: dict[str, Any] = {}
             if alert.metric and alert.metric in r[2]:
                 entry["value"] = r[2][alert.metric]

@@ -161,3 +161,18 @@ def test_an_integer_too_large_for_a_float_in_a_dict_is_rejected_with_the_models_
     with pytest.raises(EventError) as models:
         ce._strict(d, 7.0)
     assert got.value.reason == models.value.reason
+
+
+@pytest.mark.parametrize("change", [
+    {},                                                               # the quick path
+    {"metrics": {"kl/mean": "NaN", "loss/value": "-Infinity", "x": 1}},   # spelt numbers
+    {"an_extra_key": 1},                                              # the models' path
+    {"batch_ids": [], "dists": {"logp": [0.1, -0.2, 3]}},
+    {"metrics": {}},
+])
+def test_a_kept_step_read_again_gives_the_metrics_and_batch_ids_parse_event_gave(change):
+    raw = json.dumps({**BASE, **change}).encode()
+    ev = parse_event(raw, 7.0)
+    metrics, ids = ce.kept_step_values(raw)
+    assert json.dumps(metrics) == json.dumps(ev.metrics) and ids == ev.batch_ids
+    assert [type(v) for v in metrics.values()] == [type(v) for v in ev.metrics.values()]

@@ -56,3 +56,35 @@ def test_a_rank_reports_at_most_64_batch_ids():
     rec.observe(step_event("r", 3, {"kl/mean": 0.5}, rank=2, batch_ids=ids))
     snap = build_snapshot(alert(run_id="r", step=3, onset_step=3, metric="kl/mean"), rec)
     assert snap["ranks"] == {"2": {"value": 0.5, "batch_ids": ids[:64]}}
+
+
+def test_steps_kept_as_their_raw_events_give_the_same_snapshots():
+    """The worker hands the recorder each event's bytes: steps are kept as those and read
+    again when a snapshot is built. Every snapshot is the one the decoded steps give, renamed
+    metrics, non-finite spellings, batch ids and other ranks included."""
+    import json
+
+    processor = Processor(rlhf_pack())
+    state = processor.new_state("trl")
+    decoded, raw_kept = SnapshotRecorder(), SnapshotRecorder()
+    for s in range(60):
+        for rank in range(3):
+            raw = json.dumps({"schema": 1, "kind": "step", "run_id": "trl", "step": s, "rank": rank,
+                              "ts": T0 + s, "world_size": 3,
+                              "metrics": {"objective/kl": 0.01 * s + rank, "objective/scores": 1.0,
+                                          "loss/value": "NaN" if s == 40 else 0.5},
+                              "batch_ids": [f"b{s}-{rank}-{i}" for i in range(70)]}).encode()
+            ev = parse_event(raw, T0 + s)
+            decoded.observe(ev)
+            raw_kept.observe(ev, raw)
+            processor.process(state, ev, T0 + s)
+    assert type(raw_kept.tape("trl").steps[0][2]) is bytes     # kept as the event's bytes
+    for a in (alert(run_id="trl", step=45, onset_step=40, metric="objective/kl", value=0.45,
+                    threshold=0.35),
+              alert(run_id="trl", step=50, onset_step=48, metric="loss/value", rank=2),
+              alert(run_id="trl", step=59, onset_step=10, metric="objective/kl", value=1.5,
+                    threshold=1.2, rank=1)):
+        want = build_snapshot(a, decoded, state)
+        got = build_snapshot(a, raw_kept, state)
+        assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
+        assert got["window"]["steps"] and got["ranks"]
