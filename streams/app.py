@@ -596,12 +596,13 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         past the TTL expire. A rebalance stops the pass (the next one starts over)."""
         generation = app.consumer_generation_id
         mine = {tp.partition for tp in app.consumer.assignment() if tp.topic == settings.events_topic}
+        partitions = app.consumer.topic_partitions(settings.events_topic) or PARTITIONS
         # the table's in-memory store keeps the states this worker wrote for partitions a
         # rebalance took away since (Faust drops only those it read from the changelog): their
         # runs go on elsewhere, and their copies here would look silent (false run_stalled)
         owned = [run_id for run_id in dict.fromkeys(
                      [*states.cache, *(k.decode() for k in list(table.keys()))])
-                 if partition_of(run_id, PARTITIONS) in mine]
+                 if partition_of(run_id, partitions) in mine]
         await liveness_pass(states, processor, owned, time.time(),
                             ttl_seconds=settings.run_ttl_hours * 3600,
                             active=lambda: app.lane_active(generation),
