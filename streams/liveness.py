@@ -2,9 +2,9 @@
 
 A worker walks its runs every ``tick_seconds``. Most of them may not be decoded: right after a
 restart none is, and a worker owning more runs than it keeps decoded has the rest only in its
-table. Each of those is restored for the pass (about 2 ms), so a pass over a fleet is seconds of
-work. Done in one go, it held up the event loop that long: a brake raised by the events lane
-meanwhile waited for the whole pass. So the pass:
+table. Each of those is restored for the pass (about 1 ms), so a pass over a fleet is a second
+or more of work. Done in one go, it held up the event loop that long: a brake raised by the
+events lane meanwhile waited for the whole pass. So the pass:
 
 * gives the event loop a turn every ``slice_`` runs (``LIVENESS_SLICE``);
 * stops when a rebalance started since it began (``active()`` false): the runs may belong to
@@ -27,7 +27,7 @@ from typing import Awaitable, Callable, Iterable
 
 __all__ = ["LIVENESS_SLICE", "LivenessPass", "liveness_pass"]
 
-LIVENESS_SLICE = 32    # runs between two turns of the event loop (a restored run: about 2 ms)
+LIVENESS_SLICE = 32    # runs between two turns of the event loop (a restored run: about 1 ms)
 
 
 @dataclass
