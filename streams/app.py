@@ -238,7 +238,9 @@ class RunStates:
         st = self.cache.get(run_id)
         if st is None:
             raw = self.table.get(run_id.encode())
-            st = self._restore(run_id, raw) if raw else self.processor.new_state(run_id)
+            st = self._restore(run_id, raw) if raw else None
+            if st is None:
+                st = self.processor.new_state(run_id)
             self.cache[run_id] = st
             if len(self.cache) > self.limit:
                 self._evict()
@@ -255,7 +257,15 @@ class RunStates:
         if st is not None:
             return st, True
         raw = self.table.get(run_id.encode())
-        return (self._restore(run_id, raw), False) if raw else (None, False)
+        if not raw:
+            return None, False
+        st = self._restore(run_id, raw)
+        if st is None:     # unreadable (logged): the run starts afresh, decoded, as get() does
+            st = self.cache[run_id] = self.processor.new_state(run_id)   # (logged once, not
+            if len(self.cache) > self.limit:                             # on every pass)
+                self._evict()
+            return st, True
+        return st, False
 
     def put_back(self, run_id: str, st: RunState, changed: bool) -> None:
         """Done with a state from :meth:`peek`: written to the table at once when it changed
@@ -269,10 +279,10 @@ class RunStates:
             self._write(run_id, st)
         st.release()
 
-    def _restore(self, run_id: str, raw) -> RunState:
-        """The run's state from its stored value (MessagePack, or JSON from an older worker); a
-        value that cannot be read or restored is logged and the run starts afresh: one bad
-        value must not stop the worker."""
+    def _restore(self, run_id: str, raw) -> RunState | None:
+        """The run's state from its stored value (MessagePack, or JSON from an older worker);
+        None for a value that cannot be read or restored, which is logged (the run starts
+        afresh: one bad value must not stop the worker)."""
         try:
             return self.processor.load_state(decode_state(raw))
         except StateDecodeError as exc:
@@ -281,7 +291,7 @@ class RunStates:
         except Exception as exc:  # noqa: BLE001 - a state this version cannot restore
             log.error("rlwatch: the stored state of run %s could not be restored (%s: %s): "
                       "the run starts afresh", run_id, type(exc).__name__, exc)
-        return self.processor.new_state(run_id)
+        return None
 
     def _evict(self) -> None:
         """Keep the least recently seen runs in the table only (written first if changed)."""

@@ -144,3 +144,17 @@ def test_a_run_belongs_to_the_partition_the_producers_send_its_events_to():
     assert got == [sdk.partition("events", k, k.encode(), None, None, Cluster()) for k in keys]
     assert got == [AioPartitioner.__call__(k.encode(), parts, parts) for k in keys]   # the table's
     assert set(got) == set(parts)
+
+
+def test_an_unreadable_stored_state_is_logged_once_and_the_run_starts_afresh(caplog):
+    processor, states, table = fleet(3, limit=3)
+    states.forget()
+    table[b"run-001"] = b"\xc1 not a state"
+    for _ in range(3):
+        done = run(liveness_pass(states, processor, sorted(k.decode() for k in table), T0 + 10,
+                                 ttl_seconds=3600, active=lambda: True, alerted=None,
+                                 expired=lambda run_id: None))
+        assert done.runs == 3
+    logged = [r.getMessage() for r in caplog.records if "run-001" in r.getMessage()]
+    assert len(logged) == 1 and "is unreadable (13 bytes" in logged[0]
+    assert list(states.cache) == ["run-001"] and states.cache["run-001"].events == 0
