@@ -241,9 +241,7 @@ class RunStates:
             st = self._restore(run_id, raw) if raw else None
             if st is None:
                 st = self.processor.new_state(run_id)
-            self.cache[run_id] = st
-            if len(self.cache) > self.limit:
-                self._evict()
+            self._keep(run_id, st)
         else:
             self.cache.move_to_end(run_id)
         return st
@@ -260,12 +258,17 @@ class RunStates:
         if not raw:
             return None, False
         st = self._restore(run_id, raw)
-        if st is None:     # unreadable (logged): the run starts afresh, decoded, as get() does
-            st = self.cache[run_id] = self.processor.new_state(run_id)   # (logged once, not
-            if len(self.cache) > self.limit:                             # on every pass)
-                self._evict()
+        if st is None:     # unreadable (logged): the run starts afresh, decoded as get() does
+            st = self.processor.new_state(run_id)     # it (so logged once, not on every pass)
+            self._keep(run_id, st)
             return st, True
         return st, False
+
+    def _keep(self, run_id: str, st: RunState) -> None:
+        """``st`` decoded from now on, the least recently seen runs left in the table only."""
+        self.cache[run_id] = st
+        if len(self.cache) > self.limit:
+            self._evict()
 
     def put_back(self, run_id: str, st: RunState, changed: bool) -> None:
         """Done with a state from :meth:`peek`: written to the table at once when it changed
