@@ -18,6 +18,7 @@ from typing import Iterable
 
 from contract.alert import Alert
 from contract.presets import get_preset
+from rules.compile import rule_inputs, rule_trigger
 from rules.engine import RuleEngine, RunRules
 from rules.loader import with_preset
 from rules.schema import Pack
@@ -46,6 +47,8 @@ class Processor:
         #: map runs that log a framework's own names onto the canonical ones (RunState)
         self.detect_presets = detect_presets
         self.engine = RuleEngine(pack)
+        self.triggers = {r.id: rule_trigger(r) for r in self.engine.rules}
+        self.inputs = {r.id: rule_inputs(r) for r in self.engine.rules}
         self._run_rules: dict[tuple, RunRules] = {}
         self._engines: dict[str | None, RuleEngine] = {None: self.engine}
 
