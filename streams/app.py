@@ -212,11 +212,30 @@ READ_LATELY = 256
 FAST_BRAKES = 1024
 
 
-def partition_of(run_id: str, partitions: int) -> int:
+def partition_of(run_id: str | bytes, partitions: int) -> int:
     """The partition of the events topic (and of the run table) that holds ``run_id``'s
     events: Kafka's default partitioner (murmur2 of the key, as the SDK's producer and the
     table's writes use)."""
-    return (murmur2(run_id.encode()) & 0x7FFFFFFF) % partitions
+    key = run_id.encode() if isinstance(run_id, str) else run_id
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def forget_foreign_states(table, owned) -> int:
+    """Drop from the worker's in-memory table the states of runs ``owned(key)`` says this worker
+    no longer owns, without writing to the changelog (the states there are the new owner's).
+    Faust's in-memory store drops only the keys it read from the changelog: the keys this worker
+    wrote itself stayed after a rebalance took their partition away, each run's state held for
+    good (a fleet's worth, in time) and walked by the liveness timer. The number dropped."""
+    store = table.data
+    data = getattr(store, "data", None)            # faust.stores.memory.Store: a plain dict
+    if not isinstance(data, dict):
+        return 0
+    gone = [k for k in data if not owned(k)]
+    partitions = getattr(store, "_key_partition", {})
+    for k in gone:
+        data.pop(k, None)
+        partitions.pop(k, None)
+    return len(gone)
 
 
 class RunStates:
@@ -639,6 +658,15 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     async def on_revoked(app_, revoked, **kwargs):
         states.flush()
         states.forget()
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(app_, assigned, **kwargs):
+        mine = {tp.partition for tp in assigned if tp.topic == settings.events_topic}
+        partitions = app.consumer.topic_partitions(settings.events_topic) or PARTITIONS
+        gone = forget_foreign_states(
+            table, lambda key: partition_of(key, partitions) in mine)
+        if gone:
+            log.info("rlwatch: let go of %d run states of partitions now at another worker", gone)
 
     @app.on_before_shutdown.connect
     async def on_shutdown(app_, **kwargs):

@@ -5,6 +5,7 @@ malformed event lands in the dead-letter topic while processing goes on."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -216,30 +217,37 @@ def test_the_worker_timer_finds_a_silent_run_and_spares_a_live_one(services, sta
 
 def test_after_a_rebalance_a_worker_does_not_find_the_runs_it_gave_away_stalled(
         services, start_worker, session_id, tmp_path):
-    """Two workers share the runs after a rebalance. The first one's table still holds the
-    states it wrote for the partitions it gave away (Faust's in-memory store keeps them): its
-    liveness timer must leave those runs alone. They go on at the other worker, and the copies
-    left here look silent: before, they raised false run_stalled alerts."""
+    """Two workers share the runs after a rebalance. The first one's table held the states it
+    wrote for the partitions it gave away (Faust's in-memory store keeps them): its liveness
+    timer must leave those runs alone, they go on at the other worker and the copies left here
+    look silent (before, they raised false run_stalled alerts), and it lets go of them."""
     pack = tmp_path / "stall.yaml"
     pack.write_text("rules:\n  - id: run_stalled\n    params: {timeout: 12}\n    tiers:\n"
                     "      - severity: orange\n        when: {stalled_seconds: timeout}\n"
                     "        actions: [notify]\n")
     env = worker_env(services, f"{session_id}-rb", RLWATCH_RULES=str(pack))
-    start_worker(env)
+    first = start_worker(env)
     topic, alerts_topic = env["RLWATCH_EVENTS_TOPIC"], env["RLWATCH_ALERTS_TOPIC"]
-    runs = [f"it-rb-{i}-{uuid.uuid4().hex[:4]}" for i in range(12)]
+    from streams.app import PARTITIONS, partition_of
+    runs, per = [], dict.fromkeys(range(PARTITIONS), 0)    # three runs in every partition
+    while len(runs) < 3 * PARTITIONS:
+        run_id = f"it-rb-{uuid.uuid4().hex[:8]}"
+        if per[partition_of(run_id, PARTITIONS)] < 3:
+            per[partition_of(run_id, PARTITIONS)] += 1
+            runs.append(run_id)
     producer = KafkaProducer(bootstrap_servers=services["kafka"])
     halt = threading.Event()
 
+    sent = [0]                 # steps sent for every run
+
     def training():            # every run steps twice a second, all along
-        step = 0
         while not halt.is_set():
             for run_id in runs:
                 producer.send(topic, key=run_id.encode(), value=json.dumps(
-                    {"schema": 1, "kind": "step", "run_id": run_id, "step": step,
+                    {"schema": 1, "kind": "step", "run_id": run_id, "step": sent[0],
                      "ts": time.time(), "metrics": {"kl/mean": 0.02}}).encode())
             producer.flush()
-            step += 1
+            sent[0] += 1
             time.sleep(0.5)
 
     thread = threading.Thread(target=training, daemon=True)
@@ -258,3 +266,27 @@ def test_after_a_rebalance_a_worker_does_not_find_the_runs_it_gave_away_stalled(
                if a["rule"] == "run_stalled"]
     consumer.close()
     assert stalled == []
+    # the first worker let go of the states it had written for the runs it gave away, and of
+    # those only: every run's state counted every step it sent, across the rebalance (a state
+    # dropped by mistake would have started over)
+    gone = first.wait_for("run states of partitions now at another worker", 10)
+    dropped = int(gone.split("let go of ")[1].split()[0])
+    assert 0 < dropped < len(runs) and dropped % 3 == 0     # whole partitions' runs
+    from streams.fleet_store import FleetStore
+
+    async def counts():
+        store = FleetStore.from_url(services["redis"], env["RLWATCH_APP_ID"])
+        try:
+            deadline = time.time() + 20
+            while True:
+                got = await store.get_many(runs)
+                have = {r: (got.get(r) or {}).get("summary", {}) for r in runs}
+                if all(h.get("last_step") == sent[0] - 1 for h in have.values()) or time.time() > deadline:
+                    return have
+                await asyncio.sleep(0.5)
+        finally:
+            await store.close()
+
+    have = asyncio.run(counts())
+    assert {r: h.get("last_step") for r, h in have.items()} == {r: sent[0] - 1 for r in runs}
+    assert all(h["events"] >= sent[0] for h in have.values()), {r: h["events"] for r, h in have.items()}
