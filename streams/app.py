@@ -622,19 +622,24 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     def expired(run_id: str) -> None:
         fleet.forget(run_id)
 
+    def owner_of(assignment):
+        """Whether a run (its id, or its table key) is on a partition of ``assignment``."""
+        mine = {tp.partition for tp in assignment if tp.topic == settings.events_topic}
+        partitions = app.consumer.topic_partitions(settings.events_topic) or PARTITIONS
+        return lambda run_id: partition_of(run_id, partitions) in mine
+
     @app.timer(interval=settings.tick_seconds)
     async def liveness():
         """Liveness rules for every run this worker owns, a slice of runs at a time; runs silent
         past the TTL expire. A rebalance stops the pass (the next one starts over)."""
         generation = app.consumer_generation_id
-        mine = {tp.partition for tp in app.consumer.assignment() if tp.topic == settings.events_topic}
-        partitions = app.consumer.topic_partitions(settings.events_topic) or PARTITIONS
+        owns = owner_of(app.consumer.assignment())
         # the table's in-memory store keeps the states this worker wrote for partitions a
         # rebalance took away since (Faust drops only those it read from the changelog): their
         # runs go on elsewhere, and their copies here would look silent (false run_stalled)
         owned = [run_id for run_id in dict.fromkeys(
                      [*states.cache, *(k.decode() for k in list(table.keys()))])
-                 if partition_of(run_id, partitions) in mine]
+                 if owns(run_id)]
         await liveness_pass(states, processor, owned, time.time(),
                             ttl_seconds=settings.run_ttl_hours * 3600,
                             active=lambda: app.lane_active(generation),
@@ -661,10 +666,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
 
     @app.on_partitions_assigned.connect
     async def on_assigned(app_, assigned, **kwargs):
-        mine = {tp.partition for tp in assigned if tp.topic == settings.events_topic}
-        partitions = app.consumer.topic_partitions(settings.events_topic) or PARTITIONS
-        gone = forget_foreign_states(
-            table, lambda key: partition_of(key, partitions) in mine)
+        gone = forget_foreign_states(table, owner_of(assigned))
         if gone:
             log.info("rlwatch: let go of %d run states of partitions now at another worker", gone)
 
