@@ -14,7 +14,8 @@ unique to this bench, timestamps moved to now) to a fresh events topic on the lo
   worker with the core (``Processor.process``) a no-op (what everything around the core costs);
   with ``--skip ranks`` / ``--skip rank0``, the worker with only the steps of ranks other than 0
   / of rank 0 skipping the core (what each costs, the alerts they raise included); with
-  ``--worker-env NAME=VALUE``, the worker with that variable set;
+  ``--skip alerts``, the worker with the core on every event and its alerts dropped (what
+  publishing, braking and notifying cost); with ``--worker-env NAME=VALUE``, the worker with that variable set;
 * ``rlwatch worker`` as a user runs it (a subprocess with its own application id and topics
   through ``RLWATCH_*``), from the beginning, with Redis for the fleet store and the brakes.
 
@@ -274,8 +275,9 @@ def faust_floor_agent() -> None:
 # `rlwatch worker` with the core's Processor.process replaced by a no-op: everything else (the
 # parse, Faust, the batch lane, table, fleet view, timers) as it is; the rate a worker would
 # reach with an infinitely fast core. BENCH_SKIP=ranks / rank0: only the steps of ranks other
-# than 0 / of rank 0 skip the core (what those cost, with the alerts they raise)
-SKIPPED = {"ranks": "ranks 1+", "rank0": "rank 0"}
+# than 0 / of rank 0 skip the core (what those cost, with the alerts they raise); BENCH_SKIP=alerts:
+# the core runs on every event but the alerts it returns are dropped (what publishing them costs)
+SKIPPED = {"ranks": "no core for ranks 1+", "rank0": "no core for rank 0", "alerts": "alerts dropped"}
 
 NO_CORE_WORKER = """
 import os, sys
@@ -283,6 +285,9 @@ import streams.processor
 skip = os.environ.get("BENCH_SKIP", "all")
 process = streams.processor.Processor.process
 def skipping(self, state, event, now):
+    if skip == "alerts":
+        process(self, state, event, now)
+        return []
     if skip == "all" or (event.kind == "step" and (event.rank != 0) == (skip == "ranks")):
         return []
     return process(self, state, event, now)
@@ -421,7 +426,7 @@ def one_round(args, r: int, sid: str, topics: dict[str, str], bare_group: str, n
     no_core = [("no-core", f"core a no-op, {e}", dict([e.split("=", 1)]), f"nc{i}")
                for i, e in enumerate(args.no_core_env)]
     for what in args.skip:
-        no_core.insert(0, ("no-core", f"rlwatch worker, no core for {SKIPPED[what]}",
+        no_core.insert(0, ("no-core", f"rlwatch worker, {SKIPPED[what]}",
                            {"BENCH_SKIP": what}, f"sk{what}"))
     if args.no_core:
         no_core.append(("no-core", "rlwatch worker, core a no-op", {}, f"nc{len(no_core)}"))
@@ -470,7 +475,9 @@ def main() -> None:
                     "--spy, recorded too, into FILE.no-core)")
     ap.add_argument("--skip", action="append", default=[], choices=sorted(SKIPPED),
                     help="also run the worker with the steps of ranks other than 0 (ranks) or of "
-                    "rank 0 (rank0) skipping the core, alerts and all: what they cost (repeatable)")
+                    "rank 0 (rank0) skipping the core, alerts and all: what they cost; or (alerts) with the "
+                    "core on every event and the alerts it raises dropped: what publishing them "
+                    "costs (repeatable)")
     ap.add_argument("--no-core-env", action="append", default=[], metavar="NAME=VALUE",
                     help="with --no-core, also run the no-op-core worker with this environment "
                     "variable set (repeatable), e.g. PYTHONPATH=<a copy of an older tree>")
