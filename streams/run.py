@@ -664,8 +664,12 @@ class RunState:
             self.newest = step
         if self.cross_rank and (event.world_size or self.world_size) > 1:
             done = self._take_rank_values(event)
-            if done:
-                return self._ranks_in(done, ts)
+            if done:   # the cross-rank rules read what _rank_step would have set
+                self.metrics = metrics
+                try:
+                    return self._ranks_in(done, ts)
+                finally:
+                    self.metrics = _NOTHING
         return []
 
     def _news(self, event, ts: float) -> list[Alert]:

@@ -112,3 +112,40 @@ def test_most_rank_steps_take_the_fast_path(monkeypatch):
     assert rank_steps == 7 * 60
     # only the first step of each rank (its rules compiled then) takes the general path
     assert sorted(general) == [(r, 0) for r in range(1, 8)]
+
+
+def test_a_cross_rank_rule_that_also_reads_the_step_sees_the_same_metrics(monkeypatch):
+    """A user's cross-rank rule may also read the step at hand (here: a non-finite value among
+    the metrics of the event that completed the step); it sees the same on both paths."""
+    from rules.loader import load_pack_text
+
+    pack = load_pack_text("""
+rules:
+  - id: outlier_while_broken
+    tiers:
+      - severity: orange
+        when:
+          all:
+            - {ranks: grad_norm/actor, stat: max_over_median, above: 0.5}
+            - {nonfinite: any}
+        actions: [notify]
+""")
+    events = []
+    for e in simulate(SimConfig(run_id="fast-user", fault="healthy", world_size=4), 40):
+        e["ts"] = NOW - 100 + e["step"]
+        if e["kind"] == "step" and e.get("rank") == 3 and e["step"] in (12, 13, 14):
+            e["metrics"]["loss/policy"] = math.nan       # rank 3 completes these steps
+        events.append(e)
+    order = {0: 0, 1: 1, 2: 2, 3: 3}
+    events.sort(key=lambda e: (e["step"], order.get(e.get("rank") or 0, 0)))
+    results = []
+    for fast in (False, True):
+        monkeypatch.setattr(run_mod.RunState, "rank_fast_path", fast)
+        proc = Processor(pack)
+        st = proc.new_state("fast-user")
+        fired = []
+        for e in events:
+            fired += [(a.step, a.state) for a in proc.process(st, parse_event(dump_event(e), NOW), NOW)]
+        results.append(fired)
+    assert results[0] and (12, "firing") in results[0]
+    assert results[1] == results[0]
