@@ -269,6 +269,30 @@ fn median_of(s: &[f64]) -> f64 {
     }
 }
 
+/// `median_of(&sorted(py, v))` without sorting: the middle values found by selection (linear
+/// time), the same numbers. Only for values whose median is used as a magnitude or as the
+/// center of absolute deviations: among equal values of opposite zero sign, selection may pick
+/// the other zero (the sort keeps them in the order they came). NaNs take the sort (Python's
+/// order of NaNs).
+fn median_selected(py: Python<'_>, mut v: Vec<f64>) -> PyResult<f64> {
+    let n = v.len();
+    if n == 0 {
+        return Ok(NAN);
+    }
+    if v.iter().any(|x| x.is_nan()) {
+        return Ok(median_of(&sorted(py, v)?));
+    }
+    let h = n / 2;
+    let (left, mid, _) = v.select_nth_unstable_by(h, |a, b| a.partial_cmp(b).unwrap());
+    let m = *mid;
+    if n % 2 == 1 {
+        return Ok(m);
+    }
+    // the largest of the values before the middle one: the sort's v[h - 1]
+    let below = left.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    Ok(0.5 * (below + m))
+}
+
 fn robust_scale(py: Python<'_>, values: &[f64], med: f64) -> PyResult<f64> {
     let dev: Vec<f64> = values.iter().map(|v| (v - med).abs()).collect();
     if dev.is_empty() {
@@ -276,8 +300,38 @@ fn robust_scale(py: Python<'_>, values: &[f64], med: f64) -> PyResult<f64> {
     }
     let n = dev.len() as f64;
     let total = psum(dev.iter().copied());
-    let srt = sorted(py, dev)?;
-    Ok(py_max(MAD_SCALE * median_of(&srt), MEAN_AD_SCALE * total / n))
+    Ok(py_max(MAD_SCALE * median_selected(py, dev)?, MEAN_AD_SCALE * total / n))
+}
+
+/// `robust_scale(py, srt, med)` of sorted values: the median absolute deviation found by
+/// walking out from `med` on both sides (the deviations of sorted values come in order on each
+/// side: rounding keeps `|x - med|` monotone), without a vector or a sort. The same number.
+fn robust_scale_sorted(py: Python<'_>, srt: &[f64], med: f64) -> PyResult<f64> {
+    let n = srt.len();
+    if n == 0 || med.is_nan() || srt.iter().any(|x| x.is_nan()) {
+        return robust_scale(py, srt, med);
+    }
+    let total = psum(srt.iter().map(|v| (v - med).abs()));
+    // deviations below `med` (walking down from p - 1) and from it up (walking up from p)
+    let p = srt.partition_point(|x| *x < med);
+    let (mut i, mut j) = (p, p);
+    let h = n / 2;
+    let mut prev = NAN;
+    let mut cur = NAN;
+    for _ in 0..=h {
+        let down = if i > 0 { (srt[i - 1] - med).abs() } else { f64::INFINITY };
+        let up = if j < n { (srt[j] - med).abs() } else { f64::INFINITY };
+        prev = cur;
+        if i > 0 && (j >= n || down <= up) {
+            cur = down;
+            i -= 1;
+        } else {
+            cur = up;
+            j += 1;
+        }
+    }
+    let mad = if n % 2 == 1 { cur } else { 0.5 * (prev + cur) };
+    Ok(py_max(MAD_SCALE * mad, MEAN_AD_SCALE * total / n as f64))
 }
 
 fn diff_scale(py: Python<'_>, v: &[f64]) -> PyResult<f64> {
@@ -285,8 +339,9 @@ fn diff_scale(py: Python<'_>, v: &[f64]) -> PyResult<f64> {
     if d.len() < 2 {
         return Ok(NAN);
     }
-    let srt = sorted(py, d.clone())?;
-    robust_scale(py, &d, median_of(&srt))
+    // the median is only the center of the absolute deviations
+    let center = median_selected(py, d.clone())?;
+    robust_scale(py, &d, center)
 }
 
 /// (median, robust scale, points, maximum, robust scale of the changes) of a run's first points.
@@ -1455,7 +1510,7 @@ impl Core {
         if let Some(s) = sp.scale {
             return Ok(s);
         }
-        let s = robust_scale(py, sp.reference.as_deref().unwrap_or(&[]), sp.med)?;
+        let s = robust_scale_sorted(py, sp.reference.as_deref().unwrap_or(&[]), sp.med)?;
         sp.scale = Some(s);
         Ok(s)
     }
@@ -1672,7 +1727,7 @@ impl Core {
                 let n = w.xs.len();
                 let dev: Vec<f64> =
                     w.xs.iter().take(n.saturating_sub(1)).map(|v| (v - med).abs()).collect();
-                let mad = median_of(&sorted(py, dev)?) * 1.4826;
+                let mad = median_selected(py, dev)? * 1.4826;
                 let x = dq_last(&w.xs)?;
                 Ok(if mad > 0.0 {
                     (x - med) / mad
