@@ -445,9 +445,6 @@ class RunState:
     #: look for a relaunch, a rollback and new tags on every event, not only on those that may
     #: bring one: the reference the tests compare the usual way with
     news_on_every_event = False
-    #: take a rank's routine steps through :meth:`_routine_rank_step` (off: the general path
-    #: for every event, the reference the tests compare the fast one with)
-    rank_fast_path = True
 
     def __init__(self, run_id: str, resolve: Callable[..., RunRules] | None = None, *,
                  detect_preset: bool = True):
@@ -557,10 +554,6 @@ class RunState:
     def apply(self, event, now: float) -> list[Alert]:
         """Take one validated event through the run; the alerts whose state changed.
         Raises EventError for an event over the limits (see the module doc)."""
-        if event.rank and self.rank_fast_path and event.kind == "step" and not self.news_on_every_event:
-            got = self._routine_rank_step(event, now)
-            if got is not None:
-                return got
         ts = event.ts
         if ts is None or not now - MAX_TS_AGE <= ts <= now + MAX_TS_AHEAD:
             if ts is not None:
@@ -617,60 +610,6 @@ class RunState:
             return out
         book[rank] = step
         return out + self._samples(event, ts)
-
-    def _routine_rank_step(self, event, now: float) -> list[Alert] | None:
-        """A rank's routine step (most of a fleet's events: a rank other than 0, a sane time,
-        nothing new in it, nothing its own rules could change) taken straight through, as
-        :meth:`apply` and :meth:`_rank_step` take it; None, having changed nothing, for any
-        other event (the general path then takes it). ``rank_fast_path = False`` turns this off:
-        the reference the tests compare it with."""
-        ts, rank, step = event.ts, event.rank, event.step
-        if ts is None or not now - MAX_TS_AGE <= ts <= now + MAX_TS_AHEAD or rank >= MAX_RANKS:
-            return None
-        inc, tags = event.incarnation, event.tags
-        if (inc is not None and inc != self.incarnation) or (tags and (
-                "generation" in tags or (tags is not self._tags_obj and tags != self._tags_seen))):
-            return None
-        if self._renamer is not None or self._preset_tries < PRESET_TRIES:
-            return None
-        newest = self.newest
-        if newest >= 0 and step - newest > MAX_STEP_JUMP:
-            return None
-        last = self.last_step.get(rank)
-        if last is not None and step <= last:
-            return None
-        program = self.programs.get(rank)
-        if program is None or program.reads_signals:
-            return None
-        metrics = event.metrics
-        rules = program.every_step if not program.by_input else program.step_rules(metrics)
-        if rules:
-            # every rule of the rank reads only non-finite values: all finite, nothing open
-            # on the rank, nothing can change (as _rank_step's gate)
-            if not program.finite_gate or rank in self._ranks_open:
-                return None
-            total = sum(metrics.values())
-            if total - total != 0.0:
-                return None
-        # the event is routine: from here on as apply() and _rank_step() take it
-        self.now = ts
-        self.events += 1
-        self.last_seen[rank] = ts
-        self.closed = False
-        if not ts <= self.last_event_ts:
-            self.last_event_ts = ts
-        self.last_step[rank] = step
-        if step > newest:
-            self.newest = step
-        if self.cross_rank and (event.world_size or self.world_size) > 1:
-            done = self._take_rank_values(event)
-            if done:   # the cross-rank rules read what _rank_step would have set
-                self.metrics = metrics
-                try:
-                    return self._ranks_in(done, ts)
-                finally:
-                    self.metrics = _NOTHING
-        return []
 
     def _news(self, event, ts: float) -> list[Alert]:
         """What an event brings besides its values: a relaunch (a new incarnation, or rank 0's
