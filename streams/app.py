@@ -61,7 +61,7 @@ from contract.alert import Alert
 from contract.events import EventError, parse_event
 from contract.settings import Settings
 from rules.loader import load_pack
-from streams.batch_lane import BatchApp
+from streams.batch_lane import BatchApp, Turns
 from streams.broker_log import BrokerLogGate
 from streams.fleet_store import FleetStore, FleetWriter, summary_of
 from streams.heap import Heap
@@ -78,7 +78,6 @@ log = logging.getLogger("rlwatch.worker")
 
 FLUSH_SECONDS = 1.0       # the fleet view's flush to Redis
 HEAP_SECONDS = 60.0       # how often the worker asks whether a thaw of the frozen heap is due
-LANE_SLICE = 200          # events of a batch between two turns of the event loop
 _DEAD, _ALERTS = "dead", "alerts"
 MAX_STATE_BYTES = 900_000   # an encoded state's limit, under Kafka's default 1 MB message limit
 PARTITIONS = 4   # the events topic and the run table are co-partitioned by run_id
@@ -493,6 +492,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         read again."""
         active = batch.checker()
         clock = time.time
+        turns = Turns()     # the loop's other work (timers, the alerts lanes) gets a turn
         done = 0            # batch[:done] processed (their dead letters and alerts sent)
         try:
             for record in batch:
@@ -503,9 +503,10 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                     batch.ack(done)
                     await after(out)
                 done += 1
-                if done % LANE_SLICE == 0:    # the loop's other work (timers, the alerts lanes)
-                    batch.ack(done)           # gets a turn every few milliseconds
+                if turns.due():
+                    batch.ack(done)
                     await asyncio.sleep(0)
+                    turns.taken()
         finally:
             batch.ack(done)
 

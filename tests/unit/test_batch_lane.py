@@ -19,7 +19,7 @@ from faust.transport.utils import DefaultSchedulingStrategy  # noqa: E402
 from faust.types import TP  # noqa: E402
 from faust.types.tuples import ConsumerMessage  # noqa: E402
 
-from streams.batch_lane import BatchApp, LaneBatch, round_robin  # noqa: E402
+from streams.batch_lane import BatchApp, LaneBatch, Turns, round_robin  # noqa: E402
 
 TOPIC = "lane.events"
 
@@ -122,6 +122,7 @@ class FakeConsumer:
     def ack_lane(self, batch, start, stop):
         assert start == self.acked, "acknowledged in order, each once"
         self.acked = stop
+        self.stops = getattr(self, "stops", []) + [stop]
 
 
 def worker_lane(monkeypatch):
@@ -171,6 +172,41 @@ def test_a_rebalance_stops_the_events_lane_with_the_processed_events_acknowledge
     run([step("b", s) for s in range(6)], c)
     assert c.acked == 3 and app.rlwatch_counters["events"] == 3 and not sent
     assert app.rlwatch_states.get("b").last_step == {0: 2}
+
+
+def test_turns_come_after_so_many_seconds_of_work_however_many_records():
+    now = [100.0]
+    turns = Turns(0.005, clock=lambda: now[0])
+    now[0] += 0.004
+    assert not turns.due()
+    now[0] += 0.001
+    assert turns.due()
+    now[0] += 0.003                   # the other tasks' turn took 3 ms: not counted as work
+    turns.taken()
+    now[0] += 0.004
+    assert not turns.due()
+    now[0] += 0.002
+    assert turns.due()
+
+
+@pytest.mark.parametrize("ms_per_read, turns_at", [(0.0, []), (2.0, [3, 6, 9, 12, 15, 18])])
+def test_the_events_lane_gives_the_loop_a_turn_after_so_many_milliseconds(monkeypatch, ms_per_read,
+                                                                         turns_at):
+    """Events that take long (here: 2 ms of the clock per record read of it) get the loop's
+    other tasks a turn every 5 ms, acknowledging what was processed first; events that take
+    no time none at all within a batch."""
+    import streams.batch_lane as lane
+
+    now = [1000.0]
+
+    def clock():
+        now[0] += ms_per_read / 1000
+        return now[0]
+    monkeypatch.setattr(lane, "monotonic", clock)
+    run, _sent, _app, _settings = worker_lane(monkeypatch)
+    c = FakeConsumer()
+    run([step("t", s) for s in range(20)], c)
+    assert c.stops[:-1] == turns_at and c.stops[-1] == 20
 
 
 def seek_consumer(committed: dict, app_id: str = "lane-seek"):
