@@ -101,14 +101,15 @@ LaneHandler = Callable[[LaneBatch], Awaitable[None]]
 
 #: seconds a lane handler works on a batch before the event loop's other tasks (timers, the
 #: alerts lanes, a brake's completion) get a turn
-LANE_TURN_SECONDS = 0.005
+LANE_TURN_SECONDS = 0.01
 
 
 class Turns:
     """When a lane handler gives the event loop a turn: after ``seconds`` of work by ``clock``,
-    however many records that took (a count of records gave the other tasks a turn every 8 ms
-    on one host and every 20 ms or more on a slower one, or with costlier events; a
-    notification waited that long at each of its Redis round trips).
+    however many records that took. A count of records (200) gave the other tasks a turn every
+    8 ms on one host and every 20 ms or more on a slower one, or with costlier events: a timer,
+    a brake's completion and each Redis round trip of a notification waited that long. 10 ms
+    keeps the faster host's rhythm (more turns cost throughput: each runs every ready task).
 
     ``due()`` per record; after the turn (``await asyncio.sleep(0)``), ``taken()``."""
 

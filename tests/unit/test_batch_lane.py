@@ -189,18 +189,18 @@ def test_turns_come_after_so_many_seconds_of_work_however_many_records():
     assert turns.due()
 
 
-@pytest.mark.parametrize("ms_per_read, turns_at", [(0.0, []), (2.0, [3, 6, 9, 12, 15, 18])])
+@pytest.mark.parametrize("ms_per_read, turns_at", [(0.0, []), (1000 / 256, [3, 6, 9, 12, 15, 18])])
 def test_the_events_lane_gives_the_loop_a_turn_after_so_many_milliseconds(monkeypatch, ms_per_read,
                                                                          turns_at):
-    """Events that take long (here: 2 ms of the clock per record read of it) get the loop's
-    other tasks a turn every 5 ms, acknowledging what was processed first; events that take
-    no time none at all within a batch."""
+    """Events that take long (here: about 4 ms of the clock per read of it, exact in binary)
+    get the loop's other tasks a turn after every 10 ms of work, acknowledging what was
+    processed first; events that take no time get none within a batch."""
     import streams.batch_lane as lane
 
     now = [1000.0]
 
     def clock():
-        now[0] += ms_per_read / 1000
+        now[0] += ms_per_read / 1000     # 1/256 s: no rounding near a turn
         return now[0]
     monkeypatch.setattr(lane, "monotonic", clock)
     run, _sent, _app, _settings = worker_lane(monkeypatch)
