@@ -15,7 +15,8 @@ unique to this bench, timestamps moved to now) to a fresh events topic on the lo
   with ``--skip ranks`` / ``--skip rank0``, the worker with only the steps of ranks other than 0
   / of rank 0 skipping the core (what each costs, the alerts they raise included); with
   ``--skip alerts``, the worker with the core on every event and its alerts dropped (what
-  publishing, braking and notifying cost); with ``--worker-env NAME=VALUE``, the worker with that variable set;
+  publishing, braking and notifying cost); with ``--worker-env NAME=VALUE``, the worker with
+  that variable set;
 * ``rlwatch worker`` as a user runs it (a subprocess with its own application id and topics
   through ``RLWATCH_*``), from the beginning, with Redis for the fleet store and the brakes.
 
@@ -277,7 +278,8 @@ def faust_floor_agent() -> None:
 # reach with an infinitely fast core. BENCH_SKIP=ranks / rank0: only the steps of ranks other
 # than 0 / of rank 0 skip the core (what those cost, with the alerts they raise); BENCH_SKIP=alerts:
 # the core runs on every event but the alerts it returns are dropped (what publishing them costs)
-SKIPPED = {"ranks": "no core for ranks 1+", "rank0": "no core for rank 0", "alerts": "alerts dropped"}
+SKIPPED = {"ranks": "no core for ranks 1+", "rank0": "no core for rank 0",
+           "alerts": "alerts dropped"}
 
 NO_CORE_WORKER = """
 import os, sys
@@ -475,9 +477,9 @@ def main() -> None:
                     "--spy, recorded too, into FILE.no-core)")
     ap.add_argument("--skip", action="append", default=[], choices=sorted(SKIPPED),
                     help="also run the worker with the steps of ranks other than 0 (ranks) or of "
-                    "rank 0 (rank0) skipping the core, alerts and all: what they cost; or (alerts) with the "
-                    "core on every event and the alerts it raises dropped: what publishing them "
-                    "costs (repeatable)")
+                    "rank 0 (rank0) skipping the core, alerts and all: what they cost; or (alerts) "
+                    "with the core on every event and the alerts it raises dropped: what "
+                    "publishing them costs (repeatable)")
     ap.add_argument("--no-core-env", action="append", default=[], metavar="NAME=VALUE",
                     help="with --no-core, also run the no-op-core worker with this environment "
                     "variable set (repeatable), e.g. PYTHONPATH=<a copy of an older tree>")

@@ -115,7 +115,8 @@ class Turns:
 
     __slots__ = ("_clock", "_next", "seconds")
 
-    def __init__(self, seconds: float = LANE_TURN_SECONDS, clock: Callable[[], float] | None = None):
+    def __init__(self, seconds: float = LANE_TURN_SECONDS,
+                 clock: Callable[[], float] | None = None):
         self.seconds = seconds
         self._clock = clock = clock or monotonic
         self._next = clock() + seconds
