@@ -41,7 +41,8 @@ from rules.compile import Program, every_rule, per_rule, resolve_threshold
 from rules.engine import RunRules, evaluate
 from rules.state import AlertState
 from streams import signals
-from streams.signals import NAN, Bank, median_of
+from streams.ranks import RankBuffer
+from streams.signals import NAN, Bank
 from streams.text import repetition_score
 
 __all__ = ["MAX_RANKS", "MAX_STEP_JUMP", "RunState", "SUMMARY_METRICS", "TARGET_TAG_PREFIX"]
@@ -257,50 +258,14 @@ class _Source:
 
     def rank_stat(self, metric, stat):
         run = self.run
-        run.rank_metrics.add(metric)
+        run.ranks.track(metric)
         run.cross_rank = True
-
-        def read():
-            got = run._rank_memo.get(metric)     # once per complete step and metric
-            if got is None:
-                values, top, top_value = [], None, NAN
-                for r, e in run.rank_step.items():
-                    v = e["m"].get(metric)
-                    if v is not None and v - v == 0.0:
-                        values.append(v)
-                        if top is None or v > top_value:   # the first of the largest
-                            top, top_value = r, v
-                got = () if len(values) < 2 else (top_value, top, median_of(sorted(values)))
-                run._rank_memo[metric] = got
-            if not got:
-                return NAN, None
-            top_value, top, med = got
-            if stat == "max":
-                return top_value, top
-            if stat == "median":
-                return med, None
-            return (_ratio_pos(top_value, med), top)
-        return read
+        return run.ranks.rank_stat(metric, stat)
 
     def hash_mismatch(self, name):
         run = self.run
         run.cross_rank = True
-
-        def read():
-            steps = run.rank_step
-            first = steps.get(0)
-            ref = None if first is None else first["h"].get(name)
-            if ref is None:
-                return None
-            differ, seen = [], 0
-            for r, e in steps.items():
-                h = e["h"].get(name)
-                if h is not None:
-                    seen += 1
-                    if h != ref:
-                        differ.append(r)
-            return None if seen < 2 else sorted(differ)
-        return read
+        return run.ranks.hash_mismatch(name)
 
     def dist_stat(self, name, stat, window, cap):
         run = self.run
@@ -396,7 +361,7 @@ def _quiet_when_finite(rule) -> bool:
     return all(_when_finite(tier.when) not in (True, "other") for tier in rule.tiers)
 
 
-#: what the per-step fields (metrics, dists, groups, rank_step) hold between steps: empty,
+#: what the per-step fields (metrics, dists, groups) hold between steps: empty,
 #: shared, never written to
 _NOTHING: dict = {}
 
@@ -435,12 +400,6 @@ def _packed_series(series) -> Raw:
     return Raw(series.to_msgpack())
 
 
-def _ratio_pos(x: float, base: float) -> float:
-    if base == 0:
-        return math.inf if x > 0 else NAN
-    return x / base
-
-
 class RunState:
     #: look for a relaunch, a rollback and new tags on every event, not only on those that may
     #: bring one: the reference the tests compare the usual way with
@@ -470,9 +429,8 @@ class RunState:
         self.events = 0
         self.duplicates = 0
         self.ts_replaced = 0
-        self.rank_metrics: set[str] = set()
-        # per step: rank -> {"m": {metric: value}, "h": {name: hash}}
-        self.pending: dict[int, dict[int, dict]] = {}
+        #: per step, each rank's values of the metrics the cross-rank rules read, and hashes
+        self.ranks = RankBuffer(MAX_PENDING_STEPS)
         self.dist_bases: dict[str, list] = {}     # name|window -> [means...] or [(mean,)]
         self.corr_ema: dict[str, list] = {}       # x|y|window -> [num, den, last step]
         self.groups: dict[str, dict] = {}         # metric|window -> {points: {cat: Series}, gap: Series}
@@ -487,8 +445,6 @@ class RunState:
         self._finite, self._finite_of = True, self.metrics   # metrics_finite(), per step
         self.dists: dict[str, list[float]] = {}
         self.groups_step: dict[str, dict[str, float]] = {}
-        self.rank_step: dict[int, dict] = {}
-        self._rank_memo: dict[str, tuple] = {}   # metric -> (top value, its rank, median) of rank_step
         self.samples: list = []
         self._moments: dict[str, Moments | None] = {}
         self._group_cache: dict[str, tuple] = {}
@@ -632,7 +588,7 @@ class RunState:
                 self.generation = int(gen)
                 self.last_step.clear()
                 self.last_other.clear()
-                self.pending.clear()
+                self.ranks.clear()
                 self.alerts.clear()
                 self._ranks_open.clear()
                 self.newest = -1
@@ -672,7 +628,7 @@ class RunState:
         self.newest = -1
         self.last_step.clear()
         self.last_other.clear()
-        self.pending.clear()
+        self.ranks.clear()
         self.alerts.clear()
         self._ranks_open.clear()
         self.dist_bases = {k: [] for k in self.dist_bases}
@@ -743,13 +699,15 @@ class RunState:
     def _ranks_in(self, steps: list[int], ts: float) -> list[Alert]:
         """Evaluate the cross-rank rules of ``steps`` (now complete, or given up on)."""
         out: list[Alert] = []
-        for done in steps:
-            self.rank_step = self.pending.pop(done, _NOTHING)
-            self._rank_memo = {}
-            out += evaluate(self.run_id, self.programs[0].by_trigger.get("ranks", ()),
-                            self.rules.targets, self.alerts, step=done, ts=ts, rank=None,
-                            checkpoint_before=self.checkpoint_before, scanner=_native_scan)
-        self.rank_step = _NOTHING
+        ranks = self.ranks
+        try:
+            for done in steps:
+                ranks.open(done)
+                out += evaluate(self.run_id, self.programs[0].by_trigger.get("ranks", ()),
+                                self.rules.targets, self.alerts, step=done, ts=ts, rank=None,
+                                checkpoint_before=self.checkpoint_before, scanner=_native_scan)
+        finally:
+            ranks.close()
         return out
 
     def _samples(self, event, ts: float) -> list[Alert]:
@@ -841,25 +799,7 @@ class RunState:
             self.world_size = min(world, MAX_RANKS)
         if self.world_size <= 1:
             return []
-        m = event.metrics
-        step = event.step
-        kept = {}
-        for k in self.rank_metrics:
-            if k in m:
-                kept[k] = m[k]
-        entry = {"m": kept, "h": event.hashes}
-        pending = self.pending
-        ranks = pending.get(step)
-        if ranks is None:
-            ranks = pending[step] = {}
-        ranks[event.rank] = entry
-        complete = len(ranks) >= self.world_size
-        # steps that will never complete (a rank missed them): give up on the oldest
-        if len(pending) > MAX_PENDING_STEPS:
-            oldest = min(pending)
-            if oldest != step:
-                return sorted([step, oldest]) if complete else [oldest]
-        return [step] if complete else []
+        return self.ranks.take(event.step, event.rank, event.metrics, event.hashes, self.world_size)
 
     # -- dists, groups, samples ----------------------------------------------------------------
     def moments(self, name: str) -> "Moments | None":
@@ -1079,7 +1019,7 @@ class RunState:
             # on from there, as this one would (not 5 more tries, which also cost a restore
             # about a tenth of its time)
             "preset_tries": self._preset_tries,
-            "pending": {str(s): {str(r): e for r, e in ranks.items()} for s, ranks in self.pending.items()},
+            "pending": self.ranks.to_state(),
             "dist_bases": {k: ([{"m": v[0][0]}] if v and isinstance(v[0], tuple) else v)
                            for k, v in self.dist_bases.items()},
             "corr_ema": self.corr_ema,
@@ -1124,8 +1064,7 @@ class RunState:
         rs.duplicates = state.get("duplicates", 0)
         rs.ts_replaced = state.get("ts_replaced", 0)
         rs.closed = state.get("closed", False)
-        rs.pending = {int(s): {int(r): e for r, e in ranks.items()}
-                      for s, ranks in state.get("pending", {}).items()}
+        rs.ranks.load(state.get("pending", {}))
         for k, v in state.get("dist_bases", {}).items():
             if k in rs.dist_bases:
                 rs.dist_bases[k] = [(v[0]["m"],)] if v and isinstance(v[0], dict) else list(v)

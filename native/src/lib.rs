@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 mod dists;
 mod logic;
+mod ranks;
 mod text;
 
 const NAN: f64 = f64::NAN;
@@ -2463,5 +2464,8 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<logic::CallCompare>()?;
     m.add_function(wrap_pyfunction!(logic::compare_call, m)?)?;
     m.add_function(wrap_pyfunction!(text::repetition_score, m)?)?;
+    m.add_class::<ranks::RankBuffer>()?;
+    m.add_class::<ranks::RankStat>()?;
+    m.add_class::<ranks::HashMismatch>()?;
     Ok(())
 }

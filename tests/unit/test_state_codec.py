@@ -57,7 +57,7 @@ def restore_point(events) -> int:
     pipe = Pipeline(rlhf_pack())
     for i, e in enumerate(events):
         pipe.feed(e, e.ts)
-        pending = any(st.pending for st in pipe.runs.values())
+        pending = any(len(st.ranks) for st in pipe.runs.values())
         if e.kind == "step" and e.step >= ONSET + 25 and pending:
             return i
     raise AssertionError("no step was ever pending")

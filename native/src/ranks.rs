@@ -1,0 +1,394 @@
+//! The cross-rank buffer of a run (`streams/ranks.py`: `PyRankBuffer` is the reference), in
+//! Rust: each rank's values of the metrics the cross-rank rules read, and its hashes, per step,
+//! and the readers that compare the ranks of a complete step. The same values, in the same
+//! order, as the Python one.
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+const NAN: f64 = f64::NAN;
+
+struct Entry {
+    rank: i64,
+    /// (index into `Buf::names`, value), in the order they were kept (the value objects as
+    /// they came: a state written from here holds the same objects as the Python buffer's)
+    m: Vec<(usize, PyObject)>,
+    /// the rank's hashes, as they came (a dict of name -> hash)
+    h: PyObject,
+}
+
+struct Pending {
+    step: i64,
+    ranks: Vec<Entry>,
+}
+
+/// (top value, its rank, median) of one metric at the step at hand; None: fewer than 2 values
+type Memo = Option<(f64, i64, f64)>;
+
+struct Buf {
+    max_pending: usize,
+    /// every metric name met (kept now, or in a loaded state): the indices of `Entry::m`
+    names: Vec<Py<PyString>>,
+    /// the indices of the metrics kept from each rank's steps
+    tracked: Vec<usize>,
+    /// in the order the steps came
+    pending: Vec<Pending>,
+    current: Vec<Entry>,
+    memo: Vec<Option<Memo>>,
+}
+
+impl Buf {
+    fn name_index(&mut self, py: Python<'_>, name: &Bound<'_, PyString>) -> PyResult<usize> {
+        for (i, n) in self.names.iter().enumerate() {
+            if n.bind(py).as_any().eq(name)? {
+                return Ok(i);
+            }
+        }
+        self.names.push(name.clone().unbind());
+        Ok(self.names.len() - 1)
+    }
+
+    fn close(&mut self) {
+        self.current = Vec::new();
+        self.memo.clear();
+    }
+
+    fn stat(&mut self, py: Python<'_>, idx: usize) -> PyResult<Memo> {
+        if let Some(Some(got)) = self.memo.get(idx) {
+            return Ok(*got);
+        }
+        let mut values: Vec<f64> = Vec::with_capacity(self.current.len());
+        let mut top: Option<i64> = None;
+        let mut top_value = NAN;
+        for e in &self.current {
+            if let Some((_, v)) = e.m.iter().find(|(i, _)| *i == idx) {
+                let v = v.bind(py);
+                if v.is_none() {
+                    continue;     // (a state read back from JSON, where NaN was written null)
+                }
+                let v: f64 = v.extract()?;
+                if v - v == 0.0 {
+                    values.push(v);
+                    if top.is_none() || v > top_value {
+                        // the first of the largest
+                        top = Some(r_of(e));
+                        top_value = v;
+                    }
+                }
+            }
+        }
+        let got = if values.len() < 2 {
+            None
+        } else {
+            values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            let n = values.len();
+            let h = n / 2;
+            let med = if n % 2 == 1 { values[h] } else { 0.5 * (values[h - 1] + values[h]) };
+            Some((top_value, top.unwrap(), med))
+        };
+        if self.memo.len() <= idx {
+            self.memo.resize(idx + 1, None);
+        }
+        self.memo[idx] = Some(got);
+        Ok(got)
+    }
+}
+
+#[inline]
+fn r_of(e: &Entry) -> i64 {
+    e.rank
+}
+
+fn lock(buf: &Arc<Mutex<Buf>>) -> PyResult<MutexGuard<'_, Buf>> {
+    match buf.try_lock() {
+        Ok(g) => Ok(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => Err(PyRuntimeError::new_err(
+            "streams._native.RankBuffer used from two threads at once",
+        )),
+    }
+}
+
+fn int_key(k: &Bound<'_, PyAny>) -> PyResult<i64> {
+    // int(k) of the state's keys: digits as text (a state written as JSON), or an int
+    if let Ok(i) = k.extract::<i64>() {
+        return Ok(i);
+    }
+    let s: String = k.str()?.extract()?;
+    s.trim()
+        .parse::<i64>()
+        .map_err(|_| PyValueError::new_err(format!("not a step or rank number: {s:?}")))
+}
+
+/// The cross-rank buffer of one run (streams.ranks.PyRankBuffer, in Rust).
+#[pyclass(module = "streams._native", frozen)]
+pub struct RankBuffer {
+    buf: Arc<Mutex<Buf>>,
+}
+
+#[pymethods]
+impl RankBuffer {
+    #[new]
+    fn new(max_pending: usize) -> RankBuffer {
+        RankBuffer {
+            buf: Arc::new(Mutex::new(Buf {
+                max_pending,
+                names: Vec::new(),
+                tracked: Vec::new(),
+                pending: Vec::new(),
+                current: Vec::new(),
+                memo: Vec::new(),
+            })),
+        }
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(lock(&self.buf)?.pending.len())
+    }
+
+    /// Keep `metric` from each rank's steps from now on.
+    fn track(&self, py: Python<'_>, metric: &Bound<'_, PyString>) -> PyResult<()> {
+        let mut b = lock(&self.buf)?;
+        let i = b.name_index(py, metric)?;
+        if !b.tracked.contains(&i) {
+            b.tracked.push(i);
+        }
+        Ok(())
+    }
+
+    /// Keep a rank's step; the steps now complete or given up on, in order.
+    fn take(
+        &self,
+        py: Python<'_>,
+        step: i64,
+        rank: i64,
+        metrics: &Bound<'_, PyDict>,
+        hashes: PyObject,
+        world: i64,
+    ) -> PyResult<Vec<i64>> {
+        let mut b = lock(&self.buf)?;
+        let mut m = Vec::with_capacity(b.tracked.len());
+        for &i in &b.tracked {
+            if let Some(v) = metrics.get_item(b.names[i].bind(py))? {
+                m.push((i, v.unbind()));
+            }
+        }
+        let entry = Entry { rank, m, h: hashes };
+        let at = match b.pending.iter().rposition(|p| p.step == step) {
+            Some(at) => at,
+            None => {
+                b.pending.push(Pending { step, ranks: Vec::new() });
+                b.pending.len() - 1
+            }
+        };
+        let ranks = &mut b.pending[at].ranks;
+        // a rank already in keeps its place (as a dict's key does)
+        match ranks.iter().position(|e| e.rank == rank) {
+            Some(j) => ranks[j] = entry,
+            None => ranks.push(entry),
+        }
+        let complete = ranks.len() as i64 >= world;
+        // steps that will never complete (a rank missed them): give up on the oldest
+        if b.pending.len() > b.max_pending {
+            let oldest = b.pending.iter().map(|p| p.step).min().unwrap();
+            if oldest != step {
+                return Ok(if complete {
+                    if step < oldest { vec![step, oldest] } else { vec![oldest, step] }
+                } else {
+                    vec![oldest]
+                });
+            }
+        }
+        Ok(if complete { vec![step] } else { Vec::new() })
+    }
+
+    /// Make `step` the step the readers compare (it leaves the buffer).
+    fn open(&self, step: i64) -> PyResult<()> {
+        let mut b = lock(&self.buf)?;
+        let got = match b.pending.iter().position(|p| p.step == step) {
+            Some(at) => b.pending.remove(at).ranks,
+            None => Vec::new(),
+        };
+        b.current = got;
+        b.memo.clear();
+        Ok(())
+    }
+
+    fn close(&self) -> PyResult<()> {
+        lock(&self.buf)?.close();
+        Ok(())
+    }
+
+    fn clear(&self) -> PyResult<()> {
+        let mut b = lock(&self.buf)?;
+        b.pending.clear();
+        b.close();
+        Ok(())
+    }
+
+    fn rank_stat(
+        &self,
+        py: Python<'_>,
+        metric: &Bound<'_, PyString>,
+        stat: &str,
+    ) -> PyResult<RankStat> {
+        let stat = match stat {
+            "max_over_median" => Stat::MaxOverMedian,
+            "max" => Stat::Max,
+            "median" => Stat::Median,
+            _ => return Err(PyValueError::new_err(format!("unknown rank statistic '{stat}'"))),
+        };
+        let idx = lock(&self.buf)?.name_index(py, metric)?;
+        Ok(RankStat { buf: self.buf.clone(), idx, stat })
+    }
+
+    fn hash_mismatch(&self, name: &Bound<'_, PyString>) -> HashMismatch {
+        HashMismatch { buf: self.buf.clone(), name: name.clone().unbind() }
+    }
+
+    fn to_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let b = lock(&self.buf)?;
+        let out = PyDict::new_bound(py);
+        for p in &b.pending {
+            let ranks = PyDict::new_bound(py);
+            for e in &p.ranks {
+                let m = PyDict::new_bound(py);
+                for (i, v) in &e.m {
+                    m.set_item(b.names[*i].bind(py), v.bind(py))?;
+                }
+                let d = PyDict::new_bound(py);
+                d.set_item("m", m)?;
+                d.set_item("h", e.h.bind(py))?;
+                ranks.set_item(e.rank.to_string(), d)?;
+            }
+            out.set_item(p.step.to_string(), ranks)?;
+        }
+        Ok(out)
+    }
+
+    /// Take back `to_state` (what was pending replaces what is).
+    fn load(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
+        let mut b = lock(&self.buf)?;
+        let mut pending: Vec<Pending> = Vec::new();
+        for (s, ranks) in state.iter() {
+            let step = int_key(&s)?;
+            let ranks = ranks.downcast::<PyDict>()?;
+            let mut got: Vec<Entry> = Vec::new();
+            for (r, e) in ranks.iter() {
+                let rank = int_key(&r)?;
+                let e = e.downcast::<PyDict>()?;
+                let mut m = Vec::new();
+                if let Some(md) = e.get_item("m")? {
+                    for (k, v) in md.downcast::<PyDict>()?.iter() {
+                        let i = b.name_index(py, k.downcast::<PyString>()?)?;
+                        m.push((i, v.unbind()));
+                    }
+                }
+                let h = match e.get_item("h")? {
+                    Some(h) => h.unbind(),
+                    None => PyDict::new_bound(py).into_any().unbind(),
+                };
+                let entry = Entry { rank, m, h };
+                match got.iter().position(|x| x.rank == rank) {
+                    Some(j) => got[j] = entry,
+                    None => got.push(entry),
+                }
+            }
+            match pending.iter().position(|p| p.step == step) {
+                Some(j) => pending[j].ranks = got,
+                None => pending.push(Pending { step, ranks: got }),
+            }
+        }
+        b.pending = pending;
+        b.close();
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Stat {
+    MaxOverMedian,
+    Max,
+    Median,
+}
+
+/// `RankBuffer.rank_stat(metric, stat)`: called with no argument, `(value, rank or None)` of
+/// the step at hand.
+#[pyclass(module = "streams._native", frozen)]
+pub struct RankStat {
+    buf: Arc<Mutex<Buf>>,
+    idx: usize,
+    stat: Stat,
+}
+
+#[pymethods]
+impl RankStat {
+    fn __call__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let got = lock(&self.buf)?.stat(py, self.idx)?;
+        let none = py.None();
+        Ok(match got {
+            None => PyTuple::new_bound(py, [NAN.into_py(py), none]),
+            Some((top_value, top, med)) => match self.stat {
+                Stat::Max => PyTuple::new_bound(py, [top_value.into_py(py), top.into_py(py)]),
+                Stat::Median => PyTuple::new_bound(py, [med.into_py(py), none]),
+                Stat::MaxOverMedian => {
+                    let v = if med == 0.0 {
+                        if top_value > 0.0 { f64::INFINITY } else { NAN }
+                    } else {
+                        top_value / med
+                    };
+                    PyTuple::new_bound(py, [v.into_py(py), top.into_py(py)])
+                }
+            },
+        })
+    }
+}
+
+/// `RankBuffer.hash_mismatch(name)`: called with no argument, the ranks of the step at hand
+/// whose hash `name` differs from rank 0's, sorted; None when rank 0 has none or fewer than
+/// two ranks have one.
+#[pyclass(module = "streams._native", frozen)]
+pub struct HashMismatch {
+    buf: Arc<Mutex<Buf>>,
+    name: Py<PyString>,
+}
+
+#[pymethods]
+impl HashMismatch {
+    fn __call__(&self, py: Python<'_>) -> PyResult<PyObject> {
+        let b = lock(&self.buf)?;
+        let name = self.name.bind(py);
+        let hash_of = |e: &Entry| -> PyResult<Option<Bound<'_, PyAny>>> {
+            Ok(e.h.bind(py).downcast::<PyDict>()?.get_item(name)?)
+        };
+        let first = b.current.iter().find(|e| e.rank == 0);
+        let reference = match first {
+            Some(e) => hash_of(e)?,
+            None => None,
+        };
+        let reference = match reference {
+            Some(r) if !r.is_none() => r,
+            _ => return Ok(py.None()),
+        };
+        let mut differ: Vec<i64> = Vec::new();
+        let mut seen = 0;
+        for e in &b.current {
+            if let Some(h) = hash_of(e)? {
+                if h.is_none() {
+                    continue;
+                }
+                seen += 1;
+                if h.ne(&reference)? {
+                    differ.push(e.rank);
+                }
+            }
+        }
+        if seen < 2 {
+            return Ok(py.None());
+        }
+        differ.sort();
+        Ok(PyList::new_bound(py, differ).into_any().unbind())
+    }
+}
