@@ -268,6 +268,100 @@ pub fn join(py: Python<'_>, op: &str, tests: Vec<PyObject>) -> PyResult<Option<N
     Ok(if native { Some(Node { op, branches }) } else { None })
 }
 
+/// A compiled test laid out flat, in the order its branches are read: a join is followed by
+/// its branches (`span` ops in all, itself included). The scan of a run's tiers reads one
+/// contiguous list instead of following a pointer to a separate object per branch: a run's
+/// rules are visited once a step, long after the cache last saw them, and each object reached
+/// through a pointer was a cache miss (most of the tree walk's time, measured with perf).
+enum Flat {
+    Compare { core: Arc<Mutex<Core>>, idx: usize, cmp: Cmp, thr: f64 },
+    Call { read: PyObject, first: bool, cmp: Cmp, thr: f64 },
+    Python(PyObject),
+    Join { op: Op, span: usize },
+}
+
+fn flatten(py: Python<'_>, b: &Branch, out: &mut Vec<Flat>) {
+    match b {
+        Branch::Compare(c) => {
+            let c = c.get();
+            out.push(Flat::Compare { core: c.core.clone(), idx: c.idx, cmp: c.cmp, thr: c.thr });
+        }
+        Branch::Call(c) => {
+            let c = c.get();
+            let read = c.read.clone_ref(py);
+            out.push(Flat::Call { read, first: c.first, cmp: c.cmp, thr: c.thr });
+        }
+        Branch::Node(n) => {
+            let n = n.get();
+            let at = out.len();
+            out.push(Flat::Join { op: n.op, span: 0 });
+            for b in &n.branches {
+                flatten(py, b, out);
+            }
+            let end = out.len();
+            if let Flat::Join { span, .. } = &mut out[at] {
+                *span = end - at;
+            }
+        }
+        Branch::Python(f) => out.push(Flat::Python(f.clone_ref(py))),
+    }
+}
+
+/// The verdict of the test at `ops[i]` and the index after it: what `Branch::eval` gives for
+/// the branch it was flattened from, reading the same branches in the same order.
+fn eval_flat(py: Python<'_>, ops: &[Flat], i: usize) -> PyResult<(Option<bool>, usize)> {
+    match &ops[i] {
+        Flat::Compare { core, idx, cmp, thr } => {
+            let v = lock(core)?.read(py, *idx)?;
+            Ok((cmp.test(v, *thr), i + 1))
+        }
+        Flat::Call { read, first, cmp, thr } => {
+            let r = read.call0(py)?;
+            let r = r.bind(py);
+            let v: f64 = if *first { r.get_item(0)?.extract()? } else { r.extract()? };
+            Ok((cmp.test(v, *thr), i + 1))
+        }
+        Flat::Python(f) => {
+            let r = f.call0(py)?;
+            let r = r.bind(py);
+            Ok((if r.is_none() { None } else { Some(r.is_truthy()?) }, i + 1))
+        }
+        Flat::Join { op, span } => {
+            let end = i + span;
+            let mut j = i + 1;
+            match op {
+                Op::All => {
+                    let mut unknown = false;
+                    while j < end {
+                        let (v, next) = eval_flat(py, ops, j)?;
+                        match v {
+                            Some(false) => return Ok((Some(false), end)),
+                            None => unknown = true,
+                            Some(true) => {}
+                        }
+                        j = next;
+                    }
+                    Ok((if unknown { None } else { Some(true) }, end))
+                }
+                Op::Any => {
+                    let mut decided = false;
+                    while j < end {
+                        let (v, next) = eval_flat(py, ops, j)?;
+                        match v {
+                            Some(true) => return Ok((Some(true), end)),
+                            Some(false) => decided = true,
+                            None => {}
+                        }
+                        j = next;
+                    }
+                    Ok((if decided { Some(false) } else { None }, end))
+                }
+                Op::Not => Ok((eval_flat(py, ops, j)?.0.map(|h| !h), end)),
+            }
+        }
+    }
+}
+
 /// The tests of a list of tiers, in order, and the alert-state key of each (rules/engine.py:
 /// `evaluate`, whose Python loop is the reference). Called with a run's alert states, it reads
 /// every test once, in order, and gives ``(index, verdict)`` for the tiers the state machine
@@ -275,7 +369,10 @@ pub fn join(py: Python<'_>, op: &str, tests: Vec<PyObject>) -> PyResult<Option<N
 /// state, and False or None) change nothing.
 #[pyclass(module = "streams._native", frozen)]
 pub struct Scan {
-    branches: Vec<Branch>,
+    /// every tier's test, flattened one after the other
+    ops: Vec<Flat>,
+    /// where each tier's test starts in `ops`
+    starts: Vec<usize>,
     keys: Vec<Py<pyo3::types::PyString>>,
 }
 
@@ -286,13 +383,22 @@ impl Scan {
         if tests.len() != keys.len() {
             return Err(PyValueError::new_err("Scan: one key per test"));
         }
-        let branches = tests.into_iter().map(|t| Branch::of(py, t).0).collect();
-        Ok(Scan { branches, keys })
+        let mut ops = Vec::new();
+        let mut starts = Vec::with_capacity(tests.len());
+        for t in tests {
+            starts.push(ops.len());
+            flatten(py, &Branch::of(py, t).0, &mut ops);
+        }
+        Ok(Scan { ops, starts, keys })
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for b in &self.branches {
-            b.traverse(&visit)?;
+        for op in &self.ops {
+            match op {
+                Flat::Call { read, .. } => visit.call(read)?,
+                Flat::Python(f) => visit.call(f)?,
+                _ => {}
+            }
         }
         Ok(())
     }
@@ -304,8 +410,8 @@ impl Scan {
     ) -> PyResult<Vec<(usize, Option<bool>)>> {
         let any_state = !states.is_empty();
         let mut out = Vec::new();
-        for (i, b) in self.branches.iter().enumerate() {
-            let v = b.eval(py)?;
+        for (i, &at) in self.starts.iter().enumerate() {
+            let v = eval_flat(py, &self.ops, at)?.0;
             if v == Some(true) || (any_state && states.contains(self.keys[i].bind(py))?) {
                 out.push((i, v));
             }

@@ -276,6 +276,59 @@ def test_the_native_scan_gives_the_alerts_and_states_of_the_python_loop(seed):
     assert [cr.tiers[0].test.calls for cr in nat_rules] == [steps] * 6
 
 
+class _Log(list):
+    """The names of the Python tests read, in order; ``round`` picks each one's verdict."""
+
+    def __init__(self):
+        super().__init__()
+        self.round, self.made = 0, 0
+
+
+class _Logged:
+    """A Python test whose verdict depends on the log's round, writing its name per read."""
+
+    def __init__(self, verdicts, log):
+        log.made += 1
+        self.name, self.verdicts, self.log = f"t{log.made}", verdicts, log
+
+    def __call__(self):
+        self.log.append(self.name)
+        return self.verdicts[self.log.round % len(self.verdicts)]
+
+
+def _random_tree(rng, log, depth=0):
+    """A random test: a native all/any/not over native comparisons, logged Python tests and
+    further joins (a join of Python tests only is left to Python, as rules.compile leaves it)."""
+    if depth >= 3 or rng.random() < 0.3:
+        if rng.random() < 0.5:
+            return _native_test(rng.choice([True, False, None]))
+        return _Logged([rng.choice([True, False, None]) for _ in range(3)], log)
+    op = rng.choice(["all", "any", "not"])
+    n = 1 if op == "not" else rng.randint(1, 4)
+    branches = [_random_tree(rng, log, depth + 1) for _ in range(n)]
+    node = native.join(op, branches)
+    return node if node is not None else branches[0]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_scan_reads_nested_tests_as_the_tree_does_in_the_same_order(seed):
+    """The scan lays every tier's test out flat: the verdicts, and which Python branches are
+    read in what order (where an all/any stops), are those of calling each tier's tree."""
+    rng = random.Random(seed)
+    log = _Log()
+    tests = [_random_tree(rng, log) for _ in range(rng.randint(1, 6))]
+    keys = [f"k{i}/" for i in range(len(tests))]
+    scan = native.Scan(tests, keys)
+    states = dict.fromkeys(keys, object())      # every tier named, whatever its verdict
+    for log.round in range(3):
+        log.clear()
+        got = scan(states)
+        read_by_scan = list(log)
+        log.clear()
+        assert got == [(i, t()) for i, t in enumerate(tests)]
+        assert read_by_scan == list(log)
+
+
 def test_the_scan_reads_native_tests_and_names_tiers_with_a_state():
     tests = [_native_test(True), _native_test(False), _Fixed([None]), _native_test(None),
              _Fixed([True])]
