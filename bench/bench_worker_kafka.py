@@ -277,23 +277,41 @@ def faust_floor_agent() -> None:
 # parse, Faust, the batch lane, table, fleet view, timers) as it is; the rate a worker would
 # reach with an infinitely fast core. BENCH_SKIP=ranks / rank0: only the steps of ranks other
 # than 0 / of rank 0 skip the core (what those cost, with the alerts they raise); BENCH_SKIP=alerts:
-# the core runs on every event but the alerts it returns are dropped (what publishing them costs)
+# the core runs on every event but the alerts it returns are dropped (what publishing them costs).
+# The pieces of that cost, each left out on its own with the rest as it is: BENCH_SKIP=brakes, the
+# brake thread's work (each brake reported done at once, nothing sent to Redis); notify, the
+# notification lane (Dispatcher.notify returns at once: no incident, outbox or sends); snapshot,
+# the snapshot attached to each alert (the alerts go out without one).
 SKIPPED = {"ranks": "no core for ranks 1+", "rank0": "no core for rank 0",
-           "alerts": "alerts dropped"}
+           "alerts": "alerts dropped", "brakes": "no brake thread work",
+           "notify": "no notification lane work", "snapshot": "alerts without snapshots"}
 
 NO_CORE_WORKER = """
 import os, sys
 import streams.processor
 skip = os.environ.get("BENCH_SKIP", "all")
-process = streams.processor.Processor.process
-def skipping(self, state, event, now):
-    if skip == "alerts":
-        process(self, state, event, now)
-        return []
-    if skip == "all" or (event.kind == "step" and (event.rank != 0) == (skip == "ranks")):
-        return []
-    return process(self, state, event, now)
-streams.processor.Processor.process = skipping
+if skip == "brakes":
+    import alerts.brake
+    alerts.brake.BrakeThread.submit = lambda self, alert, on_done=None: on_done and on_done()
+elif skip == "notify":
+    import alerts.dispatch
+    from alerts.dispatch import Delivery
+    async def notify(self, alert, out=None, **kwargs):
+        return out or Delivery(alert)
+    alerts.dispatch.Dispatcher.notify = notify
+elif skip == "snapshot":
+    import streams.app
+    streams.app.attach_snapshot = lambda alert, recorder, state: alert
+else:
+    process = streams.processor.Processor.process
+    def skipping(self, state, event, now):
+        if skip == "alerts":
+            process(self, state, event, now)
+            return []
+        if skip == "all" or (event.kind == "step" and (event.rank != 0) == (skip == "ranks")):
+            return []
+        return process(self, state, event, now)
+    streams.processor.Processor.process = skipping
 from rlwatch.cli import main
 sys.argv[0] = "rlwatch"
 sys.exit(main())
@@ -479,7 +497,9 @@ def main() -> None:
                     help="also run the worker with the steps of ranks other than 0 (ranks) or of "
                     "rank 0 (rank0) skipping the core, alerts and all: what they cost; or (alerts) "
                     "with the core on every event and the alerts it raises dropped: what "
-                    "publishing them costs (repeatable)")
+                    "publishing them costs; or one piece of that left out: the brake thread's "
+                    "work (brakes), the notification lane's (notify), the snapshots (snapshot) "
+                    "(repeatable)")
     ap.add_argument("--no-core-env", action="append", default=[], metavar="NAME=VALUE",
                     help="with --no-core, also run the no-op-core worker with this environment "
                     "variable set (repeatable), e.g. PYTHONPATH=<a copy of an older tree>")
