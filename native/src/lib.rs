@@ -1919,12 +1919,18 @@ fn flip_and_diff(v: &[f64]) -> PyResult<(f64, f64)> {
 // -- the Python classes -----------------------------------------------------------------------
 
 fn lock(core: &Arc<Mutex<Core>>) -> PyResult<MutexGuard<'_, Core>> {
-    match core.try_lock() {
+    lock_of(core, "Bank")
+}
+
+/// The state behind a native object, which is never shared between threads: a second thread
+/// at once is an error, not a wait.
+pub(crate) fn lock_of<'a, T>(m: &'a Arc<Mutex<T>>, what: &str) -> PyResult<MutexGuard<'a, T>> {
+    match m.try_lock() {
         Ok(g) => Ok(g),
         Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => Err(PyRuntimeError::new_err(
-            "streams._native.Bank used from two threads at once",
-        )),
+        Err(std::sync::TryLockError::WouldBlock) => Err(PyRuntimeError::new_err(format!(
+            "streams._native.{what} used from two threads at once"
+        ))),
     }
 }
 

@@ -3,7 +3,7 @@
 //! and the readers that compare the ranks of a complete step. The same values, in the same
 //! order, as the Python one.
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -102,13 +102,7 @@ fn r_of(e: &Entry) -> i64 {
 }
 
 fn lock(buf: &Arc<Mutex<Buf>>) -> PyResult<MutexGuard<'_, Buf>> {
-    match buf.try_lock() {
-        Ok(g) => Ok(g),
-        Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => Err(PyRuntimeError::new_err(
-            "streams._native.RankBuffer used from two threads at once",
-        )),
-    }
+    super::lock_of(buf, "RankBuffer")
 }
 
 fn int_key(k: &Bound<'_, PyAny>) -> PyResult<i64> {
