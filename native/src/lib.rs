@@ -257,7 +257,7 @@ fn dq_last<T: Copy>(a: &VecDeque<T>) -> PyResult<T> {
 
 // -- the pure functions of signals.py ----------------------------------------------------------
 
-fn median_of(s: &[f64]) -> f64 {
+pub(crate) fn median_of(s: &[f64]) -> f64 {
     let n = s.len();
     if n == 0 {
         return NAN;

@@ -73,7 +73,7 @@ impl Buf {
                     values.push(v);
                     if top.is_none() || v > top_value {
                         // the first of the largest
-                        top = Some(r_of(e));
+                        top = Some(e.rank);
                         top_value = v;
                     }
                 }
@@ -82,11 +82,8 @@ impl Buf {
         let got = if values.len() < 2 {
             None
         } else {
-            values.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            let n = values.len();
-            let h = n / 2;
-            let med = if n % 2 == 1 { values[h] } else { 0.5 * (values[h - 1] + values[h]) };
-            Some((top_value, top.unwrap(), med))
+            values.sort_by(|a, b| a.partial_cmp(b).unwrap());     // finite values only
+            Some((top_value, top.unwrap(), super::median_of(&values)))
         };
         if self.memo.len() <= idx {
             self.memo.resize(idx + 1, None);
@@ -94,11 +91,6 @@ impl Buf {
         self.memo[idx] = Some(got);
         Ok(got)
     }
-}
-
-#[inline]
-fn r_of(e: &Entry) -> i64 {
-    e.rank
 }
 
 fn lock(buf: &Arc<Mutex<Buf>>) -> PyResult<MutexGuard<'_, Buf>> {
