@@ -66,6 +66,7 @@ from streams.broker_log import BrokerLogGate
 from streams.fleet_store import FleetStore, FleetWriter, summary_of
 from streams.heap import Heap
 from streams.liveness import liveness_pass
+from streams.read_marks import ReadMarks
 from streams.processor import Processor
 from streams.run import RunState
 from streams.snapshot import SnapshotRecorder, attach_snapshot
@@ -403,6 +404,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     table = app.Table(RUN_TABLE, default=None, partitions=PARTITIONS, key_type=bytes,
                       value_type=bytes, use_partitioner=True, extra_topic_configs=CHANGELOG_CONFIG)
     states = RunStates(table, processor)
+    marks = ReadMarks()         # how far each partition is read: the liveness timer's clock
     heap = Heap()
     # recent steps and samples per run, for incident snapshots: as many runs as the decoded
     # states (the recorder's default of 1,000 runs, under a fleet of 1,250, dropped each run's
@@ -509,13 +511,16 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                     turns.taken()
         finally:
             batch.ack(done)
+            marks.read_records(batch, done, batch.partitions)
 
     @app.agent(events)
     async def process_events(stream):
         """Subscribes the events topic (co-partitioned with the table); with the batch lane on,
         its messages go to ``process_batch`` instead, and this agent gets none."""
-        async for key, raw in stream.items():
-            out = take(key, raw, time.time())
+        async for event in stream.events():
+            out = take(event.key, event.value, time.time())
+            msg = event.message
+            marks.read(msg.partition, msg.offset, msg.timestamp)
             if out is not None:
                 await after(out)
 
@@ -634,17 +639,48 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         """Liveness rules for every run this worker owns, a slice of runs at a time; runs silent
         past the TTL expire. A rebalance stops the pass (the next one starts over)."""
         generation = app.consumer_generation_id
-        owns = owner_of(app.consumer.assignment())
+        assignment = app.consumer.assignment()
+        owns = owner_of(assignment)
         # the table's in-memory store keeps the states this worker wrote for partitions a
         # rebalance took away since (Faust drops only those it read from the changelog): their
         # runs go on elsewhere, and their copies here would look silent (false run_stalled)
         owned = [run_id for run_id in dict.fromkeys(
                      [*states.cache, *(k.decode() for k in list(table.keys()))])
                  if owns(run_id)]
-        await liveness_pass(states, processor, owned, time.time(),
-                            ttl_seconds=settings.run_ttl_hours * 3600,
-                            active=lambda: app.lane_active(generation),
-                            alerted=liveness_alerts, expired=expired)
+        now = time.time()
+        read_to = read_times(assignment, now)
+        partitions = app.consumer.topic_partitions(settings.events_topic) or PARTITIONS
+        done = await liveness_pass(
+            states, processor, owned, now, ttl_seconds=settings.run_ttl_hours * 3600,
+            active=lambda: app.lane_active(generation), alerted=liveness_alerts,
+            expired=expired, as_of=lambda run_id: read_to.get(partition_of(run_id, partitions)))
+        behind = sorted(p for p, t in read_to.items()
+                        if t is None or now - t > settings.tick_seconds)
+        if behind != behind_logged[0]:      # logged when it changes, not every tick
+            behind_logged[0] = behind
+            if behind:
+                log.info("rlwatch: behind on partitions %s of %s: their runs' silence is judged "
+                         "as of what is read there (%d runs not judged yet)", behind,
+                         settings.events_topic, done.waiting)
+            else:
+                log.info("rlwatch: caught up on every partition of %s", settings.events_topic)
+
+    behind_logged: list = [None]
+
+    def read_times(assignment, now: float) -> dict:
+        """Each assigned partition of the events topic: the time it is read up to
+        (streams.read_marks), or None."""
+        consumer = app.consumer
+        committed = consumer._committed_offset      # Faust's: set at assignment and each commit
+        out = {}
+        for tp in assignment:
+            if tp.topic == settings.events_topic:
+                try:
+                    highwater = consumer.highwater(tp)
+                except Exception:  # noqa: BLE001 - a partition the rebalance took meanwhile
+                    highwater = None
+                out[tp.partition] = marks.as_of(tp.partition, highwater, committed.get(tp), now)
+        return out
 
     @app.timer(interval=HEAP_SECONDS)
     async def collect_heap():
@@ -664,6 +700,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     async def on_revoked(app_, revoked, **kwargs):
         states.flush()
         states.forget()
+        marks.forget()
 
     @app.on_partitions_assigned.connect
     async def on_assigned(app_, assigned, **kwargs):

@@ -83,6 +83,11 @@ class LaneBatch(list):
         app = self._consumer.app
         return app.flow_control.is_active() and app.consumer_generation_id == self.generation_id
 
+    @property
+    def partitions(self) -> int:
+        """How many partitions the records are of."""
+        return len(self._tps)
+
     def checker(self) -> Callable[[], bool]:
         """:meth:`active` as a function of nothing, cheaper to call per record."""
         app = self._consumer.app

@@ -11,6 +11,10 @@ events lane meanwhile waited for the whole pass. So the pass:
   another worker now, and the next pass starts over with the runs this one owns then;
 * is given only the runs of the partitions the worker is assigned (the worker's table keeps
   states it wrote for partitions a rebalance took away: those runs go on at another worker);
+* judges each run as of the time the worker has read its partition up to (``as_of``,
+  :mod:`streams.read_marks`), not the wall clock: a worker behind on a partition (after a
+  rebalance or a restart, or slow) has the runs' later events still to read, and would find
+  them silent; a run whose partition's reading is not known yet waits for the next pass;
 * takes the runs that are not decoded with ``states.peek`` and lets them go after
   (``states.put_back``): a pass restoring every run would otherwise push the runs the events
   lane is working on out of the cache (each pass decoding and evicting the whole fleet again).
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterable
+from typing import Awaitable, Callable, Iterable, Optional
 
 __all__ = ["LIVENESS_SLICE", "LivenessPass", "liveness_pass"]
 
@@ -38,6 +42,7 @@ class LivenessPass:
     restored: int = 0      # of them, restored from the table for the pass (not kept decoded)
     expired: int = 0       # runs dropped: silent past the TTL
     alerts: int = 0
+    waiting: int = 0       # runs not judged: how far their partition is read is not known yet
     stopped: bool = False  # a rebalance stopped the pass before the end
 
 
@@ -45,8 +50,11 @@ async def liveness_pass(states, processor, run_ids: Iterable[str], now: float, *
                         ttl_seconds: float, active: Callable[[], bool],
                         alerted: Callable[..., Awaitable[None]],
                         expired: Callable[[str], None],
+                        as_of: Optional[Callable[[str], Optional[float]]] = None,
                         slice_: int = LIVENESS_SLICE) -> LivenessPass:
-    """Evaluate the liveness rules of ``run_ids`` at wall time ``now``.
+    """Evaluate the liveness rules of ``run_ids`` at wall time ``now``, or, given ``as_of``,
+    each run as of ``as_of(run_id)``: the time its events are read up to (None: not known, the
+    run is left for the next pass).
 
     ``states``: the worker's run states (``peek``, ``put_back``, ``drop``); ``active()``: False
     once a rebalance started; ``await alerted(state, alerts)`` publishes the alerts of a run
@@ -58,10 +66,14 @@ async def liveness_pass(states, processor, run_ids: Iterable[str], now: float, *
         if not active():
             done.stopped = True
             break
+        at = now if as_of is None else as_of(run_id)
+        if at is None:
+            done.waiting += 1
+            continue
         st, decoded = states.peek(run_id)
         if st is None:
             continue       # dropped meanwhile
-        if now - st.last_event_ts > ttl_seconds:
+        if at - st.last_event_ts > ttl_seconds:
             states.drop(run_id)
             if not decoded:
                 st.release()
@@ -70,7 +82,7 @@ async def liveness_pass(states, processor, run_ids: Iterable[str], now: float, *
             continue
         done.runs += 1
         done.restored += not decoded
-        alerts = processor.tick(st, now)
+        alerts = processor.tick(st, at)
         states.put_back(run_id, st, changed=bool(alerts))
         if alerts:
             done.alerts += len(alerts)

@@ -215,6 +215,48 @@ def test_the_worker_timer_finds_a_silent_run_and_spares_a_live_one(services, sta
     assert not any(run_id == live for run_id, _, _ in seen)
 
 
+def test_a_worker_behind_on_its_backlog_does_not_find_a_run_stalled_that_spoke_later(
+        services, start_worker, session_id, tmp_path):
+    """A worker that starts behind (a restart, a rebalance) reads a backlog: a run's old steps,
+    sent 400 s ago, then its latest step a second ago. While it reads the old ones its liveness
+    timer (every 0.25 s here) must judge the run as of what it has read, not the wall clock: the
+    run spoke a second ago, it is not stalled (before, a tick in the middle of the backlog found
+    it silent for 400 s and raised a false run_stalled). The other run, silent since then, is."""
+    env = worker_env(services, f"{session_id}-lag", RLWATCH_TICK_SECONDS="0.25")
+    topic, alerts_topic = env["RLWATCH_EVENTS_TOPIC"], env["RLWATCH_ALERTS_TOPIC"]
+    live, silent = f"it-lag-{uuid.uuid4().hex[:6]}", f"it-lag-silent-{uuid.uuid4().hex[:6]}"
+    producer = KafkaProducer(bootstrap_servers=services["kafka"], linger_ms=20,
+                             batch_size=1 << 20)
+    then = time.time() - 400
+    backlog = 20_000               # a few seconds of reading: more than a tick
+    for step in range(backlog):
+        for run_id in (live, silent) if step < 3 else (live,):
+            producer.send(topic, key=run_id.encode(), timestamp_ms=int((then + step * 1e-4) * 1000),
+                          value=json.dumps({"schema": 1, "kind": "step", "run_id": run_id,
+                                            "step": step, "ts": then + step * 1e-4,
+                                            "metrics": {"kl/mean": 0.02}}).encode())
+    producer.send(topic, key=live.encode(), value=json.dumps(
+        {"schema": 1, "kind": "step", "run_id": live, "step": backlog, "ts": time.time() - 1,
+         "metrics": {"kl/mean": 0.02}}).encode())
+    producer.flush()
+    producer.close()
+    worker = start_worker(env)
+    worker.wait_for("caught up on every partition", 120)
+    consumer = KafkaConsumer(alerts_topic, bootstrap_servers=services["kafka"],
+                             auto_offset_reset="earliest", consumer_timeout_ms=30_000,
+                             group_id=f"alerts-reader-{uuid.uuid4().hex}")
+    stalled = []
+    for msg in consumer:
+        alert = json.loads(msg.value)
+        if alert["rule"] == "run_stalled":
+            stalled.append((alert["run_id"], alert["state"]))
+            if alert["run_id"] == silent:
+                break
+    consumer.close()
+    assert stalled == [(silent, "firing")]
+    assert any("behind on partitions" in line for line in worker.lines)
+
+
 def test_after_a_rebalance_a_worker_does_not_find_the_runs_it_gave_away_stalled(
         services, start_worker, session_id, tmp_path):
     """Two workers share the runs after a rebalance. The first one's table held the states it

@@ -158,3 +158,37 @@ def test_an_unreadable_stored_state_is_logged_once_and_the_run_starts_afresh(cap
     logged = [r.getMessage() for r in caplog.records if "run-001" in r.getMessage()]
     assert len(logged) == 1 and "is unreadable (13 bytes" in logged[0]
     assert list(states.cache) == ["run-001"] and states.cache["run-001"].events == 0
+
+
+def test_runs_are_judged_as_of_how_far_their_partition_is_read():
+    """A worker behind on a partition (after a rebalance, say) has the runs' later events still
+    to read: their silence counts up to the last record read there, not the wall clock, and a
+    run whose partition is not read at all yet is left for the next pass."""
+    processor, states, table = fleet(3, limit=3)
+    read_to = {"run-000": STALLED_AT, "run-001": T0 + 20, "run-002": None}
+    published = {}
+
+    async def alerted(st, alerts):
+        published[st.run_id] = alerts
+
+    done = run(liveness_pass(states, processor, sorted(k.decode() for k in table), STALLED_AT,
+                             ttl_seconds=3600 * 24, active=lambda: True, alerted=alerted,
+                             expired=lambda run_id: None, as_of=read_to.get))
+    assert (done.runs, done.waiting) == (2, 1)
+    assert list(published) == ["run-000"]
+    assert published["run-000"][0].ts == STALLED_AT
+    # once the backlog is read the run's silence is known: it fires then, as of that time
+    read_to["run-001"] = STALLED_AT + 5
+    run(liveness_pass(states, processor, sorted(k.decode() for k in table), STALLED_AT + 5,
+                      ttl_seconds=3600 * 24, active=lambda: True, alerted=alerted,
+                      expired=lambda run_id: None, as_of=read_to.get))
+    assert sorted(published) == ["run-000", "run-001"]
+
+
+def test_a_partition_behind_does_not_expire_its_runs():
+    processor, states, table = fleet(2, limit=2)
+    gone = []
+    done = run(liveness_pass(states, processor, sorted(k.decode() for k in table), T0 + 7200,
+                             ttl_seconds=3600, active=lambda: True, alerted=None,
+                             expired=gone.append, as_of={"run-000": T0 + 10}.get))
+    assert gone == [] and done.waiting == 1 and done.expired == 0
