@@ -215,14 +215,17 @@ def test_the_worker_timer_finds_a_silent_run_and_spares_a_live_one(services, sta
     assert not any(run_id == live for run_id, _, _ in seen)
 
 
+@pytest.mark.parametrize("lane", ["1", "0"], ids=["batch lane", "Faust's agent path"])
 def test_a_worker_behind_on_its_backlog_does_not_find_a_run_stalled_that_spoke_later(
-        services, start_worker, session_id, tmp_path):
+        services, start_worker, session_id, tmp_path, lane):
     """A worker that starts behind (a restart, a rebalance) reads a backlog: a run's old steps,
     sent 400 s ago, then its latest step a second ago. While it reads the old ones its liveness
     timer (every 0.25 s here) must judge the run as of what it has read, not the wall clock: the
     run spoke a second ago, it is not stalled (before, a tick in the middle of the backlog found
-    it silent for 400 s and raised a false run_stalled). The other run, silent since then, is."""
-    env = worker_env(services, f"{session_id}-lag", RLWATCH_TICK_SECONDS="0.25")
+    it silent for 400 s and raised a false run_stalled). The other run, silent since then, is.
+    Both ways a worker reads events: its batch lane, and Faust's agent path (lane off)."""
+    env = worker_env(services, f"{session_id}-lag{lane}", RLWATCH_TICK_SECONDS="0.25",
+                     RLWATCH_BATCH_LANE=lane)
     topic, alerts_topic = env["RLWATCH_EVENTS_TOPIC"], env["RLWATCH_ALERTS_TOPIC"]
     live, silent = f"it-lag-{uuid.uuid4().hex[:6]}", f"it-lag-silent-{uuid.uuid4().hex[:6]}"
     producer = KafkaProducer(bootstrap_servers=services["kafka"], linger_ms=20,
