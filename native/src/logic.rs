@@ -99,10 +99,19 @@ pub struct CallCompare {
 impl CallCompare {
     #[inline]
     fn eval(&self, py: Python<'_>) -> PyResult<Option<bool>> {
-        let r = self.read.call0(py)?;
-        let r = r.bind(py);
-        let v: f64 = if self.first { r.get_item(0)?.extract()? } else { r.extract()? };
-        Ok(self.cmp.test(v, self.thr))
+        Ok(self.cmp.test(call_read(py, &self.read, self.first)?, self.thr))
+    }
+}
+
+/// A Python reader's value: ``read()``, or ``read()[0]`` when ``first``.
+#[inline]
+fn call_read(py: Python<'_>, read: &PyObject, first: bool) -> PyResult<f64> {
+    let r = read.call0(py)?;
+    let r = r.bind(py);
+    if first {
+        r.get_item(0)?.extract()
+    } else {
+        r.extract()
     }
 }
 
@@ -135,29 +144,6 @@ fn cmp_of(kind: &str) -> PyResult<Cmp> {
     })
 }
 
-enum Branch {
-    Compare(Py<Compare>),
-    Call(Py<CallCompare>),
-    Node(Py<Node>),
-    Python(PyObject),
-}
-
-impl Branch {
-    /// A compiled test as a branch: native when it is one.
-    fn of(py: Python<'_>, t: PyObject) -> (Branch, bool) {
-        let b = t.bind(py);
-        if let Ok(c) = b.downcast::<Compare>() {
-            (Branch::Compare(c.clone().unbind()), true)
-        } else if let Ok(c) = b.downcast::<CallCompare>() {
-            (Branch::Call(c.clone().unbind()), true)
-        } else if let Ok(n) = b.downcast::<Node>() {
-            (Branch::Node(n.clone().unbind()), true)
-        } else {
-            (Branch::Python(t), false)
-        }
-    }
-}
-
 #[derive(Clone, Copy, PartialEq)]
 enum Op {
     All,
@@ -165,81 +151,22 @@ enum Op {
     Not,
 }
 
-/// `all`, `any` or `not` of tests.
+/// `all`, `any` or `not` of tests, laid out flat (see [`Flat`]): `ops[0]` is the join, its
+/// branches follow. Evaluated by the same walk as a scan's tiers.
 #[pyclass(module = "streams._native", frozen)]
 pub struct Node {
-    op: Op,
-    branches: Vec<Branch>,
-}
-
-impl Branch {
-    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        match self {
-            Branch::Compare(c) => visit.call(c),
-            Branch::Call(c) => visit.call(c),
-            Branch::Node(n) => visit.call(n),
-            Branch::Python(f) => visit.call(f),
-        }
-    }
-
-    #[inline]
-    fn eval(&self, py: Python<'_>) -> PyResult<Option<bool>> {
-        match self {
-            Branch::Compare(c) => c.get().eval(py),
-            Branch::Call(c) => c.get().eval(py),
-            Branch::Node(n) => n.get().eval(py),
-            Branch::Python(f) => {
-                let r = f.call0(py)?;
-                let r = r.bind(py);
-                if r.is_none() {
-                    Ok(None)
-                } else {
-                    Ok(Some(r.is_truthy()?))
-                }
-            }
-        }
-    }
-}
-
-impl Node {
-    fn eval(&self, py: Python<'_>) -> PyResult<Option<bool>> {
-        match self.op {
-            Op::All => {
-                let mut unknown = false;
-                for b in &self.branches {
-                    match b.eval(py)? {
-                        Some(false) => return Ok(Some(false)),
-                        None => unknown = true,
-                        Some(true) => {}
-                    }
-                }
-                Ok(if unknown { None } else { Some(true) })
-            }
-            Op::Any => {
-                let mut decided = false;
-                for b in &self.branches {
-                    match b.eval(py)? {
-                        Some(true) => return Ok(Some(true)),
-                        Some(false) => decided = true,
-                        None => {}
-                    }
-                }
-                Ok(if decided { Some(false) } else { None })
-            }
-            Op::Not => Ok(self.branches[0].eval(py)?.map(|h| !h)),
-        }
-    }
+    ops: Vec<Flat>,
 }
 
 #[pymethods]
 impl Node {
     fn __call__(&self, py: Python<'_>) -> PyResult<Option<bool>> {
-        self.eval(py)
+        Ok(eval_flat(py, &self.ops, 0)?.0)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for b in &self.branches {
-            b.traverse(&visit)?;
+        for op in &self.ops {
+            op.traverse(&visit)?;
         }
         Ok(())
     }
@@ -258,14 +185,14 @@ pub fn join(py: Python<'_>, op: &str, tests: Vec<PyObject>) -> PyResult<Option<N
     if tests.is_empty() || (op == Op::Not && tests.len() != 1) {
         return Err(PyValueError::new_err("join: `not` takes one test, `all`/`any` at least one"));
     }
+    let mut ops = vec![Flat::Join { op, span: 0 }];
     let mut native = false;
-    let mut branches = Vec::with_capacity(tests.len());
     for t in tests {
-        let (b, is_native) = Branch::of(py, t);
-        native |= is_native;
-        branches.push(b);
+        native |= flatten(py, t.bind(py), &mut ops);
     }
-    Ok(if native { Some(Node { op, branches }) } else { None })
+    let span = ops.len();
+    ops[0] = Flat::Join { op, span };
+    Ok(if native { Some(Node { ops }) } else { None })
 }
 
 /// A compiled test laid out flat, in the order its branches are read: a join is followed by
@@ -280,47 +207,57 @@ enum Flat {
     Join { op: Op, span: usize },
 }
 
-fn flatten(py: Python<'_>, b: &Branch, out: &mut Vec<Flat>) {
-    match b {
-        Branch::Compare(c) => {
-            let c = c.get();
-            out.push(Flat::Compare { core: c.core.clone(), idx: c.idx, cmp: c.cmp, thr: c.thr });
-        }
-        Branch::Call(c) => {
-            let c = c.get();
-            let read = c.read.clone_ref(py);
-            out.push(Flat::Call { read, first: c.first, cmp: c.cmp, thr: c.thr });
-        }
-        Branch::Node(n) => {
-            let n = n.get();
-            let at = out.len();
-            out.push(Flat::Join { op: n.op, span: 0 });
-            for b in &n.branches {
-                flatten(py, b, out);
+impl Flat {
+    fn clone_ref(&self, py: Python<'_>) -> Flat {
+        match self {
+            Flat::Compare { core, idx, cmp, thr } => {
+                Flat::Compare { core: core.clone(), idx: *idx, cmp: *cmp, thr: *thr }
             }
-            let end = out.len();
-            if let Flat::Join { span, .. } = &mut out[at] {
-                *span = end - at;
+            Flat::Call { read, first, cmp, thr } => {
+                Flat::Call { read: read.clone_ref(py), first: *first, cmp: *cmp, thr: *thr }
             }
+            Flat::Python(f) => Flat::Python(f.clone_ref(py)),
+            Flat::Join { op, span } => Flat::Join { op: *op, span: *span },
         }
-        Branch::Python(f) => out.push(Flat::Python(f.clone_ref(py))),
+    }
+
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self {
+            Flat::Call { read, .. } => visit.call(read),
+            Flat::Python(f) => visit.call(f),
+            _ => Ok(()),
+        }
     }
 }
 
-/// The verdict of the test at `ops[i]` and the index after it: what `Branch::eval` gives for
-/// the branch it was flattened from, reading the same branches in the same order.
+/// Append compiled test `t` to `ops`, flat; whether it is native (a Python callable is kept
+/// as one op that calls it).
+fn flatten(py: Python<'_>, t: &Bound<'_, PyAny>, ops: &mut Vec<Flat>) -> bool {
+    if let Ok(c) = t.downcast::<Compare>() {
+        let c = c.get();
+        ops.push(Flat::Compare { core: c.core.clone(), idx: c.idx, cmp: c.cmp, thr: c.thr });
+    } else if let Ok(c) = t.downcast::<CallCompare>() {
+        let c = c.get();
+        ops.push(Flat::Call { read: c.read.clone_ref(py), first: c.first, cmp: c.cmp, thr: c.thr });
+    } else if let Ok(n) = t.downcast::<Node>() {
+        ops.extend(n.get().ops.iter().map(|op| op.clone_ref(py)));
+    } else {
+        ops.push(Flat::Python(t.clone().unbind()));
+        return false;
+    }
+    true
+}
+
+/// The verdict of the test at `ops[i]` and the index after it: what the compiled test it was
+/// flattened from gives called on its own (the Python closures of rules/compile.py are the
+/// reference), reading the same branches in the same order.
 fn eval_flat(py: Python<'_>, ops: &[Flat], i: usize) -> PyResult<(Option<bool>, usize)> {
     match &ops[i] {
         Flat::Compare { core, idx, cmp, thr } => {
             let v = lock(core)?.read(py, *idx)?;
             Ok((cmp.test(v, *thr), i + 1))
         }
-        Flat::Call { read, first, cmp, thr } => {
-            let r = read.call0(py)?;
-            let r = r.bind(py);
-            let v: f64 = if *first { r.get_item(0)?.extract()? } else { r.extract()? };
-            Ok((cmp.test(v, *thr), i + 1))
-        }
+        Flat::Call { read, first, cmp, thr } => Ok((cmp.test(call_read(py, read, *first)?, *thr), i + 1)),
         Flat::Python(f) => {
             let r = f.call0(py)?;
             let r = r.bind(py);
@@ -387,18 +324,14 @@ impl Scan {
         let mut starts = Vec::with_capacity(tests.len());
         for t in tests {
             starts.push(ops.len());
-            flatten(py, &Branch::of(py, t).0, &mut ops);
+            flatten(py, t.bind(py), &mut ops);
         }
         Ok(Scan { ops, starts, keys })
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         for op in &self.ops {
-            match op {
-                Flat::Call { read, .. } => visit.call(read)?,
-                Flat::Python(f) => visit.call(f)?,
-                _ => {}
-            }
+            op.traverse(&visit)?;
         }
         Ok(())
     }
