@@ -52,6 +52,23 @@ class TrainingLoop:
             self.stopped = exc
 
 
+def alerts_on(topic: str, services, seconds: float, until=lambda alert: False) -> list[dict]:
+    """The alerts on ``topic`` from its beginning: all of them once none came for ``seconds``,
+    or those up to the first for which ``until`` holds."""
+    consumer = KafkaConsumer(topic, bootstrap_servers=services["kafka"],
+                             auto_offset_reset="earliest", consumer_timeout_ms=int(seconds * 1000),
+                             group_id=f"alerts-reader-{uuid.uuid4().hex}")
+    out = []
+    try:
+        for msg in consumer:
+            out.append(json.loads(msg.value))
+            if until(out[-1]):
+                break
+    finally:
+        consumer.close()
+    return out
+
+
 def rlwatch(*args, env):
     return subprocess.run([sys.executable, "-m", "rlwatch", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
@@ -201,16 +218,8 @@ def test_the_worker_timer_finds_a_silent_run_and_spares_a_live_one(services, sta
                 {"schema": 1, "kind": "step", "run_id": run_id, "step": step, "ts": ts,
                  "metrics": {"kl/mean": 0.02}}).encode())
     producer.flush()
-    consumer = KafkaConsumer(alerts_topic, bootstrap_servers=services["kafka"],
-                             auto_offset_reset="earliest", consumer_timeout_ms=45_000,
-                             group_id=f"alerts-reader-{uuid.uuid4().hex}")
-    seen = []
-    for msg in consumer:
-        alert = json.loads(msg.value)
-        seen.append((alert["run_id"], alert["rule"], alert["state"]))
-        if alert["run_id"] == silent and alert["rule"] == "run_stalled":
-            break
-    consumer.close()
+    seen = [(a["run_id"], a["rule"], a["state"]) for a in alerts_on(
+        alerts_topic, services, 45, until=lambda a: (a["run_id"], a["rule"]) == (silent, "run_stalled"))]
     assert (silent, "run_stalled", "firing") in seen
     assert not any(run_id == live for run_id, _, _ in seen)
 
@@ -245,17 +254,9 @@ def test_a_worker_behind_on_its_backlog_does_not_find_a_run_stalled_that_spoke_l
     producer.close()
     worker = start_worker(env)
     worker.wait_for("caught up on every partition", 120)
-    consumer = KafkaConsumer(alerts_topic, bootstrap_servers=services["kafka"],
-                             auto_offset_reset="earliest", consumer_timeout_ms=30_000,
-                             group_id=f"alerts-reader-{uuid.uuid4().hex}")
-    stalled = []
-    for msg in consumer:
-        alert = json.loads(msg.value)
-        if alert["rule"] == "run_stalled":
-            stalled.append((alert["run_id"], alert["state"]))
-            if alert["run_id"] == silent:
-                break
-    consumer.close()
+    stalled = [(a["run_id"], a["state"]) for a in alerts_on(
+        alerts_topic, services, 30, until=lambda a: (a["run_id"], a["rule"]) == (silent, "run_stalled"))
+        if a["rule"] == "run_stalled"]
     assert stalled == [(silent, "firing")]
     assert any("behind on partitions" in line for line in worker.lines)
 
@@ -304,12 +305,8 @@ def test_after_a_rebalance_a_worker_does_not_find_the_runs_it_gave_away_stalled(
     finally:
         halt.set()
         thread.join(timeout=5)
-    consumer = KafkaConsumer(alerts_topic, bootstrap_servers=services["kafka"],
-                             auto_offset_reset="earliest", consumer_timeout_ms=5_000,
-                             group_id=f"alerts-reader-{uuid.uuid4().hex}")
-    stalled = [(a["run_id"], a["state"]) for a in (json.loads(m.value) for m in consumer)
+    stalled = [(a["run_id"], a["state"]) for a in alerts_on(alerts_topic, services, 5)
                if a["rule"] == "run_stalled"]
-    consumer.close()
     assert stalled == []
     # the first worker let go of the states it had written for the runs it gave away, and of
     # those only: every run's state counted every step it sent, across the rebalance (a state
