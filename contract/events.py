@@ -578,8 +578,12 @@ if _msgspec is not None:
         metrics: _Numbers = {}
         batch_ids: list[str] = []
 
+    class _WireSpeltKept(_WireKept, gc=False):
+        metrics: _SpeltNumbers = {}
+
     _WIRE_STEP = _msgspec.json.Decoder(_WireStep)
     _WIRE_KEPT = _msgspec.json.Decoder(_WireKept)
+    _WIRE_SPELT_KEPT = _msgspec.json.Decoder(_WireSpeltKept)
     _WIRE_SPELT_STEP = _msgspec.json.Decoder(_WireSpeltStep)
     _WIRE_ERRORS = (_msgspec.ValidationError, _msgspec.DecodeError)
     _WIRE_INVALID = _msgspec.ValidationError
@@ -673,8 +677,19 @@ def kept_step_values(raw: bytes) -> tuple[dict[str, float], list[str]]:
         try:
             w = _WIRE_KEPT.decode(raw)
             return w.metrics, w.batch_ids
+        except _WIRE_INVALID as exc:
+            if str(exc).startswith(_TEXT_FOR_NUMBER):
+                # non-finite spellings ("NaN"): every event of a run that diverged has them,
+                # and those runs' alerts are the ones whose snapshots read the most steps
+                try:
+                    w = _WIRE_SPELT_KEPT.decode(raw)
+                except _WIRE_ERRORS:
+                    w = None
+                metrics = None if w is None else _spelt_numbers(w.metrics)
+                if metrics is not None:
+                    return metrics, w.batch_ids
         except _WIRE_ERRORS:
-            pass     # non-finite spellings and the like: the whole parse words them
+            pass     # the whole parse words what is wrong
     ev = parse_event(raw, 0.0)
     return ev.metrics, ev.batch_ids
 

@@ -39,3 +39,14 @@ def test_the_alert_json_benchmark_checks_both_ways_and_prints_their_ratios():
         assert re.search(rf"{re.escape(way)}\s+\d+\.\d\s+\d+\.\d$", text, re.M), text
     assert re.search(r"^alert: before / now\s+\d+\.\dx", text, re.M), text
     assert re.search(r"^incident: before / now\s+\d+\.\dx", text, re.M), text
+
+
+def test_the_snapshot_benchmark_prints_the_cost_per_alert_and_both_ways_to_read_a_kept_step():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_snapshot.py"), "--runs", "5",
+                          "--steps", "200", "--repeats", "1", "--alerts", "10"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert re.search(r"^snapshot \+ alert JSON: \d+\.\d{3} ms per alert", text, re.M), text
+    for rows in ("numbers only", "non-finite spellings"):     # the fifth run sends "NaN"
+        assert re.search(rf"^  {rows}\s+\d+\.\d\s+\d+\.\d\s+\d+\.\d\d", text, re.M), text

@@ -166,6 +166,8 @@ def test_an_integer_too_large_for_a_float_in_a_dict_is_rejected_with_the_models_
 @pytest.mark.parametrize("change", [
     {},                                                               # the quick path
     {"metrics": {"kl/mean": "NaN", "loss/value": "-Infinity", "x": 1}},   # spelt numbers
+    {"metrics": {"a": " inf ", "b": "nan", "c": 2.5}, "batch_ids": ["b1", "b2"],
+     "dists": {"logp": [0.1, "NaN"]}},                                # spelt, with the rest
     {"an_extra_key": 1},                                              # the models' path
     {"batch_ids": [], "dists": {"logp": [0.1, -0.2, 3]}},
     {"metrics": {}},
