@@ -59,6 +59,7 @@ MAX_TS_AHEAD = 3600.0
 RELAUNCH_STEPS_BACK = 10
 PRESET_TRIES = 5           # first step events read to find the framework of unmapped names
 GROUP_TREND_EVERY = 10
+MAX_CATEGORIES = 64      # categories of a group metric followed (the others are left out)
 #: Events may carry per-run targets as tags, e.g. {"target.kl": "0.03"} (the SDK's targets=).
 TARGET_TAG_PREFIX = "target."
 #: The metrics RunState.summary() shows the latest value of (when logged).
@@ -367,6 +368,35 @@ _NOTHING: dict = {}
 
 _KEYS: dict[str, tuple] = {}
 _CORR_KEYS: dict[str, tuple] = {}
+
+
+def py_update_group(points: dict, gap, cats: dict, step: int, edge: int,
+                    max_categories: int) -> None:
+    """One step of a group metric's categories: every series of ``points`` (category ->
+    series) and ``gap`` loses its points at or before ``edge``, keeping at least 3; each
+    finite value of ``cats`` joins its category's series (a new one while there are fewer than
+    ``max_categories``); the gap between the largest and the smallest finite value joins
+    ``gap`` when there are two. (The native ``update_group`` is the same, number for number.)"""
+    for series in points.values():
+        series.trim(edge, 3)
+    gap.trim(edge, 3)
+    finite = []
+    for c, v in cats.items():
+        if v - v == 0.0:
+            finite.append(v)
+            pts = points.get(c)
+            if pts is None:
+                if len(points) >= max_categories:
+                    continue
+                pts = points[c] = Series()
+            pts.append(step, v)
+    if len(finite) >= 2:
+        gap.append(step, max(finite) - min(finite))
+
+
+update_group = py_update_group
+if signals.CORE == "native":
+    from streams._native import update_group  # noqa: F811
 
 
 def _split_key(key: str) -> tuple[str, int]:
@@ -842,23 +872,7 @@ class RunState:
             cats = event.groups.get(metric)
             if not cats:
                 continue
-            edge = step - window
-            points = g["points"]
-            for series in points.values():
-                series.trim(edge, 3)    # points older than the window go, keeping at least 3
-            g["gap"].trim(edge, 3)
-            finite = []
-            for c, v in cats.items():
-                if v - v == 0.0:
-                    finite.append(v)
-                    pts = points.get(c)
-                    if pts is None:
-                        if len(points) >= 64:
-                            continue
-                        pts = points[c] = Series()
-                    pts.append(step, v)
-            if len(finite) >= 2:
-                g["gap"].append(step, max(finite) - min(finite))
+            update_group(g["points"], g["gap"], cats, step, step - window, MAX_CATEGORIES)
 
     def group_trends(self, key: str, window: int) -> tuple:
         """(per-category slopes, the gap's slope, the gap, the smallest and the largest finite

@@ -4,7 +4,7 @@
 //! bit for bit.
 
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyDict, PyList};
 use std::cmp::Ordering;
 use std::collections::VecDeque;
 
@@ -67,9 +67,29 @@ fn ranks(x: &[f64]) -> Vec<i64> {
     r
 }
 
+/// The numbers of a per-sample array: a list read item by item as floats (PyO3's extraction of
+/// a `Vec` goes through the sequence protocol, about twice the time for a list of 64), any
+/// other sequence as PyO3 reads it.
+pub struct Floats(Vec<f64>);
+
+impl<'py> FromPyObject<'py> for Floats {
+    fn extract_bound(obj: &Bound<'py, PyAny>) -> PyResult<Self> {
+        if let Ok(list) = obj.downcast::<PyList>() {
+            let mut v = Vec::with_capacity(list.len());
+            for item in list.iter() {
+                v.push(item.extract::<f64>()?);
+            }
+            Ok(Floats(v))
+        } else {
+            Ok(Floats(obj.extract()?))
+        }
+    }
+}
+
 /// Spearman's rank correlation of two per-sample arrays (streams.run.spearman).
 #[pyfunction]
-pub fn spearman(x: Vec<f64>, y: Vec<f64>) -> f64 {
+pub fn spearman(x: Floats, y: Floats) -> f64 {
+    let (x, y) = (x.0, y.0);
     let mut n = x.len();
     if n != y.len() {
         return NAN;
@@ -179,7 +199,8 @@ impl Moments {
 #[pymethods]
 impl Moments {
     #[new]
-    fn new(xs: Vec<f64>) -> Self {
+    fn new(xs: Floats) -> Self {
+        let xs = xs.0;
         let mut s = psum(&xs);
         let xs = if finite(s) {
             xs
@@ -361,4 +382,47 @@ impl Series {
         }
         pyo3::types::PyBytes::new_bound(py, &mp.0)
     }
+}
+
+/// One step of a group metric's categories (`streams/run.py`: `py_update_group` is the
+/// reference): every series of ``points`` (category -> Series) and ``gap`` loses its points at
+/// or before ``edge`` (keeping at least 3); each finite value of ``cats`` (category -> value)
+/// joins its category's series (a new one while there are fewer than ``max_categories``); the
+/// gap between the largest and the smallest finite value joins ``gap`` when there are two.
+#[pyfunction]
+pub fn update_group(
+    py: Python<'_>,
+    points: &Bound<'_, PyDict>,
+    gap: &Bound<'_, Series>,
+    cats: &Bound<'_, PyDict>,
+    step: i64,
+    edge: i64,
+    max_categories: usize,
+) -> PyResult<()> {
+    for (_, series) in points.iter() {
+        series.downcast::<Series>()?.borrow_mut().trim(edge, 3);
+    }
+    gap.borrow_mut().trim(edge, 3);
+    let mut seen: Vec<f64> = Vec::with_capacity(cats.len());
+    for (c, v) in cats.iter() {
+        let v: f64 = v.extract()?;
+        if !finite(v) {
+            continue;
+        }
+        seen.push(v);
+        match points.get_item(&c)? {
+            Some(series) => series.downcast::<Series>()?.borrow_mut().append(step, v),
+            None => {
+                if points.len() >= max_categories {
+                    continue;
+                }
+                let series = Bound::new(py, Series { pts: VecDeque::from([(step, v)]) })?;
+                points.set_item(c, series)?;
+            }
+        }
+    }
+    if seen.len() >= 2 {
+        gap.borrow_mut().append(step, py_max(&seen) - py_min(&seen));
+    }
+    Ok(())
 }

@@ -2463,6 +2463,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dists::spearman, m)?)?;
     m.add_class::<dists::Moments>()?;
     m.add_class::<dists::Series>()?;
+    m.add_function(wrap_pyfunction!(dists::update_group, m)?)?;
     m.add_class::<logic::Compare>()?;
     m.add_class::<logic::Node>()?;
     m.add_function(wrap_pyfunction!(logic::join, m)?)?;

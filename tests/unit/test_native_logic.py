@@ -103,6 +103,14 @@ def test_spearman_ranks_ties_in_order_of_appearance():
     assert math.isnan(native.spearman(x, y[:4]))                    # lengths differ
 
 
+def test_per_sample_arrays_are_read_from_lists_and_other_sequences_alike():
+    x, y = [0.5, 2, -1.0, 3.25], [1.0, 0.0, 2.0, 5.0]       # an integer among the floats
+    assert native.spearman(tuple(x), tuple(y)) == native.spearman(x, y)
+    assert native.Moments(tuple(x)).value("std", None) == native.Moments(x).value("std", None)
+    with pytest.raises(TypeError):
+        native.spearman([1.0, "a", 2.0], y[:3])
+
+
 # -- compiled conditions ------------------------------------------------------------------------
 
 def _python_and_native(kind, thr, stream):
@@ -232,6 +240,38 @@ def test_a_series_of_a_line_and_its_edges():
     assert native.Series([(1, 2.0), [2, 3]]).to_list() == [[1, 2.0], [2, 3.0]]   # as a state loads
     with pytest.raises(TypeError):
         native.Series([["one", 2.0]])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_group_step_is_the_python_one_number_for_number(seed):
+    """update_group against py_update_group (streams.run), step after step of random category
+    values (NaN and infinities among them, categories coming and going, more than the limit):
+    the same series, point for point, and the same gap."""
+    from streams.run import PySeries, py_update_group
+
+    rng = random.Random(seed)
+    limit = rng.choice([2, 3, 64])
+    window = rng.choice([1, 3, 10])
+    mine, ref = ({}, native.Series()), ({}, PySeries())
+    names = [f"c{i}" for i in range(rng.randint(1, 6))]
+    step = 0
+    for _ in range(rng.randint(1, 60)):
+        step += rng.choice([1, 1, 2, 7])
+        cats = {c: rng.choice([*SPECIAL, rng.gauss(0, 1), float(rng.randint(-2, 2))])
+                for c in rng.sample(names, rng.randint(0, len(names)))}
+        native.update_group(mine[0], mine[1], dict(cats), step, step - window, limit)
+        py_update_group(ref[0], ref[1], dict(cats), step, step - window, limit)
+        assert list(mine[0]) == list(ref[0])            # the same categories, in the same order
+        for c in ref[0]:
+            got, want = mine[0][c].to_list(), ref[0][c].to_list()
+            assert [p[0] for p in got] == [p[0] for p in want]
+            assert all(_same(a[1], b[1]) for a, b in zip(got, want)) and len(got) == len(want)
+        assert mine[1].to_list() == ref[1].to_list()
+
+
+def test_a_group_step_refuses_a_series_of_another_kind():
+    with pytest.raises(TypeError):
+        native.update_group({"a": [1, 2]}, native.Series(), {"a": 1.0}, 1, 0, 64)
 
 
 # -- the scan of a rule list's tiers (rules.engine.evaluate) -----------------------------------
