@@ -66,8 +66,8 @@ from streams.broker_log import BrokerLogGate
 from streams.fleet_store import FleetStore, FleetWriter, summary_of
 from streams.heap import Heap
 from streams.liveness import liveness_pass
-from streams.read_marks import ReadMarks
 from streams.processor import Processor
+from streams.read_marks import ReadMarks
 from streams.run import RunState
 from streams.snapshot import SnapshotRecorder, attach_snapshot
 from streams.state_codec import StateDecodeError, decode_state, encode_state
