@@ -252,6 +252,7 @@ def main() -> None:
         pure = {"Bank": PyBank, "spearman": getattr(streams.run, "py_spearman", None),
                 "Moments": getattr(streams.run, "_Moments", None),
                 "Series": getattr(streams.run, "PySeries", None),
+                "update_group": getattr(streams.run, "py_update_group", None),
                 "repetition_score": getattr(__import__("streams.text").text, "py_repetition_score", None),
                 "_native_join": None, "_native_scan": None, "_native_compare_call": None}
         saved = {k: getattr(streams.run, k) for k in pure if hasattr(streams.run, k)}

@@ -11,12 +11,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_fleet_benchmark_prints_every_reader_and_both_ratios():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_fleet_replay.py"), "--runs", "2",
-                          "--steps", "60", "--repeats", "1", "--slices", "5"],
+def bench(name: str, *args: str) -> str:
+    """What ``bench/<name>`` prints with ``args``; it must exit 0."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / name), *args],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    text = out.stdout
+    return out.stdout
+
+
+def test_the_fleet_benchmark_prints_every_reader_and_both_ratios():
+    text = bench("bench_fleet_replay.py", "--runs", "2", "--steps", "60", "--repeats", "1",
+                 "--slices", "5")
     for reader in ("json.loads loop", "reference detector", "rlwatch core"):
         assert re.search(rf"^{re.escape(reader)}\s+[\d,]+$", text, re.M), text
     assert re.search(r"rlwatch / json.loads floor:\s+\d+\.\d\d", text), text
@@ -27,11 +32,7 @@ def test_the_fleet_benchmark_prints_every_reader_and_both_ratios():
 
 
 def test_the_alert_json_benchmark_checks_both_ways_and_prints_their_ratios():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_alert_json.py"), "--runs", "4",
-                          "--steps", "200", "--repeats", "1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    text = out.stdout
+    text = bench("bench_alert_json.py", "--runs", "4", "--steps", "200", "--repeats", "1")
     n = re.search(r"^(\d+) alerts of 4 runs, (\d+) with a snapshot", text, re.M)
     assert n and int(n.group(1)) > 0 and int(n.group(2)) > 0, text
     for way in ("model_dump + strict_json (before)", "model_dump_json (now)",
@@ -42,11 +43,8 @@ def test_the_alert_json_benchmark_checks_both_ways_and_prints_their_ratios():
 
 
 def test_the_snapshot_benchmark_prints_the_cost_per_alert_and_both_ways_to_read_a_kept_step():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_snapshot.py"), "--runs", "5",
-                          "--steps", "200", "--repeats", "1", "--alerts", "10"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    text = out.stdout
+    text = bench("bench_snapshot.py", "--runs", "5", "--steps", "200", "--repeats", "1",
+                 "--alerts", "10")
     assert re.search(r"^snapshot \+ alert JSON: \d+\.\d{3} ms per alert", text, re.M), text
     for rows in ("numbers only", "non-finite spellings"):     # the fifth run sends "NaN"
         assert re.search(rf"^  {rows}\s+\d+\.\d\s+\d+\.\d\s+\d+\.\d\d", text, re.M), text
