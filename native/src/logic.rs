@@ -266,35 +266,24 @@ fn eval_flat(py: Python<'_>, ops: &[Flat], i: usize) -> PyResult<(Option<bool>, 
         Flat::Join { op, span } => {
             let end = i + span;
             let mut j = i + 1;
-            match op {
-                Op::All => {
-                    let mut unknown = false;
-                    while j < end {
-                        let (v, next) = eval_flat(py, ops, j)?;
-                        match v {
-                            Some(false) => return Ok((Some(false), end)),
-                            None => unknown = true,
-                            Some(true) => {}
-                        }
-                        j = next;
-                    }
-                    Ok((if unknown { None } else { Some(true) }, end))
-                }
-                Op::Any => {
-                    let mut decided = false;
-                    while j < end {
-                        let (v, next) = eval_flat(py, ops, j)?;
-                        match v {
-                            Some(true) => return Ok((Some(true), end)),
-                            Some(false) => decided = true,
-                            None => {}
-                        }
-                        j = next;
-                    }
-                    Ok((if decided { Some(false) } else { None }, end))
-                }
-                Op::Not => Ok((eval_flat(py, ops, j)?.0.map(|h| !h), end)),
+            if *op == Op::Not {
+                return Ok((eval_flat(py, ops, j)?.0.map(|h| !h), end));
             }
+            // `all` stops at the first False, `any` at the first True; past the end, `all` is
+            // None when a branch was None (else True), `any` False when one was decided (else None)
+            let stop = *op == Op::Any;
+            let (mut undecided, mut decided) = (false, false);
+            while j < end {
+                let (v, next) = eval_flat(py, ops, j)?;
+                match v {
+                    Some(h) if h == stop => return Ok((Some(stop), end)),
+                    Some(_) => decided = true,
+                    None => undecided = true,
+                }
+                j = next;
+            }
+            let v = if stop { decided.then_some(false) } else { (!undecided).then_some(true) };
+            Ok((v, end))
         }
     }
 }
