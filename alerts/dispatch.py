@@ -218,29 +218,36 @@ class Dispatcher:
 
     async def _enqueue(self, alert: Alert, key: str, now: float, done: list[str],
                        out: Delivery) -> tuple[set[str], bool]:
-        """Queue one notification per routed receiver; (receivers to drain, anything new)."""
-        await self.outbox.track(alert, now)
-        touched: set[str] = set()
-        new = False
-        for route, receiver in self.routing.targets(alert):
-            group = group_key(route, alert)
-            clock = await self.outbox.clock(group)
+        """Queue one notification per routed receiver; (receivers to drain, anything new).
+        Two round trips to the outbox: the alert tracked and its groups' clocks read, then
+        the new clocks, the items and the release of the run's held items written."""
+        targets = list(self.routing.targets(alert))
+        groups = [group_key(route, alert) for route, _ in targets]
+        clocks = await self.outbox.admit(alert, now, groups)
+        started: dict[str, GroupClock] = {}
+        items: list[OutboxItem] = []
+        body = alert.to_json()
+        for (route, receiver), group in zip(targets, groups):
+            clock = clocks.get(group)
             if clock is None:
-                clock = GroupClock(route.id, alert.run_id, now, alert.step)
-                await self.outbox.set_clock(group, clock)
+                clock = started.get(group)
+            if clock is None:
+                clock = started[group] = GroupClock(route.id, alert.run_id, now, alert.step)
             due_ts, due_step = due(clock, route)
             if due_step is not None and alert.step >= due_step:
                 due_ts, due_step = now, None
             next_try = max(now, due_ts) if due_ts is not None else now + self.step_hold
-            item = OutboxItem(item_id(receiver, key), receiver, group, key, alert.run_id, alert.to_json(),
-                              done, enqueued=now, next_try=next_try, due_step=due_step)
-            if await self.outbox.enqueue(item):
-                new = True
-                out.queued.append(receiver)
-                touched.add(receiver)
-        if await self.outbox.release_steps(alert.run_id, alert.step, now):
+            items.append(OutboxItem(item_id(receiver, key), receiver, group, key, alert.run_id, body,
+                                    done, enqueued=now, next_try=next_try, due_step=due_step))
+        new_items, released = await self.outbox.enqueue_all(items, started, alert.run_id, alert.step, now)
+        touched: set[str] = set()
+        for item, new in zip(items, new_items):
+            if new:
+                out.queued.append(item.receiver)
+                touched.add(item.receiver)
+        if released:
             touched.update(self.notifiers)
-        return touched, new
+        return touched, any(new_items)
 
     # -- straight to the receivers, when Redis is down ----------------------------------------
     async def _direct(self, alert: Alert, done: list[str], out: Delivery | None, exc: Exception | None,

@@ -96,6 +96,13 @@ class Outbox(Protocol):
         """The firing alerts (of these ``runs`` only, when given); those older than
         ``ACTIVE_MAX_AGE`` are dropped."""
     async def run_step(self, run_id: str) -> int | None: ...
+    async def admit(self, alert: Alert, now: float, groups: list[str]) -> dict[str, GroupClock | None]:
+        """:meth:`track` the alert, then the clocks of ``groups`` (one round trip)."""
+    async def enqueue_all(self, items: list[OutboxItem], clocks: dict[str, GroupClock], run_id: str,
+                          step: int, now: float) -> tuple[list[bool], int]:
+        """Set ``clocks``, :meth:`enqueue` each item, then :meth:`release_steps` of the run:
+        (whether each item was new, how many held items were released). One round trip
+        unless something is released."""
 
 
 class MemoryOutbox:
@@ -197,6 +204,16 @@ class MemoryOutbox:
             self.firing.pop(alert.fingerprint, None)
         self.run_steps[alert.run_id] = max(alert.step, self.run_steps.get(alert.run_id, alert.step))
 
+    async def admit(self, alert: Alert, now: float, groups: list[str]) -> dict[str, GroupClock | None]:
+        await self.track(alert, now)
+        return {g: self.groups.get(g) for g in groups}
+
+    async def enqueue_all(self, items: list[OutboxItem], clocks: dict[str, GroupClock], run_id: str,
+                          step: int, now: float) -> tuple[list[bool], int]:
+        self.groups.update(clocks)
+        new = [await self.enqueue(it) for it in items]
+        return new, await self.release_steps(run_id, step, now)
+
     async def active(self, now: float, runs: Iterable[str] | None = None) -> list[Alert]:
         for fp, (at, _) in list(self.firing.items()):
             if now - at > ACTIVE_MAX_AGE:
@@ -285,10 +302,13 @@ class RedisOutbox:
         self._parsed: dict[bytes, tuple[float, Alert]] = {}
 
     async def enqueue(self, item: OutboxItem) -> bool:
-        return bool(await self._enqueue(
-            keys=[self.p + "mark:" + item.id, self.p + "items", self.p + "due:" + item.receiver, self.p + "steps:" + item.run_id],
-            args=[item.id, item.to_json(), item.next_try, MARK_TTL,
-                  "" if item.due_step is None else item.due_step]))
+        keys, args = self._enqueue_call(item)
+        return bool(await self._enqueue(keys=keys, args=args))
+
+    def _enqueue_call(self, item: OutboxItem) -> tuple[list[str], list]:
+        return ([self.p + "mark:" + item.id, self.p + "items", self.p + "due:" + item.receiver,
+                 self.p + "steps:" + item.run_id],
+                [item.id, item.to_json(), item.next_try, MARK_TTL, "" if item.due_step is None else item.due_step])
 
     async def take_due(self, receiver: str, now: float, limit: int = 100, lease: float = 30.0) -> list[OutboxItem]:
         raws = await self._take(keys=[self.p + "due:" + receiver, self.p + "items"], args=[now, now + lease, limit])
@@ -336,7 +356,10 @@ class RedisOutbox:
 
     async def release_steps(self, run_id: str, step: int, now: float) -> int:
         key = self.p + "steps:" + run_id
-        ids = [_s(i) for i in await self.redis.zrangebyscore(key, "-inf", step)]
+        return await self._release(key, [_s(i) for i in await self.redis.zrangebyscore(key, "-inf", step)], now)
+
+    async def _release(self, key: str, ids: list[str], now: float) -> int:
+        """Bring the items ``ids`` held in the steps zset ``key`` forward: due ``now``."""
         if not ids:
             return 0
         raws = await self.redis.hmget(self.p + "items", ids)
@@ -372,10 +395,59 @@ class RedisOutbox:
         await self.redis.hdel(self.p + "groups", group)
 
     async def track(self, alert: Alert, now: float) -> None:
+        await self._track(keys=self._track_keys(alert), args=self._track_args(alert, now))
+
+    def _track_keys(self, alert: Alert) -> list[str]:
+        return [self.p + "active", self.p + "runstep", self.p + "active:" + alert.run_id]
+
+    def _track_args(self, alert: Alert, now: float) -> list:
         firing = alert.state == "firing"
-        await self._track(keys=[self.p + "active", self.p + "runstep", self.p + "active:" + alert.run_id], args=[
-            alert.fingerprint, json.dumps({"at": now, "alert": alert.to_json()}) if firing else "",
-            alert.run_id, alert.step])
+        return [alert.fingerprint, json.dumps({"at": now, "alert": alert.to_json()}) if firing else "",
+                alert.run_id, alert.step]
+
+    async def admit(self, alert: Alert, now: float, groups: list[str]) -> dict[str, GroupClock | None]:
+        keys, args = self._track_keys(alert), self._track_args(alert, now)
+
+        def queue(pipe) -> None:
+            pipe.evalsha(self._track.sha, len(keys), *keys, *args)
+            for g in groups:
+                pipe.hget(self.p + "groups", g)
+        got = await self._pipelined(queue)
+        return {g: None if raw is None else GroupClock.from_dict(json.loads(raw))
+                for g, raw in zip(groups, got[1:])}
+
+    async def enqueue_all(self, items: list[OutboxItem], clocks: dict[str, GroupClock], run_id: str,
+                          step: int, now: float) -> tuple[list[bool], int]:
+        steps = self.p + "steps:" + run_id
+
+        def queue(pipe) -> None:
+            for g, clock in clocks.items():
+                pipe.hset(self.p + "groups", g, json.dumps(clock.to_dict()))
+            for it in items:
+                keys, args = self._enqueue_call(it)
+                pipe.evalsha(self._enqueue.sha, len(keys), *keys, *args)
+            pipe.zrangebyscore(steps, "-inf", step)
+        got = await self._pipelined(queue)
+        new = [bool(x) for x in got[len(clocks):len(clocks) + len(items)]]
+        return new, await self._release(steps, [_s(i) for i in got[-1]], now)
+
+    async def _pipelined(self, queue) -> list:
+        """The replies of the commands ``queue(pipe)`` puts on a pipeline (not a transaction),
+        sent in one round trip. The scripts are called by their SHA: a Redis that does not
+        know them (restarted, or flushed) refuses them, and nothing the commands do is harmed
+        by doing it again, so the scripts are loaded and the whole pipeline sent again."""
+        from redis.exceptions import NoScriptError    # (redis: only with a RedisOutbox)
+        for attempt in (1, 2):
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    queue(pipe)
+                    return await pipe.execute()
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                for script in (self._track, self._enqueue):
+                    script.sha = await self.redis.script_load(script.script)
+        raise AssertionError("unreachable")
 
     async def active(self, now: float, runs: Iterable[str] | None = None) -> list[Alert]:
         """The firing alerts, of the whole fleet or of ``runs`` only (each run's own hash: a

@@ -47,6 +47,7 @@ import asyncio
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -353,7 +354,7 @@ def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[s
         admin = KafkaAdminClient(bootstrap_servers=kafka, client_id="rlwatch-bench")
         marks: list[tuple[float, int]] = []
         spying = None
-        if spy:   # a sampled profile of the worker while it works (py-spy, when installed)
+        if spy:   # a sampled profile of the worker while it works (py-spy; main() checks it is on PATH)
             spying = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--format", "raw",
                                        "--rate", "200", "--output", spy, "--nonblocking",
                                        *spy_args],
@@ -505,6 +506,8 @@ def main() -> None:
                     "variable set (repeatable), e.g. PYTHONPATH=<a copy of an older tree>")
     ap.add_argument("--faust-floor-agent", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.spy and shutil.which("py-spy") is None:
+        ap.error("--spy needs py-spy on PATH (pip install py-spy)")
     if args.faust_floor_agent:
         return faust_floor_agent()
 

@@ -16,7 +16,7 @@ from pydantic_core import PydanticSerializationError
 
 from contract.events import strict_json, to_jsonable
 
-__all__ = ["SEVERITIES", "Alert", "fingerprint", "severity_rank"]
+__all__ = ["SEVERITIES", "Alert", "fingerprint", "read_json", "severity_rank"]
 
 try:
     from msgspec import DecodeError as _DecodeError
@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - msgspec is a dependency
     _decode = None
 
 
-def _loads(raw: bytes | str) -> Any:
+def read_json(raw: bytes | str) -> Any:
     """``json.loads``, through msgspec when it can read the text (strict JSON: what alerts are
     written as); anything else (a NaN literal from a foreign producer, say) goes to
     ``json.loads``, which also gives the error of text that is no JSON at all."""
@@ -109,7 +109,7 @@ class Alert(BaseModel):
     def from_json(cls, raw: bytes | str) -> "Alert":
         """An alert from its JSON line (what :meth:`to_json` writes; msgspec reads it in about
         a third of ``json.loads``'s time, which counts for alerts carrying a snapshot)."""
-        data = _loads(raw)
+        data = read_json(raw)
         for key in ("value", "threshold"):
             if isinstance(data.get(key), str):
                 data[key] = float(data[key].replace("Infinity", "inf"))

@@ -365,6 +365,7 @@ def _quiet_when_finite(rule) -> bool:
 #: what the per-step fields (metrics, dists, groups) hold between steps: empty,
 #: shared, never written to
 _NOTHING: dict = {}
+_NO_ALERTS: list = []       # (never handed out: a marker)
 
 _KEYS: dict[str, tuple] = {}
 _CORR_KEYS: dict[str, tuple] = {}
@@ -701,29 +702,46 @@ class RunState:
     def _rank_step(self, event: StepEvent, ts: float) -> list[Alert]:
         """A step of a rank other than 0: the rules every rank evaluates (in the built-in pack,
         checks for non-finite values, skipped when they cannot hold), then the buffer of what
-        the cross-rank rules compare."""
+        the cross-rank rules compare. Most events of a run are such steps, all finite and
+        with nothing open on their rank: that path is kept short."""
         rank, step, metrics = event.rank, event.step, event.metrics
         program = self.programs.get(rank) or self.program(rank)
-        self.metrics = metrics
-        out: list[Alert] = []
         if program.reads_signals:
             self.banks[rank].update(step, metrics)
         rules = program.every_step if not program.by_input else program.step_rules(metrics)
-        if rules and program.finite_gate and rank not in self._ranks_open and self.metrics_finite():
-            rules = ()     # all finite, nothing open on this rank: nothing can change
+        out: list[Alert] = _NO_ALERTS
         if rules:
+            if program.finite_gate and rank not in self._ranks_open:
+                total = sum(metrics.values())
+                # all finite (a sum that overflowed reads "not finite": evaluated), nothing
+                # open on this rank: nothing can change
+                if total - total == 0.0:
+                    rules = ()
+            if rules:
+                out = self._rank_rules(rules, rank, step, metrics, ts)
+        if self.cross_rank:
+            world = event.world_size or self.world_size
+            if world > 1:
+                if world > self.world_size:
+                    self.world_size = min(world, MAX_RANKS)
+                done = self.ranks.take(step, rank, metrics, event.hashes, self.world_size)
+                if done:
+                    return out + self._ranks_in(done, ts)
+        return out if out is not _NO_ALERTS else []
+
+    def _rank_rules(self, rules, rank: int, step: int, metrics: dict, ts: float) -> list[Alert]:
+        """Evaluate a rank's own rules at its step (and note whether it keeps an alert open)."""
+        self.metrics = metrics
+        try:
             out = evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
                            rank=rank, checkpoint_before=self.checkpoint_before, scanner=_native_scan)
-            suffix = f"/{rank}"
-            if any(k.endswith(suffix) for k in self.alerts):
-                self._ranks_open.add(rank)
-            else:
-                self._ranks_open.discard(rank)
-        if self.cross_rank and (event.world_size or self.world_size) > 1:
-            done = self._take_rank_values(event)
-            if done:
-                out += self._ranks_in(done, ts)
-        self.metrics = _NOTHING
+        finally:
+            self.metrics = _NOTHING
+        suffix = f"/{rank}"
+        if any(k.endswith(suffix) for k in self.alerts):
+            self._ranks_open.add(rank)
+        else:
+            self._ranks_open.discard(rank)
         return out
 
     def _ranks_in(self, steps: list[int], ts: float) -> list[Alert]:

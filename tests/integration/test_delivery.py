@@ -463,6 +463,32 @@ def test_a_restarted_worker_never_pages_twice_and_resolved_is_delivered(redis_ur
     assert len(rec.on("/slack/webhook")) == 2
 
 
+def test_a_redis_that_forgot_the_outbox_scripts_still_gets_each_notification_once(redis_url, recorders):
+    """The dispatcher calls the outbox's scripts by their SHA inside a pipeline; a Redis that
+    restarted (or had SCRIPT FLUSH) refuses them, and the pipeline is sent again with the
+    scripts loaded: nothing lost, nothing twice."""
+    rec = recorders()
+    s = settings(redis_url, rec)
+
+    async def notify(a: Alert):
+        d = build_dispatcher(s)
+        try:
+            with redis_sync.Redis.from_url(redis_url) as r:
+                r.script_flush()
+            return await d.handle(a)
+        finally:
+            await d.close()
+
+    first = asyncio.run(notify(alert()))
+    assert sorted(first.delivered) == ["alertmanager", "console", "pagerduty", "slack-webhook", "webhook"]
+    again = asyncio.run(notify(alert()))
+    assert again.duplicate and not again.delivered
+    assert len(bodies(rec, "/hook")) == 1 and len(rec.on("/slack/webhook")) == 1
+    res = asyncio.run(notify(alert(state="resolved", actions=[], step=140)))
+    assert sorted(res.delivered) == sorted(first.delivered)
+    assert [b["state"] for b in bodies(rec, "/hook")] == ["firing", "resolved"]
+
+
 # -- the outbox: nothing lost, nothing twice --------------------------------------------------------
 
 def test_outbox_keeps_alerts_while_a_receiver_is_down_and_sends_each_once(redis_url, recorders):
