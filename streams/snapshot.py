@@ -46,6 +46,7 @@ MAX_TEXT = 1500
 MAX_SAMPLES = 12
 MAX_WINDOW = 240
 MAX_BATCH_IDS = 64
+READ_ROWS = 4096      # kept steps a recorder keeps read (a few MB at most)
 
 
 def _clip(x: Any) -> Any:
@@ -82,12 +83,34 @@ class SnapshotRecorder:
     """
 
     def __init__(self, steps: int = 256, sample_batches: int = 16, max_runs: int = 1000,
-                 other_ranks: int = 512):
+                 other_ranks: int = 512, read_rows: int = READ_ROWS):
         if min(steps, sample_batches, max_runs, other_ranks) < 1:
             raise ValueError("steps, sample_batches, max_runs and other_ranks must be at least 1")
+        if read_rows < 0:
+            raise ValueError("read_rows must be 0 or more")
         self.steps, self.sample_batches, self.max_runs = steps, sample_batches, max_runs
         self.other_ranks = other_ranks
         self.runs: OrderedDict[str, _RunTape] = OrderedDict()
+        # kept steps read again from their bytes, by kept row (the oldest read first out): the
+        # alerts of a run come in bursts (each rank's, a tier and the next), and their
+        # snapshots show mostly the same steps
+        self.read_rows = read_rows
+        self._read: dict[tuple, tuple] = {}
+
+    def read_row(self, row: tuple) -> tuple:
+        """A kept step as ``(step, rank, metrics, batch ids or None)`` (see :func:`_read_row`),
+        read from its bytes once while it stays among the last ``read_rows`` steps read."""
+        if row[3] is not _UNREAD:
+            return row
+        got = self._read.get(row)
+        if got is None:
+            got = _read_row(row)
+            if self.read_rows:
+                read = self._read
+                read[row] = got
+                if len(read) > self.read_rows:
+                    del read[next(iter(read))]
+        return got
 
     def tape(self, run_id: str) -> _RunTape:
         t = self.runs.get(run_id)
@@ -143,23 +166,6 @@ def _read_row(row: tuple) -> tuple:
     return (row[0], row[1], metrics, ids or None)
 
 
-class _Kept:
-    """A kept step that reads its raw event on first use of its metrics or batch ids: a
-    snapshot reads the steps near the alert, not every step of the run's tape."""
-
-    __slots__ = ("_read", "row")
-
-    def __init__(self, row: tuple):
-        self.row, self._read = row, None
-
-    def __getitem__(self, i: int):
-        if i < 2:
-            return self.row[i]
-        if self._read is None:
-            self._read = _read_row(self.row)
-        return self._read[i]
-
-
 def _dump_samples(samples: list) -> list[dict]:
     """Samples as a snapshot shows them: their fields that are set, long texts clipped."""
     return [{k: _clip(v) for k, v in s.model_dump(exclude_none=True).items()} for s in samples]
@@ -175,20 +181,20 @@ def _crosses(value: Any, threshold: float, above: bool) -> bool:
         value > threshold if above else value < threshold)
 
 
-def _last_stable_step(alert: Alert, rows: list[tuple], onset: int) -> int:
+def _last_stable_step(alert: Alert, rows: list[tuple], onset: int, read=_read_row) -> int:
     """The last step before ``onset`` whose logged value of the alert's metric does not cross
     the alert's threshold, when the threshold is on the metric's own scale (some logged value
     from the onset to the alert crosses it); else ``onset - 1``. ``rows``: the recorder's steps
-    of one rank."""
+    of one rank; ``read`` reads a kept row (:meth:`SnapshotRecorder.read_row`)."""
     metric, value, thr = alert.metric, alert.value, alert.threshold
     if not metric or not isinstance(value, (int, float)) or not isinstance(thr, (int, float)) \
             or not math.isfinite(value) or not math.isfinite(thr) or value == thr:
         return onset - 1
     above = value > thr
-    if not any(_crosses(r[2].get(metric), thr, above) for r in rows if onset <= r[0] <= alert.step):
+    if not any(_crosses(read(r)[2].get(metric), thr, above) for r in rows if onset <= r[0] <= alert.step):
         return onset - 1                  # a signal's threshold (a z-score, a ratio), not the metric's
     for r in sorted((r for r in rows if r[0] < onset), key=lambda r: r[0], reverse=True):
-        v = r[2].get(metric)
+        v = read(r)[2].get(metric)
         if isinstance(v, (int, float)) and math.isfinite(v) and not _crosses(v, thr, above):
             return r[0]
     return onset - 1
@@ -203,20 +209,23 @@ def build_snapshot(alert: Alert, recorder: SnapshotRecorder, state=None, before:
     steps = (list(tape.steps) + list(tape.others)) if tape else []   # (step, rank, metrics, ids)
     batches = list(tape.samples) if tape else []                      # (step, rank, count, samples)
     lo, hi = onset - before, max(alert.step, onset + after)
-    mine = [_Kept(r) if r[3] is _UNREAD else r for r in steps if r[1] == rank]
-    window = [{"step": r[0], "metrics": r[2]} for r in mine if lo <= r[0] <= hi]
+    read = recorder.read_row
+    mine = [r for r in steps if r[1] == rank]      # (kept rows: read only where shown)
+    window = [{"step": r[0], "metrics": read(r)[2]} for r in mine if lo <= r[0] <= hi]
     if len(window) > MAX_WINDOW:  # a long way from onset to alert: both ends, not the middle
         head = min(before + after, MAX_WINDOW // 2)
         window = window[:head] + window[-(MAX_WINDOW - head):]
-    stable_step = _last_stable_step(alert, mine, onset)
+    stable_step = _last_stable_step(alert, mine, onset, read)
     stable_row = max((r for r in mine if r[0] <= stable_step), key=lambda r: r[0], default=None)
+    if stable_row is not None:
+        stable_row = read(stable_row)
     offending = _samples_at(batches, onset, alert.step) or _samples_at(batches, None, alert.step)
     stable = _samples_at(batches, None, stable_step)
     offending_step = offending[0] if offending else alert.step
     ranks: dict[str, dict] = {}
     for r in steps:
         if r[0] == alert.step:
-            r = _read_row(r)
+            r = read(r)
             entry: dict[str, Any] = {}
             if alert.metric and alert.metric in r[2]:
                 entry["value"] = r[2][alert.metric]

@@ -67,6 +67,9 @@ def test_steps_kept_as_their_raw_events_give_the_same_snapshots():
     processor = Processor(rlhf_pack())
     state = processor.new_state("trl")
     decoded, raw_kept = SnapshotRecorder(), SnapshotRecorder()
+    # steps read once while among the last 50 read (a burst of alerts shows the same steps),
+    # and read again for every snapshot
+    small, uncached = SnapshotRecorder(read_rows=50), SnapshotRecorder(read_rows=0)
     for s in range(60):
         for rank in range(3):
             raw = json.dumps({"schema": 1, "kind": "step", "run_id": "trl", "step": s, "rank": rank,
@@ -76,7 +79,8 @@ def test_steps_kept_as_their_raw_events_give_the_same_snapshots():
                               "batch_ids": [f"b{s}-{rank}-{i}" for i in range(70)]}).encode()
             ev = parse_event(raw, T0 + s)
             decoded.observe(ev)
-            raw_kept.observe(ev, raw)
+            for rec in (raw_kept, small, uncached):
+                rec.observe(ev, raw)
             processor.process(state, ev, T0 + s)
     assert type(raw_kept.tape("trl").steps[0][2]) is bytes     # kept as the event's bytes
     for a in (alert(run_id="trl", step=45, onset_step=40, metric="objective/kl", value=0.45,
@@ -84,7 +88,9 @@ def test_steps_kept_as_their_raw_events_give_the_same_snapshots():
               alert(run_id="trl", step=50, onset_step=48, metric="loss/value", rank=2),
               alert(run_id="trl", step=59, onset_step=10, metric="objective/kl", value=1.5,
                     threshold=1.2, rank=1)):
-        want = build_snapshot(a, decoded, state)
-        got = build_snapshot(a, raw_kept, state)
-        assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
-        assert got["window"]["steps"] and got["ranks"]
+        want = json.dumps(build_snapshot(a, decoded, state), sort_keys=True)
+        for rec in (raw_kept, raw_kept, small, small, uncached):     # twice: read, then kept
+            got = build_snapshot(a, rec, state)
+            assert json.dumps(got, sort_keys=True) == want
+            assert got["window"]["steps"] and got["ranks"]
+    assert 50 < len(raw_kept._read) <= 4096 and len(small._read) == 50 and not uncached._read
