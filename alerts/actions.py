@@ -56,6 +56,12 @@ class EnforcementPolicy:
         return self.default
 
 
+def may_command(alert: Alert) -> bool:
+    """Whether ``alert`` can send any command (a firing alert with a command action): the
+    cheap test before planning them (:func:`commands_for` gives none for any other)."""
+    return alert.state == "firing" and any(a in COMMAND_ACTIONS for a in alert.actions)
+
+
 def commands_for(alert: Alert, now: float, enforcement: Enforcement = Enforcement(),
                  secret: str | None = None, key: str | None = None) -> list[Command]:
     """The commands a firing alert sends (in order: stop before pause before the rest).

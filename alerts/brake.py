@@ -33,6 +33,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+from alerts.actions import may_command
 from alerts.control import ControlChannel
 from alerts.escalation import BRAKES, AckTracker
 from alerts.retry import RetryPolicy
@@ -174,7 +175,9 @@ class BrakeThread:
 
     ``make_lane`` builds the lane inside the thread (its Redis client belongs to that loop);
     ``plan`` turns an alert into its commands. :meth:`submit` may be called from any thread;
-    ``on_done`` runs on the brake thread (hand it to your own loop with ``call_soon_threadsafe``).
+    ``on_done`` runs on the brake thread (hand it to your own loop with ``call_soon_threadsafe``),
+    or at once on the caller's for an alert that cannot command anything (the thread is not
+    woken for it: a woken thread takes the GIL from the caller's work).
     """
 
     def __init__(self, make_lane: Callable[[], BrakeLane], plan: Callable[[object], list[Command]],
@@ -203,6 +206,11 @@ class BrakeThread:
 
     def submit(self, alert, on_done: Callable[[], None] | None = None) -> None:
         """Pull the brake of ``alert`` (a firing alert) on the brake thread."""
+        if not may_command(alert):
+            if on_done is not None:
+                on_done()
+            return
+
         def go() -> None:
             commands = self.plan(alert)
             if not commands:

@@ -147,8 +147,8 @@ class Dispatcher:
         return await self.brakes.pull(planned)
 
     def plan(self, alert: Alert) -> list[Command]:
-        """The commands of ``alert`` (signed; ids derived from the alert), none if not firing."""
-        alert, _ = self._split(alert)
+        """The commands of ``alert`` (signed; ids derived from the alert), none if not firing.
+        (They read the alert's fields, never its snapshot: it is not stripped first.)"""
         return self._planned(alert, self.clock(), self.secret)
 
     async def alarm(self, cmd: Command, error: str, waited: float, resolved: bool = False) -> None:

@@ -474,16 +474,20 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         states.touch(event.run_id)
         fleet.note(st, event)
         if alerts:
-            states.flush_run(event.run_id)   # the others wait for the next commit
             return _ALERTS, event.run_id, alerts
         return None
 
-    async def after(out) -> None:
-        kind, key, body = out
-        if kind is _DEAD:
-            await dlq.send(key=key, value=body)
-        else:
-            await publish(body)
+    async def after(outs: list) -> None:
+        """Send what events left to send (dead letters, alerts), in order. Each run whose
+        alerts are among them has its state written to the table first, once (the other runs
+        wait for the next commit): a successor never raises those alerts again."""
+        for run_id in {key for kind, key, _ in outs if kind is _ALERTS}:
+            states.flush_run(run_id)
+        for kind, key, body in outs:
+            if kind is _DEAD:
+                await dlq.send(key=key, value=body)
+            else:
+                await publish(body)
 
     @app.batch_lane(events)
     async def process_batch(batch) -> None:
@@ -491,26 +495,47 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         in order. Those processed are acknowledged before every await (Faust commits, and a
         rebalance starts, only while this waits), so a commit covers exactly the events
         processed, as if each were acknowledged on its own. A rebalance stops it: the rest is
-        read again."""
+        read again.
+
+        What the events of a turn leave to send (alerts, dead letters) goes out at the turn's
+        end (at most ``LANE_TURN_SECONDS`` later), so that a run whose ranks raise alerts at
+        one step (a NaN on every rank) has its state written once for them all. Until it
+        went out, the acknowledgement stops before the first of those events."""
         active = batch.checker()
         clock = time.time
         turns = Turns()     # the loop's other work (timers, the alerts lanes) gets a turn
-        done = 0            # batch[:done] processed (their dead letters and alerts sent)
+        done = 0            # batch[:done] processed
+        sent = 0            # batch[:sent] processed and what they left to send sent
+        outs: list = []     # what batch[sent:done] left to send
+
+        async def send() -> None:
+            nonlocal sent
+            batch.ack(sent)
+            await after(outs)
+            outs.clear()
+            sent = done
+            batch.ack(sent)
+
         try:
             for record in batch:
                 if not active():
-                    return
+                    break
                 out = take(record.key, record.value, clock())
                 if out is not None:
-                    batch.ack(done)
-                    await after(out)
+                    outs.append(out)
                 done += 1
+                if not outs:
+                    sent = done
                 if turns.due():
-                    batch.ack(done)
+                    if outs:
+                        await send()
+                    batch.ack(sent)
                     await asyncio.sleep(0)
                     turns.taken()
+            if outs:
+                await send()
         finally:
-            batch.ack(done)
+            batch.ack(sent)
             marks.read_records(batch, done, batch.partitions)
 
     @app.agent(events)
@@ -522,7 +547,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
             msg = event.message
             marks.read(msg.partition, msg.offset, msg.timestamp)
             if out is not None:
-                await after(out)
+                await after([out])
 
     read_lately: OrderedDict[bytes, Alert] = OrderedDict()
 

@@ -365,7 +365,6 @@ def _quiet_when_finite(rule) -> bool:
 #: what the per-step fields (metrics, dists, groups) hold between steps: empty,
 #: shared, never written to
 _NOTHING: dict = {}
-_NO_ALERTS: list = []       # (never handed out: a marker)
 
 _KEYS: dict[str, tuple] = {}
 _CORR_KEYS: dict[str, tuple] = {}
@@ -709,7 +708,7 @@ class RunState:
         if program.reads_signals:
             self.banks[rank].update(step, metrics)
         rules = program.every_step if not program.by_input else program.step_rules(metrics)
-        out: list[Alert] = _NO_ALERTS
+        out: list[Alert] = []
         if rules:
             if program.finite_gate and rank not in self._ranks_open:
                 total = sum(metrics.values())
@@ -726,8 +725,8 @@ class RunState:
                     self.world_size = min(world, MAX_RANKS)
                 done = self.ranks.take(step, rank, metrics, event.hashes, self.world_size)
                 if done:
-                    return out + self._ranks_in(done, ts)
-        return out if out is not _NO_ALERTS else []
+                    out += self._ranks_in(done, ts)
+        return out
 
     def _rank_rules(self, rules, rank: int, step: int, metrics: dict, ts: float) -> list[Alert]:
         """Evaluate a rank's own rules at its step (and note whether it keeps an alert open)."""

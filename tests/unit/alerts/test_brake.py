@@ -206,6 +206,34 @@ def test_the_brake_thread_pulls_brakes_on_its_own_loop():
         thread.stop()
 
 
+def test_an_alert_that_commands_nothing_is_done_at_once_without_waking_the_brake_thread():
+    import threading
+
+    from alerts.brake import BrakeLane, BrakeThread
+
+    control = MemoryControl()
+    d = Dispatcher([Recording("hook")], control, clock=Clock(), secret=SECRET)
+    planned: list[str] = []
+
+    def plan(a):
+        planned.append(threading.current_thread().name)
+        return d.plan(a)
+
+    thread = BrakeThread(lambda: BrakeLane(control, clock=Clock(), secret=SECRET), plan).start()
+    try:
+        for quiet in (alert(actions=["notify"]), alert(actions=[]),
+                      alert(state="resolved", actions=["pause"])):
+            done_on: list[str] = []
+            thread.submit(quiet, lambda: done_on.append(threading.current_thread().name))
+            assert done_on == [threading.current_thread().name]      # at once, on the caller's
+        braked = threading.Event()
+        thread.submit(alert(actions=["notify", "pause"]), braked.set)
+        assert braked.wait(5) and run(control.status("ppo-8b-a")).state == "paused"
+        assert planned == ["rlwatch-brake"]             # only the alert with a command was planned
+    finally:
+        thread.stop()
+
+
 def test_a_lane_sends_a_brake_it_got_taken_once_and_a_successor_sends_it_again():
     # the worker pulls each brake at once and again from the alerts topic: the same process
     # does not go back to Redis for it; a successor (after a crash) has no such memory
