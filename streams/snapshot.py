@@ -59,8 +59,10 @@ class _RunTape:
     """Rank 0's steps (the window), other ranks' recent steps (the offending step's ranks) and
     recent sample batches.
 
-    A step is ``(step, rank, metrics, batch_ids or None)``; a sample batch is ``(step, rank,
-    count, samples)``, ``samples`` the event's first samples (``Sample`` objects)."""
+    A step is ``(step, rank, metrics, batch_ids or None)``; a sample batch is ``[step, rank,
+    count, samples, shown]``, ``samples`` the event's first samples (``Sample`` objects),
+    ``shown`` those as a snapshot shows them once one did (the alerts of a run come in bursts,
+    and their snapshots show the same batches), else None."""
 
     __slots__ = ("others", "samples", "steps")
 
@@ -145,7 +147,7 @@ class SnapshotRecorder:
         elif isinstance(event, SamplesEvent):
             samples = event.samples
             self.tape(event.run_id).samples.append(
-                (event.step, event.rank, len(samples), samples[:MAX_SAMPLES]))
+                [event.step, event.rank, len(samples), samples[:MAX_SAMPLES], None])
 
 
 _UNREAD = object()    # a step kept as its raw event: metrics and batch ids not read yet
@@ -171,7 +173,16 @@ def _dump_samples(samples: list) -> list[dict]:
     return [{k: _clip(v) for k, v in s.model_dump(exclude_none=True).items()} for s in samples]
 
 
-def _samples_at(batches: list[tuple], lo: int | None, hi: int) -> tuple | None:
+def _shown(batch: list | None) -> list[dict]:
+    """A kept sample batch's samples as a snapshot shows them, made once per batch."""
+    if batch is None:
+        return []
+    if batch[4] is None:
+        batch[4] = _dump_samples(batch[3])
+    return batch[4]
+
+
+def _samples_at(batches: list[list], lo: int | None, hi: int) -> list | None:
     hits = [b for b in batches if b[0] <= hi and (lo is None or b[0] >= lo)]
     return max(hits, key=lambda b: b[0]) if hits else None
 
@@ -207,7 +218,7 @@ def build_snapshot(alert: Alert, recorder: SnapshotRecorder, state=None, before:
     onset = alert.onset_step if alert.onset_step is not None else alert.step
     rank = alert.rank or 0
     steps = (list(tape.steps) + list(tape.others)) if tape else []   # (step, rank, metrics, ids)
-    batches = list(tape.samples) if tape else []                      # (step, rank, count, samples)
+    batches = list(tape.samples) if tape else []              # [step, rank, count, samples, shown]
     lo, hi = onset - before, max(alert.step, onset + after)
     read = recorder.read_row
     mine = [r for r in steps if r[1] == rank]      # (kept rows: read only where shown)
@@ -238,10 +249,10 @@ def build_snapshot(alert: Alert, recorder: SnapshotRecorder, state=None, before:
         "value": alert.value, "threshold": alert.threshold,
         "window": {"from": lo, "to": hi, "rank": rank, "steps": window},
         "offending": {"step": offending_step,
-                      "samples": _dump_samples(offending[3]) if offending else [],
+                      "samples": _shown(offending),
                       "samples_total": offending[2] if offending else 0},
         "last_stable": {"step": stable[0] if stable else (stable_row[0] if stable_row else None),
-                        "samples": _dump_samples(stable[3]) if stable else [],
+                        "samples": _shown(stable),
                         "metrics": stable_row[2] if stable_row else {}},
         "ranks": ranks,
         "rollback_to": alert.rollback_to,

@@ -158,9 +158,11 @@ def test_the_events_lane_acknowledges_the_processed_events_before_each_await(mon
     run, sent, app, settings = worker_lane(monkeypatch)
     c = FakeConsumer()
     batch = run([step("a", 0), step("a", 1), b"not json", step("a", 2), b"{}", step("a", 3)], c)
-    # each dead letter went out with every event before it acknowledged and itself not yet
+    # the dead letters went out in order at the turn's end, with every event before the first
+    # of them acknowledged and that one not yet
     assert [(t, acked) for t, _v, acked in sent] == [(settings.dlq_topic, 2),
-                                                      (settings.dlq_topic, 4)]
+                                                      (settings.dlq_topic, 2)]
+    assert [json.loads(v)["raw"] for _t, v, _a in sent] == ["not json", "{}"]
     assert json.loads(sent[0][1])["reason"]
     assert c.acked == len(batch) == 6
     assert app.rlwatch_counters["events"] == 4 and app.rlwatch_counters["dlq"] == 2
@@ -411,3 +413,41 @@ def test_the_table_manager_starts_recovery_without_waiting_a_second(monkeypatch)
     monkeypatch.setattr(type(manager.recovery), "start", lambda self: recovery_start())
     asyncio.run(manager.on_start())
     assert steps == ["channels", "recovery"]
+
+
+def test_a_run_whose_ranks_all_alert_in_a_turn_has_its_state_written_once_before_they_go_out(
+        monkeypatch):
+    """A NaN on every rank raises one alert per rank, each from its own event: the run's state
+    is written to the table once for them all, before the first goes out (a successor that
+    takes over never raises them again), not once per rank."""
+    import streams.app as app_module
+
+    class Brakes:       # no Redis here: the brakes are only counted
+        pulled: list = []
+
+        def submit(self, alert, done):
+            self.pulled.append(alert.rank)
+
+    writes: list = []
+
+    def flush_run(self, run_id):
+        writes.append((run_id, len(sent)))          # what had gone out when it was written
+    monkeypatch.setattr(app_module.RunStates, "flush_run", flush_run)
+    monkeypatch.setattr(app_module, "build_brake_thread", lambda *a: Brakes())
+    run, sent, app, settings = worker_lane(monkeypatch)
+
+    def ranked(s: int, rank: int, loss: float) -> bytes:
+        return json.dumps({"schema": 1, "kind": "step", "run_id": "nan", "step": s, "rank": rank,
+                           "world_size": 4, "ts": 1.7e9 + s,
+                           "metrics": {"loss/policy": loss, "kl/mean": 0.01}}).encode()
+
+    events = [ranked(s, r, 0.5) for s in range(3) for r in range(4)]
+    events += [ranked(3, r, float("nan")) for r in range(4)]
+    c = FakeConsumer()
+    run(events, c)
+    fired = [json.loads(v) for t, v, _ in sent if t == settings.alerts_topic]
+    nan = [a for a in fired if a["rule"] == "nan_inf" and a["state"] == "firing"]
+    assert sorted({a["rank"] or 0 for a in nan}) == [0, 1, 2, 3]
+    assert writes == [("nan", 0)]                    # once, before the first alert went out
+    assert {acked for t, _v, acked in sent} == {12}  # the events before the NaNs acknowledged
+    assert c.acked == len(events)
