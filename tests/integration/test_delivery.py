@@ -463,6 +463,34 @@ def test_a_restarted_worker_never_pages_twice_and_resolved_is_delivered(redis_ur
     assert len(rec.on("/slack/webhook")) == 2
 
 
+def test_a_group_held_for_steps_goes_out_with_the_runs_alert_at_that_step(redis_url, recorders, tmp_path):
+    """A group whose wait is counted in steps is held in Redis until an alert of its run at or
+    after that step comes: that alert's queueing (one pipelined round trip) releases the group,
+    and Alertmanager gets the three alerts in one request."""
+    rec = recorders()
+    routes = tmp_path / "routes.yaml"
+    routes.write_text("route:\n  receiver: alertmanager\n  group_by: [run]\n  group_wait: 10 steps\n")
+    s = settings(redis_url, rec, routes=str(routes))
+
+    async def go():
+        d = build_dispatcher(s)
+        try:
+            first = await d.handle(alert(rule="kl_above_target", step=100, onset_step=100))
+            assert first.queued == ["alertmanager"] and not first.delivered
+            await d.handle(alert(rule="entropy_collapse", step=105, onset_step=105))
+            await d.tick()
+            assert not rec.on("/am/api/v2/alerts")               # held: step 110 not reached
+            last = await d.handle(alert(rule="grad_norm_spike", step=111, onset_step=111))
+            assert last.delivered == ["alertmanager"]
+        finally:
+            await d.close()
+
+    asyncio.run(go())
+    [am] = bodies(rec, "/am/api/v2/alerts")
+    assert sorted(a["labels"]["alertname"] for a in am) == ["entropy_collapse", "grad_norm_spike",
+                                                            "kl_above_target"]
+
+
 def test_a_redis_that_forgot_the_outbox_scripts_still_gets_each_notification_once(redis_url, recorders):
     """The dispatcher calls the outbox's scripts by their SHA inside a pipeline; a Redis that
     restarted (or had SCRIPT FLUSH) refuses them, and the pipeline is sent again with the
