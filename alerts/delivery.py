@@ -192,23 +192,22 @@ class Drainer:
                 if any(it.key == mine_key for it in rest):
                     out.failed[name] = msg
                 break
-            await self._settle(unit, "sent")
+            await self._settle(unit, now)
             if mine and name not in out.delivered:
                 out.delivered.append(name)
             settled += len(unit)
             self.down_until.pop(name, None)
-            await self._flushed(unit, now)
         return settled
 
-    async def _settle(self, unit: list[OutboxItem], outcome: str) -> None:
-        """Mark sent items done. The send happened: if the store fails now, try once more
-        before giving up (an item left under its lease would be sent again when it expires)."""
-        for it in unit:
-            try:
-                await self.outbox.finish(it, outcome)
-            except Exception:  # noqa: BLE001
-                await asyncio.sleep(0.2)
-                await self.outbox.finish(it, outcome)
+    async def _settle(self, unit: list[OutboxItem], now: float) -> None:
+        """Mark sent items done and their groups flushed. The send happened: if the store fails
+        now, try once more before giving up (an item left under its lease would be sent again
+        when it expires)."""
+        try:
+            await self.outbox.sent(unit, now)
+        except Exception:  # noqa: BLE001
+            await asyncio.sleep(0.2)
+            await self.outbox.sent(unit, now)
 
     async def _suppressed(self, receiver: str, it: OutboxItem, alert: Alert, active: list[Alert],
                           silences: list, now: float) -> str | None:
@@ -239,10 +238,3 @@ class Drainer:
         log.error("rlwatch: %s could not deliver %d notification(s); kept in the outbox, next try in "
                   "%.0fs: %s", name, len(items), wait, msg)
 
-    async def _flushed(self, unit: list[OutboxItem], now: float) -> None:
-        for group in {it.group for it in unit}:
-            clock = await self.outbox.clock(group)
-            if clock is not None:
-                clock.last_flush_ts = now
-                clock.last_flush_step = max(it.step for it in unit if it.group == group)
-                await self.outbox.set_clock(group, clock)

@@ -98,11 +98,24 @@ class Outbox(Protocol):
     async def run_step(self, run_id: str) -> int | None: ...
     async def admit(self, alert: Alert, now: float, groups: list[str]) -> dict[str, GroupClock | None]:
         """:meth:`track` the alert, then the clocks of ``groups`` (one round trip)."""
+    async def sent(self, items: list[OutboxItem], now: float) -> None:
+        """:meth:`finish` ``items`` as sent and note the flush on their groups' clocks (last
+        flush ``now``, at the newest step of the group's items): two round trips."""
     async def enqueue_all(self, items: list[OutboxItem], clocks: dict[str, GroupClock], run_id: str,
                           step: int, now: float) -> tuple[list[bool], int]:
         """Set ``clocks``, :meth:`enqueue` each item, then :meth:`release_steps` of the run:
         (whether each item was new, how many held items were released). One round trip
         unless something is released."""
+
+
+def flush_steps(items: list[OutboxItem]) -> dict[str, int]:
+    """The newest step of each group among ``items`` (sent together)."""
+    out: dict[str, int] = {}
+    for it in items:
+        step = it.step
+        if it.group not in out or step > out[it.group]:
+            out[it.group] = step
+    return out
 
 
 class MemoryOutbox:
@@ -150,6 +163,14 @@ class MemoryOutbox:
     async def finish(self, item: OutboxItem, outcome: str) -> None:
         self._drop(item)
         self.marks[item.id] = outcome
+
+    async def sent(self, items: list[OutboxItem], now: float) -> None:
+        for it in items:
+            await self.finish(it, "sent")
+        for group, step in flush_steps(items).items():
+            clock = self.groups.get(group)
+            if clock is not None:
+                clock.last_flush_ts, clock.last_flush_step = now, step
 
     async def retry(self, item: OutboxItem, next_try: float, error: str, count: bool = True) -> None:
         if count:
@@ -331,6 +352,24 @@ class RedisOutbox:
             await self._drop(pipe, item)
             pipe.set(self.p + "mark:" + item.id, outcome, ex=MARK_TTL)
             await pipe.execute()
+
+    async def sent(self, items: list[OutboxItem], now: float) -> None:
+        steps = flush_steps(items)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for it in items:
+                await self._drop(pipe, it)
+                pipe.set(self.p + "mark:" + it.id, "sent", ex=MARK_TTL)
+            for group in steps:
+                pipe.hget(self.p + "groups", group)
+            got = await pipe.execute()
+        flushed = {}
+        for (group, step), raw in zip(steps.items(), got[len(got) - len(steps):]):
+            if raw is not None:
+                clock = GroupClock.from_dict(json.loads(raw))
+                clock.last_flush_ts, clock.last_flush_step = now, step
+                flushed[group] = json.dumps(clock.to_dict())
+        if flushed:
+            await self.redis.hset(self.p + "groups", mapping=flushed)
 
     async def retry(self, item: OutboxItem, next_try: float, error: str, count: bool = True) -> None:
         if count:

@@ -491,6 +491,33 @@ def test_a_group_held_for_steps_goes_out_with_the_runs_alert_at_that_step(redis_
                                                             "kl_above_target"]
 
 
+def test_after_a_groups_notification_the_next_waits_its_interval_counted_from_that_step(
+        redis_url, recorders, tmp_path):
+    """A sent notification moves its group's clock in Redis (last flush, at its step): the
+    group's next alert waits ``group_interval`` from there, and a later one releases both."""
+    rec = recorders()
+    routes = tmp_path / "routes.yaml"
+    routes.write_text("route:\n  receiver: alertmanager\n  group_by: [run]\n  group_wait: 0s\n"
+                      "  group_interval: 10 steps\n")
+    s = settings(redis_url, rec, routes=str(routes))
+
+    async def go():
+        d = build_dispatcher(s)
+        try:
+            first = await d.handle(alert(rule="kl_above_target", step=100, onset_step=100))
+            assert first.delivered == ["alertmanager"]
+            held = await d.handle(alert(rule="entropy_collapse", step=105, onset_step=105))
+            assert held.queued == ["alertmanager"] and not held.delivered    # due at step 110
+            last = await d.handle(alert(rule="grad_norm_spike", step=112, onset_step=112))
+            assert last.delivered == ["alertmanager"]
+        finally:
+            await d.close()
+
+    asyncio.run(go())
+    sent = [sorted(a["labels"]["alertname"] for a in body) for body in bodies(rec, "/am/api/v2/alerts")]
+    assert sent == [["kl_above_target"], ["entropy_collapse", "grad_norm_spike"]]
+
+
 def test_a_redis_that_forgot_the_outbox_scripts_still_gets_each_notification_once(redis_url, recorders):
     """The dispatcher calls the outbox's scripts by their SHA inside a pipeline; a Redis that
     restarted (or had SCRIPT FLUSH) refuses them, and the pipeline is sent again with the
