@@ -366,6 +366,13 @@ def _quiet_when_finite(rule) -> bool:
 #: shared, never written to
 _NOTHING: dict = {}
 
+def _all_finite(metrics: dict) -> bool:
+    """Whether every value of ``metrics`` is finite, by one sum (a sum that overflowed reads
+    "not finite": the readers then look value by value)."""
+    total = sum(metrics.values())
+    return total - total == 0.0
+
+
 _KEYS: dict[str, tuple] = {}
 _CORR_KEYS: dict[str, tuple] = {}
 
@@ -492,9 +499,7 @@ class RunState:
         the checks for non-finite values of every tier read it)."""
         m = self.metrics
         if self._finite_of is not m:
-            total = sum(m.values())
-            # a sum that overflowed reads "not finite": the readers then look value by value
-            self._finite, self._finite_of = total - total == 0.0, m
+            self._finite, self._finite_of = _all_finite(m), m
         return self._finite
 
     # -- compiled rules ------------------------------------------------------------------------
@@ -710,22 +715,14 @@ class RunState:
         rules = program.every_step if not program.by_input else program.step_rules(metrics)
         out: list[Alert] = []
         if rules:
-            if program.finite_gate and rank not in self._ranks_open:
-                total = sum(metrics.values())
-                # all finite (a sum that overflowed reads "not finite": evaluated), nothing
-                # open on this rank: nothing can change
-                if total - total == 0.0:
-                    rules = ()
+            if program.finite_gate and rank not in self._ranks_open and _all_finite(metrics):
+                rules = ()     # all finite, nothing open on this rank: nothing can change
             if rules:
                 out = self._rank_rules(rules, rank, step, metrics, ts)
-        if self.cross_rank:
-            world = event.world_size or self.world_size
-            if world > 1:
-                if world > self.world_size:
-                    self.world_size = min(world, MAX_RANKS)
-                done = self.ranks.take(step, rank, metrics, event.hashes, self.world_size)
-                if done:
-                    out += self._ranks_in(done, ts)
+        if self.cross_rank and (event.world_size or self.world_size) > 1:
+            done = self._take_rank_values(event)
+            if done:
+                out += self._ranks_in(done, ts)
         return out
 
     def _rank_rules(self, rules, rank: int, step: int, metrics: dict, ts: float) -> list[Alert]:

@@ -192,7 +192,7 @@ def _crosses(value: Any, threshold: float, above: bool) -> bool:
         value > threshold if above else value < threshold)
 
 
-def _last_stable_step(alert: Alert, rows: list[tuple], onset: int, read=_read_row) -> int:
+def _last_stable_step(alert: Alert, rows: list[tuple], onset: int, read) -> int:
     """The last step before ``onset`` whose logged value of the alert's metric does not cross
     the alert's threshold, when the threshold is on the metric's own scale (some logged value
     from the onset to the alert crosses it); else ``onset - 1``. ``rows``: the recorder's steps

@@ -154,7 +154,15 @@ def step(run_id: str, s: int) -> bytes:
                        "metrics": {"kl/mean": 0.01}}).encode()
 
 
+def no_turns(monkeypatch) -> None:
+    """The lane's clock stands still: one turn for the whole batch, whatever the host's speed
+    (a slow first event, the rules compiled, would otherwise end a turn early)."""
+    import streams.batch_lane as lane
+    monkeypatch.setattr(lane, "monotonic", lambda: 1000.0)
+
+
 def test_the_events_lane_acknowledges_the_processed_events_before_each_await(monkeypatch):
+    no_turns(monkeypatch)
     run, sent, app, settings = worker_lane(monkeypatch)
     c = FakeConsumer()
     batch = run([step("a", 0), step("a", 1), b"not json", step("a", 2), b"{}", step("a", 3)], c)
@@ -434,6 +442,7 @@ def test_a_run_whose_ranks_all_alert_in_a_turn_has_its_state_written_once_before
         writes.append((run_id, len(sent)))          # what had gone out when it was written
     monkeypatch.setattr(app_module.RunStates, "flush_run", flush_run)
     monkeypatch.setattr(app_module, "build_brake_thread", lambda *a: Brakes())
+    no_turns(monkeypatch)
     run, sent, app, settings = worker_lane(monkeypatch)
 
     def ranked(s: int, rank: int, loss: float) -> bytes:
