@@ -6,7 +6,7 @@ times these readers of that same file in one run:
 
 * a bare ``json.loads`` loop (the parse floor: no reader of JSON can go faster in Python);
 * a simple reference detector: plain Python, dicts and deques, 17 rules (below, about 200 lines);
-* rlwatch: ``parse_event`` + ``Pipeline.feed`` with the built-in pack;
+* rlwatch: ``read_event`` (as the worker reads events) + ``Pipeline.feed`` with the built-in pack;
 * when the native core is in use (streams._native), the same rlwatch pass with the pure Python
   core (``streams.signals.PyBank``, and the Python per-sample statistics, text scores and
   compiled conditions): "rlwatch core (pure)".
@@ -33,7 +33,12 @@ import time
 from collections import deque
 from pathlib import Path
 
-from contract.events import dump_event, parse_event
+from contract.events import dump_event
+
+try:    # the events as the worker reads them (a plain step as a WireStep)
+    from contract.events import read_event
+except ImportError:     # a tree from before read_event
+    from contract.events import parse_event as read_event
 from producers.sim import SimConfig, simulate
 from rules.loader import load_pack
 from streams.processor import Pipeline
@@ -239,7 +244,7 @@ def main() -> None:
 
         def feed(chunk):
             for raw in chunk:
-                ev = parse_event(raw, 0.0)
+                ev = read_event(raw, 0.0)
                 fired[0] += len(pipe.feed(ev, ev.ts))
         return feed, lambda: fired[0]
 

@@ -3,8 +3,9 @@
 On a shared host the speed of the machine drifts, by as much as two times between runs, so
 events per second compare well only inside one run. An instruction count does not drift: this
 counts the instructions of one pass of the fleet of ``bench_fleet_replay.py`` through the whole
-core (``parse_event`` + ``Pipeline.feed``, the built-in pack), for one tree or several side by
-side (``--tree`` an older copy of the code, e.g. a ``git worktree``), and their ratios.
+core (``read_event``, as the worker reads events, + ``Pipeline.feed``, the built-in pack), for
+one tree or several side by side (``--tree`` an older copy of the code, e.g. a
+``git worktree``), and their ratios.
 
 One pass is the difference of a process making two passes and one making one (start-up, the
 imports and the fleet's making cancel out), with hash randomisation and address-space
@@ -30,7 +31,10 @@ CHILD = """
 import sys
 sys.path.insert(0, sys.argv[1]); sys.path.insert(1, sys.argv[1] + "/bench")
 from bench_fleet_replay import fleet_lines
-from contract.events import parse_event
+try:    # the events as the worker reads them (a plain step as a WireStep)
+    from contract.events import read_event as parse_event
+except ImportError:     # a tree from before read_event
+    from contract.events import parse_event
 from rules.loader import load_pack
 from streams.processor import Pipeline, tune_gc
 lines = fleet_lines(int(sys.argv[2]), int(sys.argv[3]))

@@ -7,7 +7,7 @@ fraction of ``json.loads``' time on the same lines, for each group of events:
 
 * ``json.loads`` / ``orjson.loads`` / msgspec's untyped decode: no checks, the floors;
 * pydantic ``model_validate_json`` of the contract's StepEvent (its strict validators included);
-* msgspec's typed decode of a step (``contract.events._WireStep``), with the run-id ``pattern``
+* msgspec's typed decode of a step (``contract.events.WireStep``), with the run-id ``pattern``
   it had before (msgspec calls Python's re from C per event) and without it (now: a set of the
   ids already seen free of whitespace is checked in Python instead);
 * building the StepEvent from a decoded step: ``msgspec.structs.asdict`` + the former
@@ -53,7 +53,7 @@ except ImportError:  # pragma: no cover - msgspec is a dependency
 
 
 def _before_decoder():
-    """contract.events._WireStep as it was, with the pattern on run_id and incarnation."""
+    """contract.events.WireStep as it was, with the pattern on run_id and incarnation."""
     M = msgspec
     name = Annotated[str, M.Meta(max_length=ce.MAX_NAME_LEN)]
     ident = Annotated[str, M.Meta(min_length=1, pattern=r"^[^\s]+\Z")]

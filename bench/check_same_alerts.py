@@ -46,7 +46,10 @@ def _record(case: str, alerts) -> list[str]:
 
 def fleet_case(roundtrip: int = 0) -> list[str]:
     from bench_fleet_replay import fleet_lines
-    from contract.events import parse_event
+    try:    # the events as the worker reads them (a plain step as a WireStep)
+        from contract.events import read_event as parse_event
+    except ImportError:     # a tree from before read_event
+        from contract.events import parse_event
     from rules.loader import load_pack
     from streams.processor import Pipeline
     from streams.state_codec import decode_state, encode_state

@@ -47,10 +47,13 @@ __all__ = [
     "Sample",
     "SamplesEvent",
     "StepEvent",
+    "WireStep",
     "dump_event",
     "encode_number",
     "parse_event",
+    "read_event",
     "record_json",
+    "step_event",
     "strict_json",
     "to_jsonable",
 ]
@@ -544,7 +547,11 @@ if _msgspec is not None:
     _Rank = Annotated[int, _msgspec.Meta(ge=0, le=1_000_000)]
     _World = Annotated[int, _msgspec.Meta(ge=1, le=1_000_000)]
 
-    class _WireStep(_msgspec.Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
+    class WireStep(_msgspec.Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
+        """A plain step event as :func:`read_event` gives it: decoded and checked in C, with
+        :class:`StepEvent`'s fields and values (``schema_`` is 1, ``ts`` filled in), without
+        the pydantic model around them (building one took as long as the decoding). The core
+        reads either alike; :func:`step_event` makes the model of one."""
         # in the order of StepEvent's fields (the order model_dump and dump_event write)
         schema_: Literal[1] = _msgspec.field(name="schema")
         run_id: _RunId
@@ -562,12 +569,12 @@ if _msgspec is not None:
         batch_ids: list[str] = []
 
     # The same event with text allowed among the numbers: a run that diverged sends "NaN"
-    # (and the other non-finite spellings) in every event, which _WireStep refuses.
+    # (and the other non-finite spellings) in every event, which WireStep refuses.
     _Spelt = Union[float, str]
     _SpeltNumbers = Annotated[dict[_Name, _Spelt], _msgspec.Meta(max_length=MAX_METRICS)]
     _SpeltDist = Annotated[list[_Spelt], _msgspec.Meta(max_length=MAX_DIST_LEN)]
 
-    class _WireSpeltStep(_WireStep, kw_only=True, forbid_unknown_fields=True, gc=False):
+    class _WireSpeltStep(WireStep, kw_only=True, forbid_unknown_fields=True, gc=False):
         metrics: _SpeltNumbers = {}
         dists: dict[_Name, _SpeltDist] = {}
         groups: dict[_Name, _SpeltNumbers] = {}
@@ -581,13 +588,13 @@ if _msgspec is not None:
     class _WireSpeltKept(_WireKept, gc=False):
         metrics: _SpeltNumbers = {}
 
-    _WIRE_STEP = _msgspec.json.Decoder(_WireStep)
+    _WIRE_STEP = _msgspec.json.Decoder(WireStep)
     _WIRE_KEPT = _msgspec.json.Decoder(_WireKept)
     _WIRE_SPELT_KEPT = _msgspec.json.Decoder(_WireSpeltKept)
     _WIRE_SPELT_STEP = _msgspec.json.Decoder(_WireSpeltStep)
     _WIRE_ERRORS = (_msgspec.ValidationError, _msgspec.DecodeError)
     _WIRE_INVALID = _msgspec.ValidationError
-    #: how _WireStep's refusal of a text among the numbers begins (only a hint: with any other
+    #: how WireStep's refusal of a text among the numbers begins (only a hint: with any other
     #: wording the event takes the slower paths, with the same outcome)
     _TEXT_FOR_NUMBER = "Expected `float`, got `str`"
 
@@ -632,13 +639,12 @@ def _unspelt(metrics: dict, dists: dict, groups: dict) -> tuple:
     return metrics, dists, groups
 
 
-def _wire_step(raw: bytes | bytearray | str, received_at: float) -> StepEvent | None:
-    """A plain step event decoded and checked by msgspec (``_WireStep``), as a StepEvent with
-    the values and field order of the models; None when it is not plainly valid (the slower
-    paths decide, and word any reason)."""
+def _wire_step(raw: bytes | bytearray | str, received_at: float):
+    """A plain step event decoded and checked by msgspec (:class:`WireStep`), with the values
+    the models give; None when it is not plainly valid (the slower paths decide, and word any
+    reason)."""
     try:
         w = _WIRE_STEP.decode(raw)
-        metrics, dists, groups = w.metrics, w.dists, w.groups
     except _WIRE_INVALID as exc:
         if not str(exc).startswith(_TEXT_FOR_NUMBER):
             return None
@@ -649,6 +655,7 @@ def _wire_step(raw: bytes | bytearray | str, received_at: float) -> StepEvent | 
         metrics, dists, groups = _unspelt(w.metrics, w.dists, w.groups)
         if metrics is None:
             return None
+        w.metrics, w.dists, w.groups = metrics, dists, groups
     except _WIRE_ERRORS:
         return None
     run_id, inc = w.run_id, w.incarnation
@@ -656,12 +663,19 @@ def _wire_step(raw: bytes | bytearray | str, received_at: float) -> StepEvent | 
         return None
     if inc is not None and not (inc in _KNOWN_IDS or _new_ident(inc)):
         return None
-    ts = w.ts
+    if w.ts is None:
+        w.ts = received_at
+    return w
+
+
+def step_event(w) -> StepEvent:
+    """The :class:`StepEvent` of a :class:`WireStep`: the same fields and values, as the model
+    (built without validating again: the decoder checked what the model checks)."""
     ev = _new(StepEvent)
-    _set_dict(ev, {"schema_": 1, "run_id": run_id, "step": w.step, "rank": w.rank,
-                   "world_size": w.world_size, "ts": received_at if ts is None else ts,
-                   "tags": w.tags, "incarnation": inc, "kind": "step", "metrics": metrics,
-                   "dists": dists, "groups": groups, "hashes": w.hashes,
+    _set_dict(ev, {"schema_": 1, "run_id": w.run_id, "step": w.step, "rank": w.rank,
+                   "world_size": w.world_size, "ts": w.ts, "tags": w.tags,
+                   "incarnation": w.incarnation, "kind": "step", "metrics": w.metrics,
+                   "dists": w.dists, "groups": w.groups, "hashes": w.hashes,
                    "batch_ids": w.batch_ids})
     _set_fields_set(ev, _STEP_FIELDS.copy())
     _set_extra(ev, {})
@@ -696,6 +710,17 @@ def kept_step_values(raw: bytes) -> tuple[dict[str, float], list[str]]:
 
 def parse_event(raw: bytes | str | dict, received_at: float) -> StepEvent | SamplesEvent | CheckpointEvent | HeartbeatEvent:
     """Validate one event. ``received_at`` fills ``ts`` when the event has none.
+
+    Raises :class:`EventError` with a one-line reason for anything malformed. The event of
+    :func:`read_event`, a plain step event's model built (:func:`step_event`).
+    """
+    ev = read_event(raw, received_at)
+    return ev if ev.kind != "step" or isinstance(ev, StepEvent) else step_event(ev)
+
+
+def read_event(raw: bytes | str | dict, received_at: float):
+    """Validate one event as the core reads it: a plain step event as a :class:`WireStep`,
+    any other event as its model. ``received_at`` fills ``ts`` when the event has none.
 
     Raises :class:`EventError` with a one-line reason for anything malformed. Plain step
     events (no extra keys; numbers as numbers or non-finite spellings) are decoded and checked
@@ -811,6 +836,9 @@ def record_json(data: Any) -> bytes:
 
 
 def dump_event(event: BaseModel | dict) -> bytes:
-    """Strict JSON bytes of an event (the form that goes on the wire)."""
+    """Strict JSON bytes of an event (the form that goes on the wire): a model, a
+    :class:`WireStep` or a dict."""
+    if _msgspec is not None and isinstance(event, WireStep):
+        event = step_event(event)
     data = event.model_dump(by_alias=True, exclude_none=True) if isinstance(event, BaseModel) else event
     return strict_json(data).encode()

@@ -27,7 +27,7 @@ from producers.monitor import Monitor, TrainingStopped
 from producers.sim import SimConfig, Simulator
 from contract.alert import Alert
 from contract.commands import Command
-from contract.events import parse_event
+from contract.events import read_event
 from rules.loader import load_pack
 from streams.fleet_store import FleetWriter, MemoryFleetStore, summary_of
 from streams.processor import Pipeline
@@ -180,7 +180,7 @@ def run_demo(steps: int = 400, onset: int = 120, delay: float = 0.02, pause_hold
             except queue.Empty:
                 raw = None
             if raw is not None:
-                event = parse_event(raw, clock())
+                event = read_event(raw, clock())
                 w = workers.get(event.run_id)
                 if w is not None and event.kind == "step":
                     w.seen_by_monitor = max(w.seen_by_monitor, event.step)

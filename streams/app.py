@@ -58,7 +58,7 @@ from aiokafka.partitioner import murmur2
 from alerts.delivery import delivery_key
 from alerts.factory import build_brake_thread, build_dispatcher
 from contract.alert import Alert
-from contract.events import EventError, parse_event
+from contract.events import EventError, read_event
 from contract.settings import Settings
 from rules.loader import load_pack
 from streams.batch_lane import BatchApp, Turns
@@ -450,7 +450,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         """One event through the core: None, or what must be awaited (a dead letter or the
         alerts it raised). No awaits in here: the batch lane runs this per event."""
         try:
-            event = parse_event(raw, now)
+            event = read_event(raw, now)
         except EventError as exc:
             counters["dlq"] += 1
             log.warning("rlwatch: rejected an event (%s); sent to %s", exc.reason, settings.dlq_topic)

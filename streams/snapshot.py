@@ -38,7 +38,7 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from contract.alert import Alert
-from contract.events import EventError, SamplesEvent, StepEvent, kept_step_values
+from contract.events import EventError, kept_step_values
 
 __all__ = ["SnapshotRecorder", "attach_snapshot", "build_snapshot"]
 
@@ -132,7 +132,8 @@ class SnapshotRecorder:
         A step is then kept as those bytes, and its metrics and batch ids are read from them
         again only when a snapshot needs them: a worker keeps 768 steps of every run it
         watches, about 1.3 MB a run of the bench fleet decoded and 0.8 MB as bytes."""
-        if isinstance(event, StepEvent):
+        kind = event.kind
+        if kind == "step":     # a StepEvent or a WireStep (contract.events.read_event)
             rank = event.rank
             tape = self.tape(event.run_id)
             if type(raw) is bytes:
@@ -144,7 +145,7 @@ class SnapshotRecorder:
             else:
                 ids = None
             (tape.others if rank else tape.steps).append((event.step, rank, event.metrics, ids))
-        elif isinstance(event, SamplesEvent):
+        elif kind == "samples":
             samples = event.samples
             self.tape(event.run_id).samples.append(
                 [event.step, event.rank, len(samples), samples[:MAX_SAMPLES], None])

@@ -178,3 +178,52 @@ def test_a_kept_step_read_again_gives_the_metrics_and_batch_ids_parse_event_gave
     metrics, ids = ce.kept_step_values(raw)
     assert json.dumps(metrics) == json.dumps(ev.metrics) and ids == ev.batch_ids
     assert [type(v) for v in metrics.values()] == [type(v) for v in ev.metrics.values()]
+
+
+def _read_outcome(raw, received_at: float = 7.0):
+    """read_event's outcome in the terms of ``outcome``: a plain step's fields and values as
+    its model would hold them."""
+    try:
+        ev = ce.read_event(raw, received_at)
+    except EventError as exc:
+        return "rejected", exc.reason
+    if isinstance(ev, ce.WireStep):
+        fields = list(StepEvent.model_fields)
+        return ("StepEvent", dump_event(ev), fields,
+                {f: getattr(ev, f) for f in fields} | {"schema_": 1})
+    return type(ev).__name__, dump_event(ev), list(ev.__dict__), ev.model_dump()
+
+
+@pytest.mark.parametrize("form", ["bytes", "str"])
+def test_read_event_gives_what_parse_event_gives_a_plain_step_as_a_wire_step(form):
+    """The worker reads events with read_event: a plain step comes without its pydantic model
+    (a WireStep), with the model's fields and values; everything else, rejections included,
+    is what parse_event gives."""
+    dicts = [BASE, dict(BASE, rank=0, dists={"reward": [1, 2.5]}, groups={"g": {"a": 1}}),
+             {k: v for k, v in BASE.items() if k not in ("ts", "tags", "incarnation")},
+             dict(BASE, kind="heartbeat", metrics=None), dict(BASE, step=-1),
+             dict(BASE, extra_field=1), *_spelt_cases()]
+    cases = [json.dumps({k: v for k, v in d.items() if v is not None}) for d in dicts]
+    cases.append('{"schema":1,"kind":"step","run_id":"r","step":1,"metrics":{"a":NaN}}')
+    cases = [c.encode() if form == "bytes" else c for c in cases]
+    got = [_read_outcome(raw) for raw in cases]
+    want = [outcome(raw) for raw in cases]
+    for g, w in zip(got, want):
+        if g[0] == "rejected":
+            assert g == w
+        else:     # (NaN is not equal to itself: the values compare by their JSON)
+            assert g[:3] == w[:3] and json.dumps(g[3], default=repr) == json.dumps(w[3], default=repr)
+    wire = [ce.read_event(raw, 7.0) for raw in cases[:3]]
+    assert all(type(ev) is ce.WireStep for ev in wire)
+    assert wire[2].ts == 7.0 and wire[2].tags == {} and wire[2].incarnation is None
+    assert sum(o[0] == "StepEvent" for o in got) >= 3 + 6 * len(SPELLINGS)
+    # parse_event builds the model of the same decoded event
+    assert ce.step_event(wire[0]).model_dump() == parse_event(cases[0], 7.0).model_dump()
+
+
+def test_wire_steps_share_no_mutable_state():
+    a, b = (ce.read_event(json.dumps(BASE).encode(), 7.0) for _ in range(2))
+    a.metrics["kl/mean"] = 5.0
+    a.metrics = {"renamed/kl": 0.021}        # what the run state does when it renames metrics
+    a.tags["algo"] = "grpo"
+    assert b.metrics == {"kl/mean": 0.021, "loss/value": 2.0} and b.tags == {"algo": "ppo"}

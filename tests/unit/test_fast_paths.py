@@ -4,14 +4,16 @@ alerts (rule, severity, state, step, rank) through them as through the straightf
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 import streams.run as run_mod
-from contract.events import dump_event, parse_event
+from contract.events import dump_event, parse_event, read_event
 from producers.sim import SimConfig, simulate
 from streams.processor import Pipeline
+from streams.snapshot import SnapshotRecorder, build_snapshot
 from tests.unit._core import rlhf_pack
 
 FAULTS = ("nan_inf", "rank_outlier", "param_hash_mismatch", "grad_norm_anomaly", "healthy")
@@ -33,14 +35,31 @@ def _fleet() -> list[bytes]:
     return [dump_event(e) for e in events]
 
 
-def _replay(lines: list[bytes]) -> list[tuple]:
+def _replay(lines: list[bytes], read=parse_event, snapshots: bool = False) -> list[tuple]:
     pipe = Pipeline(rlhf_pack())
+    recorder = SnapshotRecorder()
     out = []
     for raw in lines:
-        ev = parse_event(raw, 0.0)
+        ev = read(raw, 0.0)
+        recorder.observe(ev, raw if snapshots == "raw" else None)
         for a in pipe.feed(ev, ev.ts):
             out.append((a.run_id, a.rule, a.severity, a.state, a.step, a.rank))
+            if snapshots:
+                out.append(json.dumps(build_snapshot(a, recorder, pipe.runs[a.run_id]),
+                                      sort_keys=True, default=repr))
     return out
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_events_read_as_the_worker_reads_them_give_the_same_alerts_and_snapshots(raw):
+    """The worker takes a plain step as read_event gives it (a WireStep, no pydantic model):
+    the core and the snapshot recorder must see it as they see parse_event's StepEvent."""
+    lines = _fleet()
+    mode = "raw" if raw else True
+    models = _replay(lines, parse_event, mode)
+    assert sum(isinstance(x, str) for x in models) >= 10
+    assert any('"ranks"' in x and '"window"' in x for x in models if isinstance(x, str))
+    assert _replay(lines, read_event, mode) == models
 
 
 def test_the_fast_paths_fire_the_same_alerts_as_evaluating_everything(monkeypatch):
