@@ -6,7 +6,7 @@ times these readers of that same file in one run:
 
 * a bare ``json.loads`` loop (the parse floor: no reader of JSON can go faster in Python);
 * a simple reference detector: plain Python, dicts and deques, 17 rules (below, about 200 lines);
-* rlwatch: ``read_event`` (as the worker reads events) + ``Pipeline.feed`` with the built-in pack;
+* rlwatch: ``Pipeline.feed_raw`` (the events as the worker takes them) with the built-in pack;
 * when the native core is in use (streams._native), the same rlwatch pass with the pure Python
   core (``streams.signals.PyBank``, and the Python per-sample statistics, text scores and
   compiled conditions): "rlwatch core (pure)".
@@ -238,15 +238,21 @@ def main() -> None:
                 det.feed(json.loads(raw))
         return feed, lambda: det.alerts
 
+    now = read_event(lines[-1], 0.0).ts     # (the fleet's events are in time order)
+
     def rlwatch():
         pipe = Pipeline(pack)
         fired = [0]
 
         def feed(chunk):
             for raw in chunk:
+                fired[0] += len(pipe.feed_raw(raw, now))
+
+        def feed_before(chunk):     # a tree from before feed_raw
+            for raw in chunk:
                 ev = read_event(raw, 0.0)
                 fired[0] += len(pipe.feed(ev, ev.ts))
-        return feed, lambda: fired[0]
+        return (feed if hasattr(pipe, "feed_raw") else feed_before), lambda: fired[0]
 
     def rlwatch_pure():
         """The same pass with the pure Python core (streams.signals.PyBank, and the Python
@@ -259,13 +265,14 @@ def main() -> None:
                 "Series": getattr(streams.run, "PySeries", None),
                 "update_group": getattr(streams.run, "py_update_group", None),
                 "repetition_score": getattr(__import__("streams.text").text, "py_repetition_score", None),
-                "_native_join": None, "_native_scan": None, "_native_compare_call": None}
+                "_native_join": None, "_native_scan": None, "_native_compare_call": None,
+                "read_rank_step": None}
         saved = {k: getattr(streams.run, k) for k in pure if hasattr(streams.run, k)}
         inner, done = rlwatch()
 
         def feed(chunk):
             for k in saved:
-                if pure[k] is not None or k.startswith("_native"):
+                if pure[k] is not None or k.startswith("_native") or k == "read_rank_step":
                     setattr(streams.run, k, pure[k])
             try:
                 inner(chunk)

@@ -3,7 +3,7 @@
 On a shared host the speed of the machine drifts, by as much as two times between runs, so
 events per second compare well only inside one run. An instruction count does not drift: this
 counts the instructions of one pass of the fleet of ``bench_fleet_replay.py`` through the whole
-core (``read_event``, as the worker reads events, + ``Pipeline.feed``, the built-in pack), for
+core as the worker takes events (``Pipeline.feed_raw``, the built-in pack), for
 one tree or several side by side (``--tree`` an older copy of the code, e.g. a
 ``git worktree``), and their ratios.
 
@@ -40,11 +40,16 @@ from streams.processor import Pipeline, tune_gc
 lines = fleet_lines(int(sys.argv[2]), int(sys.argv[3]))
 pack = load_pack("rlhf")
 tune_gc()
+now = parse_event(lines[-1], 0.0).ts     # (the fleet's events are in time order)
 for _ in range(int(sys.argv[4])):
     pipe = Pipeline(pack)
-    for raw in lines:
-        ev = parse_event(raw, 0.0)
-        pipe.feed(ev, ev.ts)
+    if hasattr(pipe, "feed_raw"):    # as the worker takes events
+        for raw in lines:
+            pipe.feed_raw(raw, now)
+    else:     # a tree from before feed_raw
+        for raw in lines:
+            ev = parse_event(raw, 0.0)
+            pipe.feed(ev, ev.ts)
 print(len(lines))
 """
 

@@ -66,7 +66,7 @@ from streams.broker_log import BrokerLogGate
 from streams.fleet_store import FleetStore, FleetWriter, summary_of
 from streams.heap import Heap
 from streams.liveness import liveness_pass
-from streams.processor import Processor
+from streams.processor import Processor, read_routine
 from streams.read_marks import ReadMarks
 from streams.run import RunState
 from streams.snapshot import SnapshotRecorder, attach_snapshot
@@ -448,34 +448,53 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
 
     def take(key, raw, now: float):
         """One event through the core: None, or what must be awaited (a dead letter or the
-        alerts it raised). No awaits in here: the batch lane runs this per event."""
-        try:
-            event = read_event(raw, now)
-        except EventError as exc:
-            counters["dlq"] += 1
-            log.warning("rlwatch: rejected an event (%s); sent to %s", exc.reason, settings.dlq_topic)
-            body = raw if isinstance(raw, bytes) else str(raw).encode()
-            return _DEAD, key, json.dumps(
-                {"reason": exc.reason, "ts": now, "key": key.decode("utf-8", "replace") if key else None,
-                 "raw": body.decode("utf-8", "replace")[:100_000]}).encode()
+        alerts it raised). No awaits in here: the batch lane runs this per event. A routine
+        step of a rank other than 0 (most of a fleet's events) is read natively and taken by
+        RunState.rank_step; any other event is read by read_event and applied."""
+        event = read_routine(raw)
+        if event is not None:
+            st = states.get(event.run_id)
+            try:
+                alerts = st.rank_step(event, now)
+            except Exception as exc:  # noqa: BLE001 - one bad event must not stop the worker
+                return failed(exc, key, event.run_id, raw, now)
+            if alerts is None:
+                event = None      # not routine: read and applied as any other event
+            else:
+                recorder.observe(event, raw)
+        if event is None:
+            try:
+                event = read_event(raw, now)
+            except EventError as exc:
+                counters["dlq"] += 1
+                log.warning("rlwatch: rejected an event (%s); sent to %s", exc.reason, settings.dlq_topic)
+                body = raw if isinstance(raw, bytes) else str(raw).encode()
+                return _DEAD, key, json.dumps(
+                    {"reason": exc.reason, "ts": now, "key": key.decode("utf-8", "replace") if key else None,
+                     "raw": body.decode("utf-8", "replace")[:100_000]}).encode()
+            recorder.observe(event, raw)
+            st = states.get(event.run_id)
+            try:
+                alerts = processor.process(st, event, now)
+            except Exception as exc:  # noqa: BLE001 - one bad event must not stop the worker
+                return failed(exc, key, event.run_id, raw, now)
         counters["events"] += 1
-        recorder.observe(event, raw)
-        st = states.get(event.run_id)
-        try:
-            alerts = processor.process(st, event, now)
-        except Exception as exc:  # noqa: BLE001 - one bad event must not stop the worker
-            counters["dlq"] += 1
-            log.exception("rlwatch: processing an event of run %s failed; sent to %s",
-                          event.run_id, settings.dlq_topic)
-            return _DEAD, key, json.dumps(
-                {"reason": f"processing failed: {type(exc).__name__}: {exc}", "ts": now,
-                 "key": event.run_id, "raw": raw.decode("utf-8", "replace")[:100_000]
-                 if isinstance(raw, bytes) else str(raw)[:100_000]}).encode()
         states.touch(event.run_id)
         fleet.note(st, event)
         if alerts:
             return _ALERTS, event.run_id, alerts
         return None
+
+    def failed(exc: Exception, key, run_id: str, raw, now: float):
+        """The dead letter of an event the core failed on."""
+        counters["events"] += 1
+        counters["dlq"] += 1
+        log.exception("rlwatch: processing an event of run %s failed; sent to %s",
+                      run_id, settings.dlq_topic)
+        return _DEAD, key, json.dumps(
+            {"reason": f"processing failed: {type(exc).__name__}: {exc}", "ts": now,
+             "key": run_id, "raw": raw.decode("utf-8", "replace")[:100_000]
+             if isinstance(raw, bytes) else str(raw)[:100_000]}).encode()
 
     async def after(outs: list) -> None:
         """Send what events left to send (dead letters, alerts), in order. Each run whose

@@ -17,14 +17,26 @@ import gc
 from typing import Iterable
 
 from contract.alert import Alert
+from contract.events import read_event
 from contract.presets import get_preset
 from rules.compile import rule_inputs, rule_trigger
 from rules.engine import RuleEngine, RunRules
 from rules.loader import with_preset
 from rules.schema import Pack
+from streams import run as _run
 from streams.run import MAX_LATEST_METRICS, TARGET_TAG_PREFIX, RunState
 
-__all__ = ["MAX_LATEST_METRICS", "Pipeline", "Processor", "TARGET_TAG_PREFIX", "tune_gc"]
+__all__ = ["MAX_LATEST_METRICS", "Pipeline", "Processor", "TARGET_TAG_PREFIX", "read_routine",
+           "tune_gc"]
+
+
+def read_routine(raw):
+    """The commonest event of a fleet, a step of a rank other than 0, read from its bytes by
+    the native core (``streams._native.read_rank_step``) when it is plainly valid and has
+    nothing unusual, for :meth:`RunState.rank_step`; None for any other event (and with the
+    pure core): read that one with :func:`contract.events.read_event`."""
+    read = _run.read_rank_step
+    return None if read is None or type(raw) is not bytes else read(raw)
 
 MAX_CACHED_RULES = 10_000
 
@@ -98,6 +110,7 @@ class Pipeline:
     def __init__(self, pack: Pack, *, detect_presets: bool = True):
         self.processor = Processor(pack, detect_presets=detect_presets)
         self.runs: dict[str, RunState] = {}
+        self.routine = 0      # events feed_raw took as routine steps (RunState.rank_step)
 
     def state(self, run_id: str) -> RunState:
         st = self.runs.get(run_id)
@@ -107,6 +120,20 @@ class Pipeline:
 
     def feed(self, event, now: float) -> list[Alert]:
         return self.state(event.run_id).apply(event, now)
+
+    def feed_raw(self, raw: bytes | str, now: float) -> list[Alert]:
+        """One event from its JSON, as the worker takes it: a routine step of a rank other
+        than 0 through :meth:`RunState.rank_step`; any other event read by
+        :func:`contract.events.read_event` (which raises EventError for a bad one, ``now``
+        filling a missing ``ts``) and applied. ``routine`` counts the first kind."""
+        ev = read_routine(raw)
+        if ev is not None:
+            got = self.state(ev.run_id).rank_step(ev, now)
+            if got is not None:
+                self.routine += 1
+                return got
+        ev = read_event(raw, now)
+        return self.state(ev.run_id).apply(ev, now)
 
     def tick(self, now: float) -> list[Alert]:
         out: list[Alert] = []

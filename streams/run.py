@@ -203,10 +203,14 @@ class PySeries:
 #: number for number the same, and the native all/any/not of compiled tests
 #: (native/src/logic.rs), when the native core is in use (streams.signals.CORE)
 _native_join = _native_scan = _native_compare_call = None
+#: the native reader of a routine step of a rank other than 0 (None: the pure core reads
+#: every event with contract.events.read_event)
+read_rank_step = None
 spearman, Moments, Series = py_spearman, _Moments, PySeries
 if signals.CORE == "native":
     from streams._native import Moments, Scan as _native_scan, Series, join as _native_join, spearman  # noqa: F811
     from streams._native import compare_call as _native_compare_call  # noqa: F811
+    from streams._native import read_rank_step  # noqa: F811
 
 
 def _ls_slope(steps: list[int], xs: list[float]) -> float:
@@ -487,6 +491,9 @@ class RunState:
         self._group_cache: dict[str, tuple] = {}
         self._tags_seen: dict = {}
         self._tags_obj: dict | None = None
+        #: (the bytes of a tags object known to read as _tags_seen, without a "generation"
+        #: tag, _tags_seen then): rank_step() compares an event's tags as bytes
+        self._tags_raw: tuple[bytes, dict] | None = None
         self.newest = -1                # the newest step of any rank (limits, relaunch)
         self.closed = False             # the training script closed its monitor (final heartbeat)
         self.preset: str | None = None  # the framework its metric names came from (found)
@@ -601,6 +608,61 @@ class RunState:
             return out
         book[rank] = step
         return out + self._samples(event, ts)
+
+    def rank_step(self, event, now: float) -> list[Alert] | None:
+        """A routine step of a rank other than 0 as ``streams._native.read_rank_step`` read
+        it: the alerts, as :meth:`apply` gives them. None, with nothing changed, when the step
+        is not routine (a new incarnation or new tags, a timestamp to replace, a duplicate, a
+        rank whose rules must be read, a run not compiled yet...): :meth:`apply` then takes
+        the event as ``read_event`` reads it. Most events of a fleet take this path."""
+        ts = event.ts
+        if ts is None:
+            ts = now
+        elif not now - MAX_TS_AGE <= ts <= now + MAX_TS_AHEAD:
+            return None
+        rank, step = event.rank, event.step
+        inc = event.incarnation
+        if rank >= MAX_RANKS or self.news_on_every_event or (inc is not None and inc != self.incarnation):
+            return None
+        tags = event.tags_json
+        if tags:
+            known = self._tags_raw
+            if known is None or known[1] is not self._tags_seen or known[0] != tags:
+                seen = msgspec.json.decode(tags)     # (checked by read_rank_step)
+                if "generation" in seen or seen != self._tags_seen:
+                    return None
+                self._tags_raw = (tags, self._tags_seen)
+        newest = self.newest
+        if newest >= 0 and step - newest > MAX_STEP_JUMP:
+            return None
+        if self._renamer is not None or (self._preset_tries < PRESET_TRIES and event.has_metrics):
+            return None
+        last = self.last_step.get(rank)
+        if last is not None and step <= last:
+            return None
+        program = self.programs.get(rank)
+        if program is None or program.reads_signals or program.by_input or (
+                program.every_step and not (program.finite_gate and rank not in self._ranks_open)):
+            return None    # (read_rank_step reads finite values only)
+        # as apply() and _rank_step() do
+        self.now = ts
+        self.events += 1
+        self.last_seen[rank] = ts
+        self.closed = False
+        if not ts <= self.last_event_ts:
+            self.last_event_ts = ts
+        self.last_step[rank] = step
+        if step > newest:
+            self.newest = step
+        if self.cross_rank and (event.world_size or self.world_size) > 1:
+            world = event.world_size
+            if world and world > self.world_size:
+                self.world_size = min(world, MAX_RANKS)
+            if self.world_size > 1:
+                done = self.ranks.take_step(event, self.world_size)
+                if done:
+                    return self._ranks_in(done, ts)
+        return []
 
     def _news(self, event, ts: float) -> list[Alert]:
         """What an event brings besides its values: a relaunch (a new incarnation, or rank 0's

@@ -32,6 +32,7 @@ mod dists;
 mod logic;
 mod ranks;
 mod text;
+mod wire;
 
 const NAN: f64 = f64::NAN;
 const INF: f64 = f64::INFINITY;
@@ -2474,5 +2475,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ranks::RankBuffer>()?;
     m.add_class::<ranks::RankStat>()?;
     m.add_class::<ranks::HashMismatch>()?;
+    m.add_class::<wire::RankStep>()?;
+    m.add_function(wrap_pyfunction!(wire::read_rank_step, m)?)?;
     Ok(())
 }

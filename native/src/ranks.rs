@@ -5,7 +5,9 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyFloat, PyList, PyString, PyTuple};
+
+use crate::wire::RankStep;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 const NAN: f64 = f64::NAN;
@@ -108,6 +110,37 @@ fn int_key(k: &Bound<'_, PyAny>) -> PyResult<i64> {
         .map_err(|_| PyValueError::new_err(format!("not a step or rank number: {s:?}")))
 }
 
+/// Keep `entry` (a rank's values at `step`); the steps now complete or given up on, in order.
+fn keep(b: &mut Buf, step: i64, entry: Entry, world: i64) -> Vec<i64> {
+    let at = match b.pending.iter().rposition(|p| p.step == step) {
+        Some(at) => at,
+        None => {
+            b.pending.push(Pending { step, ranks: Vec::new() });
+            b.pending.len() - 1
+        }
+    };
+    let rank = entry.rank;
+    let ranks = &mut b.pending[at].ranks;
+    // a rank already in keeps its place (as a dict's key does)
+    match ranks.iter().position(|e| e.rank == rank) {
+        Some(j) => ranks[j] = entry,
+        None => ranks.push(entry),
+    }
+    let complete = ranks.len() as i64 >= world;
+    // steps that will never complete (a rank missed them): give up on the oldest
+    if b.pending.len() > b.max_pending {
+        let oldest = b.pending.iter().map(|p| p.step).min().unwrap();
+        if oldest != step {
+            return if complete {
+                if step < oldest { vec![step, oldest] } else { vec![oldest, step] }
+            } else {
+                vec![oldest]
+            };
+        }
+    }
+    if complete { vec![step] } else { Vec::new() }
+}
+
 /// The cross-rank buffer of one run (streams.ranks.PyRankBuffer, in Rust).
 #[pyclass(module = "streams._native", frozen)]
 pub struct RankBuffer {
@@ -161,33 +194,22 @@ impl RankBuffer {
                 m.push((i, v.unbind()));
             }
         }
-        let entry = Entry { rank, m, h: hashes };
-        let at = match b.pending.iter().rposition(|p| p.step == step) {
-            Some(at) => at,
-            None => {
-                b.pending.push(Pending { step, ranks: Vec::new() });
-                b.pending.len() - 1
-            }
-        };
-        let ranks = &mut b.pending[at].ranks;
-        // a rank already in keeps its place (as a dict's key does)
-        match ranks.iter().position(|e| e.rank == rank) {
-            Some(j) => ranks[j] = entry,
-            None => ranks.push(entry),
-        }
-        let complete = ranks.len() as i64 >= world;
-        // steps that will never complete (a rank missed them): give up on the oldest
-        if b.pending.len() > b.max_pending {
-            let oldest = b.pending.iter().map(|p| p.step).min().unwrap();
-            if oldest != step {
-                return Ok(if complete {
-                    if step < oldest { vec![step, oldest] } else { vec![oldest, step] }
-                } else {
-                    vec![oldest]
-                });
+        Ok(keep(&mut b, step, Entry { rank, m, h: hashes }, world))
+    }
+
+    /// `take` of a step that `read_rank_step` read (its metrics and hashes read from the
+    /// event's bytes): the same values kept.
+    fn take_step(&self, py: Python<'_>, event: &Bound<'_, RankStep>, world: i64) -> PyResult<Vec<i64>> {
+        let ev = event.get();
+        let mut b = lock(&self.buf)?;
+        let mut m = Vec::with_capacity(b.tracked.len());
+        for &i in &b.tracked {
+            if let Some(v) = ev.metric(py, b.names[i].bind(py).to_str()?) {
+                m.push((i, PyFloat::new_bound(py, v).into_any().unbind()));
             }
         }
-        Ok(if complete { vec![step] } else { Vec::new() })
+        let h = ev.hashes_dict(py)?.into_any().unbind();
+        Ok(keep(&mut b, ev.step(), Entry { rank: ev.rank(), m, h }, world))
     }
 
     /// Make `step` the step the readers compare (it leaves the buffer).
