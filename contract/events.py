@@ -10,6 +10,11 @@ This module is the one place that turns bytes into typed events and back:
   strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``; bare ``NaN`` tokens are accepted too.
 * :func:`dump_event` writes strict JSON (non-finite numbers as those strings).
 
+One fast path lives outside: the native core's reader of a routine step of a rank other than
+0 (``native/src/wire.rs``, ``streams.processor.read_routine``), which takes only what this
+module accepts, with the same values (``tests/unit/test_native_wire.py`` holds it to that),
+and leaves everything else to :func:`read_event`.
+
 Pure: no I/O, no clock. The receive time is an argument.
 """
 
