@@ -33,8 +33,10 @@ among them) run as they do: the wall rates swing with its load, the CPU rates le
 the figures of one run.
 
 With ``--rounds N`` all of it is measured N times in turns (each round its own consumer groups,
-the bare loop first) and the medians are printed: the worker's rate repeats within a few per
-cent from round to round, the bare loop's (a few seconds of reading) by up to 35 %.
+the bare loop first; the worker as it is after the other workers in even rounds, before them in
+odd ones) and the medians are printed, and the worker's rate over each other worker's, round by
+round: on a shared host the bare loop's rate (a few seconds of reading) swings by up to 35 %
+between rounds, and the machine's speed drifts within a round.
 
     python bench/bench_worker_kafka.py [--runs 48] [--steps 800] [--rounds 1] [--per-message] [--no-core]
 
@@ -213,6 +215,13 @@ def print_medians(rounds: list[list[tuple[str, float, float]]]) -> None:
         cpus = [rows[k][2] / rows[0][2] for rows in rounds]
         print(f"  {label:42s} {statistics.median(rates):9,.0f} {statistics.median(walls):6.3f} "
               f"{statistics.median(cpus):6.3f} {min(walls):6.3f}-{max(walls):.3f}")
+    main = len(rounds[0]) - 1       # the worker as it is: its rate over each other worker's,
+    if len(rounds) > 1:             # round by round (both measured minutes apart at most)
+        for k, (label, _, _) in enumerate(rounds[0][1:main], start=1):
+            paired = [rows[main][1] / rows[k][1] for rows in rounds]
+            faster = sum(x > 1 for x in paired)
+            print(f"  rlwatch worker / {label}: median {statistics.median(paired):.3f} per round "
+                  f"({min(paired):.3f}-{max(paired):.3f}), faster in {faster} of {len(paired)} rounds")
 
 
 def spy_report(path: str, top: int = 25) -> str:
@@ -456,17 +465,29 @@ def one_round(args, r: int, sid: str, topics: dict[str, str], bare_group: str, n
                            {"BENCH_SKIP": what}, f"sk{what}"))
     if args.no_core:
         no_core.append(("no-core", "rlwatch worker, core a no-op", {}, f"nc{len(no_core)}"))
-    for j, (kind, label, extra, tag) in enumerate(variants + no_core):
+    got: dict = {}
+
+    def other(j: int, kind: str, label: str, extra: dict, tag: str) -> None:
         v = dict(t, app=f"{t['app']}-{tag}", alerts=f"{t['alerts']}.{tag}", dlq=f"{t['dlq']}.{tag}")
         made_topics.update({v["alerts"], v["dlq"]})
         made_groups.add(v["app"])
         last_no_core = kind == "no-core" and j == len(variants) + len(no_core) - 1
         spy = args.spy + ".no-core" if args.spy and last_round and last_no_core else None
-        show(label, *run(kind, v, spy, {**extra, "RLWATCH_WORKER_ID": f"bench-{sid}-r{r}-{tag}"})[:3])
-    w_s, w_n, w_cpu, out = run("worker", t, args.spy if last_round else None,
-                               {"RLWATCH_WORKER_ID": f"bench-{sid}-r{r}"} if r else None)
-    show("rlwatch worker", w_s, w_n, w_cpu)
-    return rows, out
+        got[label] = run(kind, v, spy, {**extra, "RLWATCH_WORKER_ID": f"bench-{sid}-r{r}-{tag}"})
+
+    def worker() -> None:
+        got["rlwatch worker"] = run("worker", t, args.spy if last_round else None,
+                                    {"RLWATCH_WORKER_ID": f"bench-{sid}-r{r}"} if r else None)
+
+    # the worker as it is runs last in even rounds and first in odd ones: on a host whose
+    # speed drifts, neither side of a comparison is always the one measured later
+    jobs = [lambda j=j, job=job: other(j, *job) for j, job in enumerate(variants + no_core)]
+    for job in ([worker, *jobs] if r % 2 else [*jobs, worker]):
+        job()
+    for _, label, _, _ in variants + no_core:
+        show(label, *got[label][:3])
+    show("rlwatch worker", *got["rlwatch worker"][:3])
+    return rows, got["rlwatch worker"][3]
 
 
 def main() -> None:

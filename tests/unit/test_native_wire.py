@@ -245,3 +245,33 @@ def test_a_routine_step_with_other_tags_leaves_the_routine_path():
     assert pipe.routine == before + 1
     pipe.feed_raw(json.dumps(dict(BASE, rank=1, step=8, tags={"target.kl": "0.3", "generation": "1"})).encode(), now)
     assert pipe.routine == before + 1 and pipe.runs["ppo-8b-a"].generation == 1
+
+
+def test_the_reader_keeps_the_contracts_limits():
+    """Each limit of contract.events, at its edge and one past it: the reader takes the first
+    and never the second (its own copy of the limits must follow the contract's; taking what
+    read_event refuses fails in _same_as_read_event). A hash's name may be longer for the
+    contract than the reader takes: it declines those to read_event."""
+    from contract import events as ce
+
+    def ev(**change) -> bytes:
+        return json.dumps(dict(BASE, **change)).encode()
+    pairs = [
+        (ev(metrics={"m" * ce.MAX_NAME_LEN: 1.0}), ev(metrics={"m" * (ce.MAX_NAME_LEN + 1): 1.0})),
+        (ev(metrics={f"m{i}": 1.0 for i in range(ce.MAX_METRICS)}),
+         ev(metrics={f"m{i}": 1.0 for i in range(ce.MAX_METRICS + 1)})),
+        (ev(tags={"t": "v" * ce.MAX_TAG_VALUE_LEN}), ev(tags={"t": "v" * (ce.MAX_TAG_VALUE_LEN + 1)})),
+        (ev(tags={f"t{i}": "v" for i in range(ce.MAX_TAGS)}),
+         ev(tags={f"t{i}": "v" for i in range(ce.MAX_TAGS + 1)})),
+        (ev(hashes={"h" * ce.MAX_NAME_LEN: "x"}), ev(hashes={"h" * (ce.MAX_NAME_LEN + 1): "x"})),
+        (ev(incarnation="i" * ce.MAX_INCARNATION_LEN), ev(incarnation="i" * (ce.MAX_INCARNATION_LEN + 1))),
+        (ev(run_id="r" * 256), ev(run_id="r" * 257)),
+        (ev(step=ce.MAX_STEP), ev(step=ce.MAX_STEP + 1)),
+        (ev(world_size=1_000_000), ev(world_size=1_000_001)),
+        (ev(rank=1_000_000), ev(rank=1_000_001)),
+    ]
+    pad = ce.MAX_EVENT_BYTES - len(ev(batch_ids=[""]))
+    pairs.append((ev(batch_ids=["b" * pad]), ev(batch_ids=["b" * (pad + 1)])))
+    for at, over in pairs:
+        assert _same_as_read_event(at) == "taken", at[:120]
+        assert _same_as_read_event(over) != "taken", over[:120]
