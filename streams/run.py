@@ -205,12 +205,12 @@ class PySeries:
 _native_join = _native_scan = _native_compare_call = None
 #: the native reader of a routine step of a rank other than 0 (None: the pure core reads
 #: every event with contract.events.read_event)
-read_rank_step = None
+read_rank_step = RankStep = None
 spearman, Moments, Series = py_spearman, _Moments, PySeries
 if signals.CORE == "native":
     from streams._native import Moments, Scan as _native_scan, Series, join as _native_join, spearman  # noqa: F811
     from streams._native import compare_call as _native_compare_call  # noqa: F811
-    from streams._native import read_rank_step  # noqa: F811
+    from streams._native import RankStep, read_rank_step  # noqa: F811
 
 
 def _ls_slope(steps: list[int], xs: list[float]) -> float:
@@ -574,13 +574,8 @@ class RunState:
         if newest >= 0 and step - newest > MAX_STEP_JUMP:
             raise EventError(f"step {step} is more than {MAX_STEP_JUMP} steps ahead of the "
                              f"run's newest step {newest}")
-        self.now = ts
-        self.events += 1
-        self.last_seen[rank] = ts
         # a run that speaks after closing its monitor is running again
-        self.closed = kind == "heartbeat" and getattr(event, "final", False) is True
-        if not ts <= self.last_event_ts:     # (NaN before the first event)
-            self.last_event_ts = ts
+        self._seen(rank, ts, kind == "heartbeat" and getattr(event, "final", False) is True)
         if kind == "step":
             if self._renamer is not None:
                 event.metrics = self._renamer.map_metrics(event.metrics)
@@ -645,24 +640,24 @@ class RunState:
                 program.every_step and not (program.finite_gate and rank not in self._ranks_open)):
             return None    # (read_rank_step reads finite values only)
         # as apply() and _rank_step() do
-        self.now = ts
-        self.events += 1
-        self.last_seen[rank] = ts
-        self.closed = False
-        if not ts <= self.last_event_ts:
-            self.last_event_ts = ts
+        self._seen(rank, ts, False)
         self.last_step[rank] = step
         if step > newest:
             self.newest = step
         if self.cross_rank and (event.world_size or self.world_size) > 1:
-            world = event.world_size
-            if world and world > self.world_size:
-                self.world_size = min(world, MAX_RANKS)
-            if self.world_size > 1:
-                done = self.ranks.take_step(event, self.world_size)
-                if done:
-                    return self._ranks_in(done, ts)
+            done = self._take_rank_values(event)
+            if done:
+                return self._ranks_in(done, ts)
         return []
+
+    def _seen(self, rank: int, ts: float, closed: bool) -> None:
+        """An event of ``rank`` at ``ts`` is taken (``closed``: it closed the run's monitor)."""
+        self.now = ts
+        self.events += 1
+        self.last_seen[rank] = ts
+        self.closed = closed
+        if not ts <= self.last_event_ts:     # (NaN before the first event)
+            self.last_event_ts = ts
 
     def _news(self, event, ts: float) -> list[Alert]:
         """What an event brings besides its values: a relaunch (a new incarnation, or rank 0's
@@ -898,13 +893,16 @@ class RunState:
         self.checkpoints.sort()
         del self.checkpoints[:-MAX_CHECKPOINTS]
 
-    def _take_rank_values(self, event: StepEvent) -> list[int]:
-        """Buffer what cross-rank checks need; return the steps now complete (all ranks in)."""
+    def _take_rank_values(self, event) -> list[int]:
+        """Buffer what cross-rank checks need; return the steps now complete (all ranks in).
+        A step that ``read_rank_step`` read gives its values from its bytes."""
         world = event.world_size
         if world and world > self.world_size:
             self.world_size = min(world, MAX_RANKS)
         if self.world_size <= 1:
             return []
+        if type(event) is RankStep:
+            return self.ranks.take_step(event, self.world_size)
         return self.ranks.take(event.step, event.rank, event.metrics, event.hashes, self.world_size)
 
     # -- dists, groups, samples ----------------------------------------------------------------
