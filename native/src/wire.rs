@@ -148,10 +148,11 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// A finite number (an integer of at most 15 digits, or a decimal), read as a float.
+    /// A finite number (an integer of at most 15 digits, or a decimal of at most 24
+    /// characters: the longest shortest form of a double), read as a float.
     fn float(&mut self) -> Option<f64> {
         let (t, integer) = self.number()?;
-        if integer && t.len() - (t[0] == b'-') as usize > 15 {
+        if (integer && t.len() - (t[0] == b'-') as usize > 15) || t.len() > 24 {
             return None;
         }
         // (a JSON number's text is ASCII)
