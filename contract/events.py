@@ -52,12 +52,17 @@ __all__ = [
     "Sample",
     "SamplesEvent",
     "StepEvent",
+    "WireSample",
+    "WireSamples",
     "WireStep",
     "dump_event",
     "encode_number",
     "parse_event",
+    "model_of",
     "read_event",
     "record_json",
+    "sample_fields",
+    "samples_event",
     "step_event",
     "strict_json",
     "to_jsonable",
@@ -371,9 +376,10 @@ def _strings(d: Any, limit: int) -> bool:
     return True
 
 
-_SAMPLE_KEYS = {"prompt_id": str, "prompt": str, "response": str, "category": str,
-                "token_kl_argmax": str, "reward": float, "kl": float, "token_kl_max": float,
-                "length": int, "truncated": bool}
+#: (in Sample's order: a sample built from them dumps its fields in the model's order)
+_SAMPLE_KEYS = {"prompt_id": str, "prompt": str, "response": str, "reward": float, "length": int,
+                "truncated": bool, "category": str, "kl": float, "token_kl_max": float,
+                "token_kl_argmax": str}
 
 
 def _fast_samples(d: dict, received_at: float) -> SamplesEvent | None:
@@ -527,6 +533,8 @@ def _fast_step(d: dict, received_at: float) -> StepEvent | None:
 
 #: every field of a step event: the fields set of one built by the fast paths
 _STEP_FIELDS = set(StepEvent.model_fields)
+_SAMPLES_FIELDS = set(SamplesEvent.model_fields)
+_SAMPLE_FIELDS = tuple(Sample.model_fields)
 
 
 
@@ -593,7 +601,38 @@ if _msgspec is not None:
     class _WireSpeltKept(_WireKept, gc=False):
         metrics: _SpeltNumbers = {}
 
+    class WireSample(_msgspec.Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
+        """One sample of a :class:`WireSamples`: :class:`Sample`'s fields, in its order, with
+        its values (no extra field: a sample with one takes the slower paths)."""
+        prompt_id: Union[str, None] = None
+        prompt: Union[str, None] = None
+        response: Union[str, None] = None
+        reward: Union[float, None] = None
+        length: Union[int, None] = None
+        truncated: Union[bool, None] = None
+        category: Union[str, None] = None
+        kl: Union[float, None] = None
+        token_kl_max: Union[float, None] = None
+        token_kl_argmax: Union[str, None] = None
+
+    class WireSamples(_msgspec.Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
+        """A plain samples event as :func:`read_event` gives it, as :class:`WireStep` is for
+        a step: :class:`SamplesEvent`'s fields and values, its samples :class:`WireSample`
+        (a pydantic model per sample took most of the reading); :func:`samples_event` makes
+        the model of one."""
+        schema_: Literal[1] = _msgspec.field(name="schema")
+        run_id: _RunId
+        step: _Step
+        rank: _Rank = 0
+        world_size: Union[_World, None] = None
+        ts: Union[float, None] = None
+        tags: _Strings = {}
+        incarnation: Union[_Incarnation, None] = None
+        kind: Literal["samples"]
+        samples: list[WireSample] = []
+
     _WIRE_STEP = _msgspec.json.Decoder(WireStep)
+    _WIRE_SAMPLES = _msgspec.json.Decoder(WireSamples)
     _WIRE_KEPT = _msgspec.json.Decoder(_WireKept)
     _WIRE_SPELT_KEPT = _msgspec.json.Decoder(_WireSpeltKept)
     _WIRE_SPELT_STEP = _msgspec.json.Decoder(_WireSpeltStep)
@@ -645,22 +684,29 @@ def _unspelt(metrics: dict, dists: dict, groups: dict) -> tuple:
 
 
 def _wire_step(raw: bytes | bytearray | str, received_at: float):
-    """A plain step event decoded and checked by msgspec (:class:`WireStep`), with the values
-    the models give; None when it is not plainly valid (the slower paths decide, and word any
-    reason)."""
+    """A plain step or samples event decoded and checked by msgspec (:class:`WireStep`,
+    :class:`WireSamples`), with the values the models give; None when it is not plainly
+    valid (the slower paths decide, and word any reason)."""
     try:
         w = _WIRE_STEP.decode(raw)
     except _WIRE_INVALID as exc:
-        if not str(exc).startswith(_TEXT_FOR_NUMBER):
+        why = str(exc)
+        if why in _SAMPLES_HINTS:
+            try:
+                w = _WIRE_SAMPLES.decode(raw)
+            except _WIRE_ERRORS:
+                return None
+        elif not why.startswith(_TEXT_FOR_NUMBER):
             return None
-        try:
-            w = _WIRE_SPELT_STEP.decode(raw)
-        except _WIRE_ERRORS:
-            return None
-        metrics, dists, groups = _unspelt(w.metrics, w.dists, w.groups)
-        if metrics is None:
-            return None
-        w.metrics, w.dists, w.groups = metrics, dists, groups
+        else:
+            try:
+                w = _WIRE_SPELT_STEP.decode(raw)
+            except _WIRE_ERRORS:
+                return None
+            metrics, dists, groups = _unspelt(w.metrics, w.dists, w.groups)
+            if metrics is None:
+                return None
+            w.metrics, w.dists, w.groups = metrics, dists, groups
     except _WIRE_ERRORS:
         return None
     run_id, inc = w.run_id, w.incarnation
@@ -671,6 +717,12 @@ def _wire_step(raw: bytes | bytearray | str, received_at: float):
     if w.ts is None:
         w.ts = received_at
     return w
+
+
+#: how WireStep's refusal of a samples event begins, its "kind" before or after its samples
+#: (only hints: with any other wording the event takes the slower paths, with the same outcome)
+_SAMPLES_HINTS = frozenset({"Invalid enum value 'samples' - at `$.kind`",
+                            "Object contains unknown field `samples`"})
 
 
 def step_event(w) -> StepEvent:
@@ -686,6 +738,37 @@ def step_event(w) -> StepEvent:
     _set_extra(ev, {})
     _set_private(ev, None)
     return ev
+
+
+def samples_event(w) -> SamplesEvent:
+    """The :class:`SamplesEvent` of a :class:`WireSamples`: the same fields and values, as
+    the model, its samples :class:`Sample` (built without validating again)."""
+    samples = []
+    for smp in w.samples:
+        values = {k: getattr(smp, k) for k in _SAMPLE_FIELDS}
+        model = _new(Sample)
+        _set_dict(model, values)
+        _set_fields_set(model, {k for k, v in values.items() if v is not None})
+        _set_extra(model, {})
+        _set_private(model, None)
+        samples.append(model)
+    ev = _new(SamplesEvent)
+    _set_dict(ev, {"schema_": 1, "run_id": w.run_id, "step": w.step, "rank": w.rank,
+                   "world_size": w.world_size, "ts": w.ts, "tags": w.tags,
+                   "incarnation": w.incarnation, "kind": "samples", "samples": samples})
+    _set_fields_set(ev, _SAMPLES_FIELDS.copy())
+    _set_extra(ev, {})
+    _set_private(ev, None)
+    return ev
+
+
+def sample_fields(sample) -> dict:
+    """A sample's fields that are set (not None), in :class:`Sample`'s order (a model's extra
+    fields after them): ``Sample.model_dump(exclude_none=True)``, for a :class:`WireSample`
+    too."""
+    if isinstance(sample, BaseModel):
+        return sample.model_dump(exclude_none=True)
+    return {k: v for k in _SAMPLE_FIELDS if (v := getattr(sample, k)) is not None}
 
 
 def kept_step_values(raw: bytes) -> tuple[dict[str, float], list[str]]:
@@ -717,19 +800,28 @@ def parse_event(raw: bytes | str | dict, received_at: float) -> StepEvent | Samp
     """Validate one event. ``received_at`` fills ``ts`` when the event has none.
 
     Raises :class:`EventError` with a one-line reason for anything malformed. The event of
-    :func:`read_event`, a plain step event's model built (:func:`step_event`).
+    :func:`read_event`, with the model of a plain step or samples event built (:func:`model_of`).
     """
     ev = read_event(raw, received_at)
-    return ev if ev.kind != "step" or isinstance(ev, StepEvent) else step_event(ev)
+    return ev if isinstance(ev, BaseModel) else model_of(ev)
+
+
+def model_of(w) -> StepEvent | SamplesEvent:
+    """The model of an event :func:`read_event` gave without one (:class:`WireStep`,
+    :class:`WireSamples`)."""
+    return step_event(w) if w.kind == "step" else samples_event(w)
 
 
 def read_event(raw: bytes | str | dict, received_at: float):
-    """Validate one event as the core reads it: a plain step event as a :class:`WireStep`,
-    any other event as its model. ``received_at`` fills ``ts`` when the event has none.
+    """Validate one event as the core reads it: a plain step event as a :class:`WireStep`, a
+    plain samples event as a :class:`WireSamples`, any other event as its model
+    (:func:`model_of` makes the model of the first two). ``received_at`` fills ``ts`` when the
+    event has none.
 
     Raises :class:`EventError` with a one-line reason for anything malformed. Plain step
-    events (no extra keys; numbers as numbers or non-finite spellings) are decoded and checked
-    in C by msgspec; the other plain events take orjson and type checks; anything else, and
+    events (no extra keys; numbers as numbers or non-finite spellings) and plain samples
+    events (no extra keys; numbers as numbers) are decoded and checked in C by msgspec; the
+    other plain events take orjson and type checks; anything else, and
     every rejection, goes through the pydantic models, which word the reasons. Each path
     accepts only what the models accept, with the same values. ``bench/bench_parse.py``
     measures the paths side by side.
@@ -842,8 +934,8 @@ def record_json(data: Any) -> bytes:
 
 def dump_event(event: BaseModel | dict) -> bytes:
     """Strict JSON bytes of an event (the form that goes on the wire): a model, a
-    :class:`WireStep` or a dict."""
-    if _msgspec is not None and isinstance(event, WireStep):
-        event = step_event(event)
+    :class:`WireStep`, a :class:`WireSamples` or a dict."""
+    if _msgspec is not None and isinstance(event, (WireStep, WireSamples)):
+        event = model_of(event)
     data = event.model_dump(by_alias=True, exclude_none=True) if isinstance(event, BaseModel) else event
     return strict_json(data).encode()

@@ -27,7 +27,7 @@ them again when a snapshot needs them. Without the bytes,
 a step is kept as a tuple that refers to the event's own ``metrics`` dict and ``batch_ids``
 list (no copies; the core never changes them in place: a preset's renaming replaces
 ``event.metrics`` with a new dict, and the recorder keeps the logged one). A sample batch keeps
-the event's first ``MAX_SAMPLES`` samples as they are; they become dicts (``model_dump``, texts
+the event's first ``MAX_SAMPLES`` samples as they are; they become dicts (``sample_fields``, texts
 clipped) only when a snapshot is built.
 """
 
@@ -38,7 +38,7 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from contract.alert import Alert
-from contract.events import EventError, kept_step_values
+from contract.events import EventError, kept_step_values, sample_fields
 
 __all__ = ["SnapshotRecorder", "attach_snapshot", "build_snapshot"]
 
@@ -60,7 +60,7 @@ class _RunTape:
     recent sample batches.
 
     A step is ``(step, rank, metrics, batch_ids or None)``; a sample batch is ``[step, rank,
-    count, samples, shown]``, ``samples`` the event's first samples (``Sample`` objects),
+    count, samples, shown]``, ``samples`` the event's first samples (``Sample`` or ``WireSample`` objects),
     ``shown`` those as a snapshot shows them once one did (the alerts of a run come in bursts,
     and their snapshots show the same batches), else None."""
 
@@ -171,7 +171,7 @@ def _read_row(row: tuple) -> tuple:
 
 def _dump_samples(samples: list) -> list[dict]:
     """Samples as a snapshot shows them: their fields that are set, long texts clipped."""
-    return [{k: _clip(v) for k, v in s.model_dump(exclude_none=True).items()} for s in samples]
+    return [{k: _clip(v) for k, v in sample_fields(s).items()} for s in samples]
 
 
 def _shown(batch: list | None) -> list[dict]:

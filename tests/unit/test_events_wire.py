@@ -227,3 +227,117 @@ def test_wire_steps_share_no_mutable_state():
     a.metrics = {"renamed/kl": 0.021}        # what the run state does when it renames metrics
     a.tags["algo"] = "grpo"
     assert b.metrics == {"kl/mean": 0.021, "loss/value": 2.0} and b.tags == {"algo": "ppo"}
+
+
+SAMPLE = {"prompt_id": "p-7", "prompt": "Say hi.", "response": "Hi \u00e9\u4e16 \"there\"\n",
+          "reward": 0.25, "length": 12, "truncated": False, "category": "chat", "kl": 0.1,
+          "token_kl_max": 0.5, "token_kl_argmax": "Hi"}
+SAMPLES = {"schema": 1, "kind": "samples", "run_id": "ppo-8b-a", "rank": 0, "world_size": 8,
+           "step": 12, "ts": 99.5, "tags": {"algo": "ppo"}, "incarnation": "inc-1",
+           "samples": [SAMPLE, {"prompt_id": "p-8", "reward": -1}, {}]}
+
+
+def _samples_cases() -> list:
+    """Samples events the msgspec path reads and events it must leave to the models."""
+    plain = [SAMPLES, dict(SAMPLES, samples=[]), {k: v for k, v in SAMPLES.items()
+                                                   if k not in ("ts", "tags", "incarnation", "samples")},
+             dict(SAMPLES, samples=[dict(SAMPLE, reward=3, kl=0, token_kl_max=None)]),
+             dict(SAMPLES, samples=[{k: None for k in SAMPLE}]), dict(SAMPLES, ts=5)]
+    odd = [dict(SAMPLES, samples=[dict(SAMPLE, reward=v)]) for v in
+           ("NaN", "-Infinity", "x", True, None, 10**400, [1])]
+    odd += [dict(SAMPLES, samples=[dict(SAMPLE, length=v)]) for v in (3.0, 3.5, "3", True, 2**70)]
+    odd += [dict(SAMPLES, samples=[dict(SAMPLE, truncated=v)]) for v in (0, 1, "true", 0.0)]
+    odd += [dict(SAMPLES, samples=[dict(SAMPLE, extra=1)]), dict(SAMPLES, samples=[5]),
+            dict(SAMPLES, samples={"a": SAMPLE}), dict(SAMPLES, samples=None),
+            dict(SAMPLES, samples=[dict(SAMPLE, prompt=7)]), dict(SAMPLES, run_id="has space"),
+            dict(SAMPLES, run_id=""), dict(SAMPLES, step=-1), dict(SAMPLES, step=1.0),
+            dict(SAMPLES, incarnation="in c"), dict(SAMPLES, ts="x"), dict(SAMPLES, extra=1),
+            dict(SAMPLES, schema=2), dict(SAMPLES, tags={"a": 1}), dict(SAMPLES, rank=-1),
+            dict(SAMPLES, world_size=0), dict(SAMPLES, kind="sample")]
+    return plain + odd
+
+
+def _wire_outcome(raw, received_at: float = 7.0):
+    """read_event's outcome in the terms of ``outcome`` (an event without its model, as the
+    model would hold it); and the snapshot form of its samples."""
+    try:
+        ev = ce.read_event(raw, received_at)
+    except EventError as exc:
+        return ("rejected", exc.reason), None
+    model = ev if isinstance(ev, ce.BaseModel) else ce.model_of(ev)
+    shown = [ce.sample_fields(s) for s in ev.samples] if ev.kind == "samples" else None
+    return (type(model).__name__, dump_event(ev), list(model.__dict__), model.model_dump()), shown
+
+
+@pytest.mark.parametrize("form", ["bytes", "str"])
+def test_read_event_gives_what_the_models_give_a_plain_samples_event_as_wire_samples(
+        form, monkeypatch):
+    """A plain samples event is decoded by msgspec (WireSamples, its samples WireSample, no
+    pydantic model per sample): what the models give, the same values, as the snapshot shows
+    them; every other case (a spelt or odd number, an extra field...) is left to them."""
+    dicts = _samples_cases()
+    # "kind" after "samples" too (the SDK writes it second; another client may not)
+    dicts += [{"samples": SAMPLES["samples"], **{k: v for k, v in SAMPLES.items() if k != "samples"}}]
+    cases = [json.dumps(d) for d in dicts]
+    cases = [c.encode() for c in cases] if form == "bytes" else cases
+    got = [_wire_outcome(raw) for raw in cases]
+    want = outcomes_of_the_models(monkeypatch, cases)
+    for (g, shown), w, d in zip(got, want, dicts):
+        if w[0] == "rejected":
+            assert g == w, d
+        else:     # (NaN is not equal to itself: the values compare by their JSON)
+            assert g[:3] == w[:3] and json.dumps(g[3], default=repr) == json.dumps(w[3], default=repr), d
+            assert json.dumps(shown, default=repr) == json.dumps(
+                [{k: v for k, v in s.items() if v is not None} for s in w[3]["samples"]],
+                default=repr), d
+    wire = [ce.read_event(raw, 7.0) if w[0] != "rejected" else None for raw, w in zip(cases, want)]
+    wired = [type(ev) is ce.WireSamples for ev in wire]
+    assert wired[:6] == [True] * 6 and wired[-1]
+    assert all(type(s) is ce.WireSample for ev, w in zip(wire, wired) if w for s in ev.samples)
+    # the plain ones, a reward of null, a length past 64 bits (both read as the models read
+    # them) and the reordered one
+    assert sum(wired) == 9 and sum(o[0] == "rejected" for o in want) >= 15
+    assert wire[2].ts == 7.0 and wire[2].samples == [] and wire[5].ts == 5.0
+    assert type(wire[5].ts) is float and type(wire[3].samples[0].reward) is float
+
+
+def test_damaged_samples_events_give_what_the_models_give(monkeypatch):
+    """Bytes cut, dropped, doubled or changed anywhere in a samples event: read_event and the
+    models alone agree on each (accepted with the same values, or rejected with the same
+    reason)."""
+    import random
+    rnd = random.Random(11)
+    base = json.dumps(SAMPLES).encode()
+    cases = []
+    for _ in range(600):
+        b = bytearray(base)
+        at = rnd.randrange(len(b))
+        how = rnd.randrange(4)
+        if how == 0:
+            del b[at]
+        elif how == 1:
+            b[at:at] = b[at:at + rnd.randint(1, 4)]
+        elif how == 2:
+            b[at] = rnd.choice(b'0123456789.-eE"{}[],:ntfxu \\')
+        else:
+            b = b[:at]
+        cases.append(bytes(b))
+    got = [_wire_outcome(raw)[0] for raw in cases]
+    want = outcomes_of_the_models(monkeypatch, cases)
+    for g, w, raw in zip(got, want, cases):
+        if w[0] == "rejected":
+            assert g == w, raw
+        else:
+            assert g[:3] == w[:3] and json.dumps(g[3], default=repr) == json.dumps(w[3], default=repr), raw
+    accepted = sum(w[0] != "rejected" for w in want)
+    assert accepted >= 100 and len(cases) - accepted >= 100
+    assert sum(type(ce.read_event(raw, 7.0)) is ce.WireSamples for raw, w in zip(cases, want)
+               if w[0] != "rejected") >= 50
+
+
+def test_wire_samples_share_no_mutable_state():
+    a, b = (ce.read_event(json.dumps(SAMPLES).encode(), 7.0) for _ in range(2))
+    a.samples[0].reward = 5.0
+    a.samples.append(a.samples[0])
+    a.tags["algo"] = "grpo"
+    assert len(b.samples) == 3 and b.samples[0].reward == 0.25 and b.tags == {"algo": "ppo"}
