@@ -60,9 +60,10 @@ class Source(Protocol):
     # Optional: a source whose readers are native may also offer ``join(op, tests)``, the
     # native ``all``/``any``/``not`` ("all", "any", "not") of compiled tests, or None; its
     # readers a ``compare(kind, threshold)`` giving the native test of the reader against a
-    # threshold; and ``compare_call(read, kind, threshold, first)``, the native test of any
-    # reader (of ``read()[0]`` when ``first``), or None. All give exactly the verdicts of the
-    # closures in this module.
+    # threshold; ``compare_call(read, kind, threshold, first)``, the native test of any
+    # reader (of ``read()[0]`` when ``first``), or None; and ``unless_finite(test)``, the test
+    # of a non-finite check that gives False without calling ``test`` when every metric of
+    # the step is finite. All give exactly the verdicts of the closures in this module.
 
 
 def resolve_threshold(spec, targets: dict[str, float], params: dict[str, float]) -> float | None:
@@ -354,6 +355,9 @@ def _bind_leaf(plan: tuple, src: Source) -> tuple[Test, Explain]:
 
         def test():
             return bool(bad())
+        quick = getattr(src, "unless_finite", None)
+        if quick is not None:
+            test = quick(test)
 
         def explain():
             b = bad()

@@ -199,18 +199,58 @@ class PySeries:
         return msgspec.msgpack.encode(self.to_list())
 
 
-#: the native versions of spearman, _Moments and PySeries (native/src/dists.rs),
-#: number for number the same, and the native all/any/not of compiled tests
+class PyStepView:
+    """The step at hand as a run's rules read it besides its signals: whether its metrics are
+    all finite, and the moments of its per-sample arrays, each worked out once per step
+    (:meth:`set` at each step). The reference of the native ``StepView``
+    (native/src/view.rs), whose readers stand in for Python closures the rule scan called."""
+
+    __slots__ = ("metrics", "dists", "_finite", "_moments")
+
+    def __init__(self):
+        self.set(_NOTHING, _NOTHING)
+
+    def set(self, metrics: dict, dists: dict) -> None:
+        self.metrics, self.dists, self._finite, self._moments = metrics, dists, None, {}
+
+    def finite(self) -> bool:
+        if self._finite is None:
+            self._finite = _all_finite(self.metrics)
+        return self._finite
+
+    def moments(self, name: str) -> "Moments | None":
+        m = self._moments.get(name, False)
+        if m is False:
+            xs = self.dists.get(name)
+            m = self._moments[name] = None if xs is None else Moments(xs)
+        return m
+
+    def dist_stat(self, name: str, stat: str, cap: float | None) -> Callable[[], float]:
+        """The reader of ``moments(name).value(stat, cap)`` (NaN without the array)."""
+        def read():
+            m = self.moments(name)
+            return NAN if m is None else m.value(stat, cap)
+        return read
+
+    def unless_finite(self, test):
+        """The test of a non-finite check, False when every metric is finite (the native
+        view answers that without calling it; here the test itself looks first)."""
+        return test
+
+
+#: the native versions of spearman, _Moments, PySeries and PyStepView (native/src/dists.rs,
+#: view.rs), number for number the same, and the native all/any/not of compiled tests
 #: (native/src/logic.rs), when the native core is in use (streams.signals.CORE)
 _native_join = _native_scan = _native_compare_call = None
 #: the native reader of a routine step of a rank other than 0 (None: the pure core reads
 #: every event with contract.events.read_event)
 read_rank_step = RankStep = None
-spearman, Moments, Series = py_spearman, _Moments, PySeries
+spearman, Moments, Series, StepView = py_spearman, _Moments, PySeries, PyStepView
 if signals.CORE == "native":
     from streams._native import Moments, Scan as _native_scan, Series, join as _native_join, spearman  # noqa: F811
     from streams._native import compare_call as _native_compare_call  # noqa: F811
     from streams._native import RankStep, read_rank_step  # noqa: F811
+    from streams._native import StepView  # noqa: F811
 
 
 def _ls_slope(steps: list[int], xs: list[float]) -> float:
@@ -234,6 +274,7 @@ class _Source:
         # the bank's reader and the native all/any/not called straight, without a Python frame
         # of their own in between: a run's rules call them about 200 times when compiled
         self.metric = self.bank.metric
+        self.unless_finite = run.view.unless_finite
         if _native_join is not None:
             self.join, self.compare_call = _native_join, _native_compare_call
 
@@ -285,10 +326,7 @@ class _Source:
                 return m.value("mean", None) / base[0][0]
             return read
 
-        def read():
-            m = run.moments(name)
-            return NAN if m is None else m.value(stat, cap)
-        return read
+        return run.view.dist_stat(name, stat, cap)
 
     def corr(self, x, y, window):
         run = self.run
@@ -483,11 +521,12 @@ class RunState:
         # the evaluation at hand (not serialised)
         self.now: float = NAN
         self.metrics: dict[str, float] = {}
-        self._finite, self._finite_of = True, self.metrics   # metrics_finite(), per step
         self.dists: dict[str, list[float]] = {}
+        #: what the rules read of the step at hand besides its signals (set with metrics
+        #: and dists)
+        self.view = StepView()
         self.groups_step: dict[str, dict[str, float]] = {}
         self.samples: list = []
-        self._moments: dict[str, Moments | None] = {}
         self._group_cache: dict[str, tuple] = {}
         self._tags_seen: dict = {}
         self._tags_obj: dict | None = None
@@ -504,10 +543,7 @@ class RunState:
     def metrics_finite(self) -> bool:
         """Whether every metric of the step at hand is finite (worked out once per step:
         the checks for non-finite values of every tier read it)."""
-        m = self.metrics
-        if self._finite_of is not m:
-            self._finite, self._finite_of = _all_finite(m), m
-        return self._finite
+        return self.view.finite()
 
     # -- compiled rules ------------------------------------------------------------------------
     def bind(self, rules: RunRules | None = None) -> None:
@@ -742,7 +778,7 @@ class RunState:
             self.banks[0].update(step, metrics)
         dists, groups = event.dists, event.groups
         self.dists, self.groups_step = dists, groups
-        self._moments = {}
+        self.view.set(metrics, dists)
         self._remember(metrics)
         if dists or groups:
             self._update_dists(event)
@@ -758,6 +794,7 @@ class RunState:
                 out += self._ranks_in(done, ts)
         self.metrics = _NOTHING
         self.dists = self.groups_step = _NOTHING
+        self.view.set(_NOTHING, _NOTHING)
         return out
 
     def _rank_step(self, event: StepEvent, ts: float) -> list[Alert]:
@@ -785,11 +822,13 @@ class RunState:
     def _rank_rules(self, rules, rank: int, step: int, metrics: dict, ts: float) -> list[Alert]:
         """Evaluate a rank's own rules at its step (and note whether it keeps an alert open)."""
         self.metrics = metrics
+        self.view.set(metrics, _NOTHING)
         try:
             out = evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
                            rank=rank, checkpoint_before=self.checkpoint_before, scanner=_native_scan)
         finally:
             self.metrics = _NOTHING
+            self.view.set(_NOTHING, _NOTHING)
         suffix = f"/{rank}"
         if any(k.endswith(suffix) for k in self.alerts):
             self._ranks_open.add(rank)
@@ -907,11 +946,7 @@ class RunState:
 
     # -- dists, groups, samples ----------------------------------------------------------------
     def moments(self, name: str) -> "Moments | None":
-        m = self._moments.get(name, False)
-        if m is False:
-            xs = self.dists.get(name)
-            m = self._moments[name] = None if xs is None else Moments(xs)
-        return m
+        return self.view.moments(name)
 
     def _update_dists(self, event: StepEvent) -> None:
         step = event.step

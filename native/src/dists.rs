@@ -155,6 +155,38 @@ pub struct Moments {
 }
 
 impl Moments {
+    /// The moments of a per-sample array (its NaN and infinities left out).
+    pub(crate) fn of(xs: Floats) -> Self {
+        let xs = xs.0;
+        let mut s = psum(&xs);
+        let xs = if finite(s) {
+            xs
+        } else {
+            // a NaN or an infinity among the samples: leave them out
+            let f: Vec<f64> = xs.into_iter().filter(|&x| finite(x)).collect();
+            s = psum(&f);
+            f
+        };
+        let n = xs.len();
+        let (mut mean, mut m2, mut m3, mut m4) = (NAN, NAN, NAN, NAN);
+        if n > 0 {
+            let nf = n as f64;
+            mean = s / nf;
+            let (mut s2, mut s3, mut s4) = (0.0, 0.0, 0.0);
+            for &x in &xs {
+                let d = x - mean;
+                let d2 = d * d;
+                s2 += d2;
+                s3 += d2 * d;
+                s4 += d2 * d2;
+            }
+            m2 = s2 / nf;
+            m3 = s3 / nf;
+            m4 = s4 / nf;
+        }
+        Moments { xs, n, mean, m2, m3, m4, sorted: None }
+    }
+
     fn shape(&self, skew_only: bool) -> Option<f64> {
         let n = self.n;
         let nf = n as f64;
@@ -200,34 +232,7 @@ impl Moments {
 impl Moments {
     #[new]
     fn new(xs: Floats) -> Self {
-        let xs = xs.0;
-        let mut s = psum(&xs);
-        let xs = if finite(s) {
-            xs
-        } else {
-            // a NaN or an infinity among the samples: leave them out
-            let f: Vec<f64> = xs.into_iter().filter(|&x| finite(x)).collect();
-            s = psum(&f);
-            f
-        };
-        let n = xs.len();
-        let (mut mean, mut m2, mut m3, mut m4) = (NAN, NAN, NAN, NAN);
-        if n > 0 {
-            let nf = n as f64;
-            mean = s / nf;
-            let (mut s2, mut s3, mut s4) = (0.0, 0.0, 0.0);
-            for &x in &xs {
-                let d = x - mean;
-                let d2 = d * d;
-                s2 += d2;
-                s3 += d2 * d;
-                s4 += d2 * d2;
-            }
-            m2 = s2 / nf;
-            m3 = s3 / nf;
-            m4 = s4 / nf;
-        }
-        Moments { xs, n, mean, m2, m3, m4, sorted: None }
+        Moments::of(xs)
     }
 
     /// The finite values, in order.
@@ -237,7 +242,7 @@ impl Moments {
     }
 
     #[pyo3(signature = (stat, cap))]
-    fn value(&mut self, stat: &str, cap: Option<f64>) -> PyResult<f64> {
+    pub(crate) fn value(&mut self, stat: &str, cap: Option<f64>) -> PyResult<f64> {
         let n = self.n;
         if n == 0 {
             return Ok(NAN);

@@ -32,6 +32,7 @@ mod dists;
 mod logic;
 mod ranks;
 mod text;
+mod view;
 mod wire;
 
 const NAN: f64 = f64::NAN;
@@ -2475,6 +2476,9 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ranks::RankBuffer>()?;
     m.add_class::<ranks::RankStat>()?;
     m.add_class::<ranks::HashMismatch>()?;
+    m.add_class::<view::StepView>()?;
+    m.add_class::<view::DistStat>()?;
+    m.add_class::<view::UnlessFinite>()?;
     m.add_class::<wire::RankStep>()?;
     m.add_function(wrap_pyfunction!(wire::read_rank_step, m)?)?;
     Ok(())

@@ -1,0 +1,180 @@
+//! The step at hand as a run's rules read it besides its signals: whether its metrics are all
+//! finite, and the moments of its per-sample arrays, each worked out once per step
+//! (streams/run.py: `PyStepView` is the reference, `RunState` sets the view at each step).
+//!
+//! Two readers over it stand in for Python closures that a rank 0 step called several times
+//! from the rule scan: [`DistStat`], a statistic of one array (`_Source.dist_stat`), and
+//! [`UnlessFinite`], the test of a non-finite check, False without calling it when every
+//! metric is finite (the test then gives False too: no name is non-finite).
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyFloat, PyString};
+use pyo3::{PyTraverseError, PyVisit};
+use std::sync::{Arc, Mutex};
+
+use super::dists::{Floats, Moments};
+use super::lock_of;
+
+const NAN: f64 = f64::NAN;
+
+struct ViewData {
+    metrics: Option<Py<PyDict>>,
+    dists: Option<Py<PyDict>>,
+    /// whether the metrics are all finite, once asked
+    finite: Option<bool>,
+    /// the moments of each array asked for (None: the step has no such array)
+    moments: Vec<(Py<PyString>, Option<Py<Moments>>)>,
+}
+
+type Data = Arc<Mutex<ViewData>>;
+
+fn data_lock(d: &Data) -> PyResult<std::sync::MutexGuard<'_, ViewData>> {
+    lock_of(d, "step view")
+}
+
+/// Whether every value of `metrics` is finite, as streams.run._all_finite tells it: by one
+/// left-to-right sum (a sum that overflowed reads "not finite"; the readers then look value
+/// by value).
+fn all_finite(metrics: &Bound<'_, PyDict>) -> PyResult<bool> {
+    let mut total = 0.0f64;
+    for v in metrics.values().iter() {
+        total += match v.downcast::<PyFloat>() {
+            Ok(f) => f.value(),
+            Err(_) => v.extract::<f64>()?,
+        };
+    }
+    Ok(total - total == 0.0)
+}
+
+fn finite_of(py: Python<'_>, d: &mut ViewData) -> PyResult<bool> {
+    if let Some(f) = d.finite {
+        return Ok(f);
+    }
+    let f = match &d.metrics {
+        Some(m) => all_finite(m.bind(py))?,
+        None => true,
+    };
+    d.finite = Some(f);
+    Ok(f)
+}
+
+fn moments_of(py: Python<'_>, d: &mut ViewData, name: &Bound<'_, PyString>) -> PyResult<Option<Py<Moments>>> {
+    for (k, m) in &d.moments {
+        if k.as_ptr() == name.as_ptr() || k.bind(py).as_any().eq(name)? {
+            return Ok(m.as_ref().map(|m| m.clone_ref(py)));
+        }
+    }
+    let m = match &d.dists {
+        Some(dists) => match dists.bind(py).get_item(name)? {
+            Some(xs) => Some(Py::new(py, Moments::of(xs.extract::<Floats>()?))?),
+            None => None,
+        },
+        None => None,
+    };
+    d.moments.push((name.clone().unbind(), m.as_ref().map(|m| m.clone_ref(py))));
+    Ok(m)
+}
+
+/// The step at hand of one run: ``set(metrics, dists)`` at each step, then ``finite()`` and
+/// ``moments(name)`` (the same objects until the next ``set``).
+#[pyclass(module = "streams._native", frozen)]
+pub struct StepView {
+    data: Data,
+}
+
+#[pymethods]
+impl StepView {
+    #[new]
+    fn new() -> Self {
+        StepView {
+            data: Arc::new(Mutex::new(ViewData { metrics: None, dists: None, finite: None, moments: Vec::new() })),
+        }
+    }
+
+    /// The step at hand: its metrics and its per-sample arrays (what was worked out for the
+    /// last one is forgotten).
+    fn set(&self, metrics: Bound<'_, PyDict>, dists: Bound<'_, PyDict>) -> PyResult<()> {
+        let mut d = data_lock(&self.data)?;
+        d.metrics = Some(metrics.unbind());
+        d.dists = Some(dists.unbind());
+        d.finite = None;
+        d.moments.clear();
+        Ok(())
+    }
+
+    /// Whether every metric of the step is finite.
+    fn finite(&self, py: Python<'_>) -> PyResult<bool> {
+        finite_of(py, &mut *data_lock(&self.data)?)
+    }
+
+    /// The moments of the step's array ``name`` (a ``Moments``), None when it has none.
+    fn moments(&self, py: Python<'_>, name: Bound<'_, PyString>) -> PyResult<Option<Py<Moments>>> {
+        moments_of(py, &mut *data_lock(&self.data)?, &name)
+    }
+
+    /// The reader of statistic ``stat`` of the step's array ``name`` (NaN without one).
+    #[pyo3(signature = (name, stat, cap))]
+    fn dist_stat(&self, name: Bound<'_, PyString>, stat: String, cap: Option<f64>) -> DistStat {
+        DistStat { data: self.data.clone(), name: name.unbind(), stat, cap }
+    }
+
+    /// The test ``test`` of a non-finite check, given False without calling it when every
+    /// metric of the step is finite.
+    fn unless_finite(&self, test: PyObject) -> UnlessFinite {
+        UnlessFinite { data: self.data.clone(), test }
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Ok(d) = self.data.try_lock() {
+            if let Some(m) = &d.metrics {
+                visit.call(m)?;
+            }
+            if let Some(m) = &d.dists {
+                visit.call(m)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// ``moments(name).value(stat, cap)`` of the step at hand, NaN when it has no array ``name``.
+#[pyclass(module = "streams._native", frozen)]
+pub struct DistStat {
+    data: Data,
+    name: Py<PyString>,
+    stat: String,
+    cap: Option<f64>,
+}
+
+#[pymethods]
+impl DistStat {
+    fn __call__(&self, py: Python<'_>) -> PyResult<f64> {
+        let m = moments_of(py, &mut *data_lock(&self.data)?, self.name.bind(py))?;
+        match m {
+            None => Ok(NAN),
+            Some(m) => m.bind(py).borrow_mut().value(&self.stat, self.cap),
+        }
+    }
+}
+
+/// False when every metric of the step at hand is finite, else what ``test()`` gives.
+#[pyclass(module = "streams._native", frozen)]
+pub struct UnlessFinite {
+    data: Data,
+    test: PyObject,
+}
+
+#[pymethods]
+impl UnlessFinite {
+    fn __call__(&self, py: Python<'_>) -> PyResult<PyObject> {
+        let finite = finite_of(py, &mut *data_lock(&self.data)?)?;   // (unlocked before the call)
+        if finite {
+            return Ok(false.into_py(py));
+        }
+        self.test.call0(py)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.test)
+    }
+}

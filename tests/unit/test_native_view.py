@@ -1,0 +1,121 @@
+"""The native view of the step at hand (native/src/view.rs) gives exactly what its Python
+reference gives (streams.run.PyStepView): whether the metrics are all finite, the moments of
+the per-sample arrays and the statistics read from them; and its non-finite gate gives what
+the test it wraps gives, without calling it when every metric is finite.
+
+Like tests/unit/test_native_logic.py, these fail (they do not skip) when the native module is
+missing, unless RLWATCH_NATIVE=0 says the pure core is wanted: CI builds it.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+
+import pytest
+
+PURE_ASKED = os.environ.get("RLWATCH_NATIVE", "1") == "0"
+
+if PURE_ASKED:
+    pytest.skip("RLWATCH_NATIVE=0: the pure core was asked for", allow_module_level=True)
+
+import streams._native as native  # noqa: E402 - an ImportError here fails the run, as it should
+
+from streams.run import PyStepView, RunState  # noqa: E402
+
+STATS = ["mean", "std", "skewness", "bimodality", "max", "median", "p99", "tail_mass",
+         "frac_at_cap", "ratio_to_start"]
+ODD = [math.nan, math.inf, -math.inf, 1e308, -1e308, 0.0, -0.0, 5e-324]
+
+
+def _same(a, b) -> bool:
+    return a == b or (a != a and b != b)
+
+
+def _metrics(rnd: random.Random) -> dict:
+    n = rnd.randrange(0, 12)
+    out = {}
+    for i in range(n):
+        out[f"m{i}"] = rnd.choice(ODD) if rnd.random() < 0.15 else rnd.uniform(-1e3, 1e3)
+    return out
+
+
+def _dists(rnd: random.Random) -> dict:
+    out = {}
+    for name in ("reward", "response_length", "kl"):
+        if rnd.random() < 0.7:
+            n = rnd.choice([0, 1, 2, 3, 4, 7, 64])
+            xs = [rnd.gauss(0, 1) if rnd.random() < 0.5 else float(rnd.randrange(3)) for _ in range(n)]
+            if xs and rnd.random() < 0.2:
+                xs[rnd.randrange(n)] = rnd.choice(ODD)
+            out[name] = xs
+    return out
+
+
+def test_the_native_view_reads_a_step_as_its_reference_does():
+    rnd = random.Random(5)
+    nat, ref = native.StepView(), PyStepView()
+    readers = [(native_r, py_r) for name in ("reward", "response_length", "kl", "missing")
+               for stat in STATS for cap in (None, 0.5, 1.0)
+               for native_r, py_r in [(nat.dist_stat(name, stat, cap), ref.dist_stat(name, stat, cap))]]
+    nonfinite, compared = 0, 0
+    for _ in range(400):
+        metrics, dists = _metrics(rnd), _dists(rnd)
+        nat.set(metrics, dists)
+        ref.set(metrics, dists)
+        assert nat.finite() is ref.finite()
+        nonfinite += not ref.finite()
+        for name in ("reward", "response_length", "kl", "missing"):
+            a, b = nat.moments(name), ref.moments(name)
+            assert (a is None) is (b is None) and (a is None or (a.n == b.n and _same(a.mean, b.mean)))
+            assert a is None or nat.moments(name) is a       # worked out once per step
+        for native_r, py_r in rnd.sample(readers, 20):
+            x, y = native_r(), py_r()
+            assert type(x) is float and _same(x, y), (x, y)
+            compared += x == x
+    assert nonfinite > 40 and compared > 2000
+
+
+def test_the_sum_that_overflows_reads_not_finite_as_the_reference_says():
+    nat, ref = native.StepView(), PyStepView()
+    for metrics in ({"a": 1e308, "b": 1e308}, {"a": 1e308, "b": -1e308}, {"a": 3, "b": 1.5},
+                    {}, {"a": True, "b": 0.5}):
+        nat.set(metrics, {})
+        ref.set(metrics, {})
+        assert nat.finite() is ref.finite()
+
+
+def test_the_view_forgets_the_last_step_when_set():
+    nat = native.StepView()
+    read = nat.dist_stat("reward", "mean", None)
+    nat.set({"a": math.nan}, {"reward": [1.0, 2.0, 3.0]})
+    first = nat.moments("reward")
+    assert not nat.finite() and read() == 2.0
+    nat.set({"a": 1.0}, {"reward": [5.0]})
+    assert nat.finite() and read() == 5.0 and nat.moments("reward") is not first
+    nat.set({}, {})
+    assert nat.finite() and math.isnan(read()) and nat.moments("reward") is None
+
+
+def test_the_gate_answers_false_without_calling_the_test_when_every_metric_is_finite():
+    nat = native.StepView()
+    calls = []
+
+    def test():
+        calls.append(nat.finite())       # the test may read the view itself (as run.metrics_finite)
+        return calls[-1] is False and "yes"
+
+    gate = nat.unless_finite(test)
+    nat.set({"a": 1.0, "b": 2.0}, {})
+    assert gate() is False and calls == []
+    nat.set({"a": 1.0, "b": math.inf}, {})
+    assert gate() == "yes" and calls == [False]
+    nat.set({"a": 1.0, "b": math.nan}, {})
+    assert nat.unless_finite(lambda: None)() is None
+
+
+def test_a_run_state_on_the_native_core_reads_its_step_through_the_native_view():
+    st = RunState("r")
+    assert type(st.view) is native.StepView
+    st.view.set({"a": math.nan}, {"reward": [1.0, 2.0]})
+    assert not st.metrics_finite() and st.moments("reward").mean == 1.5
