@@ -560,12 +560,9 @@ if _msgspec is not None:
     _Rank = Annotated[int, _msgspec.Meta(ge=0, le=1_000_000)]
     _World = Annotated[int, _msgspec.Meta(ge=1, le=1_000_000)]
 
-    class WireStep(_msgspec.Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
-        """A plain step event as :func:`read_event` gives it: decoded and checked in C, with
-        :class:`StepEvent`'s fields and values (``schema_`` is 1, ``ts`` filled in), without
-        the pydantic model around them (building one took as long as the decoding). The core
-        reads either alike; :func:`step_event` makes the model of one."""
-        # in the order of StepEvent's fields (the order model_dump and dump_event write)
+    class _WireEnvelope(_msgspec.Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
+        # the fields every event has, in the order of the models' fields (the order
+        # model_dump and dump_event write); each kind's fields follow
         schema_: Literal[1] = _msgspec.field(name="schema")
         run_id: _RunId
         step: _Step
@@ -574,6 +571,12 @@ if _msgspec is not None:
         ts: Union[float, None] = None
         tags: _Strings = {}
         incarnation: Union[_Incarnation, None] = None
+
+    class WireStep(_WireEnvelope, kw_only=True, forbid_unknown_fields=True, gc=False):
+        """A plain step event as :func:`read_event` gives it: decoded and checked in C, with
+        :class:`StepEvent`'s fields and values (``schema_`` is 1, ``ts`` filled in), without
+        the pydantic model around them (building one took as long as the decoding). The core
+        reads either alike; :func:`step_event` makes the model of one."""
         kind: Literal["step"]
         metrics: _Numbers = {}
         dists: dict[_Name, _Dist] = {}
@@ -615,19 +618,11 @@ if _msgspec is not None:
         token_kl_max: Union[float, None] = None
         token_kl_argmax: Union[str, None] = None
 
-    class WireSamples(_msgspec.Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
+    class WireSamples(_WireEnvelope, kw_only=True, forbid_unknown_fields=True, gc=False):
         """A plain samples event as :func:`read_event` gives it, as :class:`WireStep` is for
         a step: :class:`SamplesEvent`'s fields and values, its samples :class:`WireSample`
         (a pydantic model per sample took most of the reading); :func:`samples_event` makes
         the model of one."""
-        schema_: Literal[1] = _msgspec.field(name="schema")
-        run_id: _RunId
-        step: _Step
-        rank: _Rank = 0
-        world_size: Union[_World, None] = None
-        ts: Union[float, None] = None
-        tags: _Strings = {}
-        incarnation: Union[_Incarnation, None] = None
         kind: Literal["samples"]
         samples: list[WireSample] = []
 
@@ -725,19 +720,19 @@ _SAMPLES_HINTS = frozenset({"Invalid enum value 'samples' - at `$.kind`",
                             "Object contains unknown field `samples`"})
 
 
+def _envelope(w) -> dict:
+    """The fields every event has, of a :class:`WireStep` or :class:`WireSamples`, as its
+    model holds them."""
+    return {"schema_": 1, "run_id": w.run_id, "step": w.step, "rank": w.rank,
+            "world_size": w.world_size, "ts": w.ts, "tags": w.tags, "incarnation": w.incarnation}
+
+
 def step_event(w) -> StepEvent:
     """The :class:`StepEvent` of a :class:`WireStep`: the same fields and values, as the model
     (built without validating again: the decoder checked what the model checks)."""
-    ev = _new(StepEvent)
-    _set_dict(ev, {"schema_": 1, "run_id": w.run_id, "step": w.step, "rank": w.rank,
-                   "world_size": w.world_size, "ts": w.ts, "tags": w.tags,
-                   "incarnation": w.incarnation, "kind": "step", "metrics": w.metrics,
-                   "dists": w.dists, "groups": w.groups, "hashes": w.hashes,
-                   "batch_ids": w.batch_ids})
-    _set_fields_set(ev, _STEP_FIELDS.copy())
-    _set_extra(ev, {})
-    _set_private(ev, None)
-    return ev
+    return _construct(StepEvent, {**_envelope(w), "kind": "step", "metrics": w.metrics,
+                                  "dists": w.dists, "groups": w.groups, "hashes": w.hashes,
+                                  "batch_ids": w.batch_ids}, _STEP_FIELDS)
 
 
 def samples_event(w) -> SamplesEvent:
@@ -746,20 +741,9 @@ def samples_event(w) -> SamplesEvent:
     samples = []
     for smp in w.samples:
         values = {k: getattr(smp, k) for k in _SAMPLE_FIELDS}
-        model = _new(Sample)
-        _set_dict(model, values)
-        _set_fields_set(model, {k for k, v in values.items() if v is not None})
-        _set_extra(model, {})
-        _set_private(model, None)
-        samples.append(model)
-    ev = _new(SamplesEvent)
-    _set_dict(ev, {"schema_": 1, "run_id": w.run_id, "step": w.step, "rank": w.rank,
-                   "world_size": w.world_size, "ts": w.ts, "tags": w.tags,
-                   "incarnation": w.incarnation, "kind": "samples", "samples": samples})
-    _set_fields_set(ev, _SAMPLES_FIELDS.copy())
-    _set_extra(ev, {})
-    _set_private(ev, None)
-    return ev
+        samples.append(_construct(Sample, values, {k for k, v in values.items() if v is not None}))
+    return _construct(SamplesEvent, {**_envelope(w), "kind": "samples", "samples": samples},
+                      _SAMPLES_FIELDS)
 
 
 def sample_fields(sample) -> dict:
