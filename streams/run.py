@@ -205,13 +205,18 @@ class PyStepView:
     (:meth:`set` at each step). The reference of the native ``StepView``
     (native/src/view.rs), whose readers stand in for Python closures the rule scan called."""
 
-    __slots__ = ("metrics", "dists", "_finite", "_moments")
+    __slots__ = ("metrics", "dists", "_finite", "_moments", "_groups")
 
     def __init__(self):
         self.set(_NOTHING, _NOTHING)
 
     def set(self, metrics: dict, dists: dict) -> None:
-        self.metrics, self.dists, self._finite, self._moments = metrics, dists, None, {}
+        self.metrics, self.dists, self._finite, self._moments, self._groups = (
+            metrics, dists, None, {}, {})
+
+    def set_group(self, key: str, trends: tuple) -> None:
+        """The trends of the step's group ``key`` (:meth:`RunState.group_trends`)."""
+        self._groups[key] = trends
 
     def finite(self) -> bool:
         if self._finite is None:
@@ -230,6 +235,27 @@ class PyStepView:
         def read():
             m = self.moments(name)
             return NAN if m is None else m.value(stat, cap)
+        return read
+
+    def group_stat(self, key: str, stat: str) -> Callable[[], tuple]:
+        """The reader of ``(value, slopes or None)`` of group ``key`` ((nan, None) when the
+        step has no such group): the slopes go into an alert's detail only when one shows."""
+        def read():
+            got = self._groups.get(key)
+            if got is None:
+                return NAN, None
+            slopes, gap_slope, gap, lo, hi = got
+            if stat == "gap":
+                return gap, None
+            if stat == "gap_slope":
+                return gap_slope, slopes
+            if lo is None:
+                return NAN, None
+            if stat == "min_slope":
+                return lo, slopes
+            if stat == "max_slope":
+                return hi, slopes
+            return hi - lo, slopes
         return read
 
     def unless_finite(self, test):
@@ -339,25 +365,7 @@ class _Source:
         run = self.run
         key = f"{metric}|{window}"
         run.groups.setdefault(key, {"points": {}, "gap": Series()})
-
-        def read():
-            """(value, slopes by category): the detail text is made from the slopes only
-            when an alert shows it."""
-            if metric not in run.groups_step:
-                return NAN, None
-            slopes, gap_slope, gap, lo, hi = run.group_trends(key, window)
-            if stat == "gap":
-                return gap, None
-            if stat == "gap_slope":
-                return gap_slope, slopes
-            if lo is None:
-                return NAN, None
-            if stat == "min_slope":
-                return lo, slopes
-            if stat == "max_slope":
-                return hi, slopes
-            return hi - lo, slopes
-        return read
+        return run.view.group_stat(key, stat)    # (the run sets the trends of each step's groups)
 
     def sample_stat(self, field, stat):
         run = self.run
@@ -979,9 +987,11 @@ class RunState:
         for key, g in self.groups.items():
             metric, window = _split_key(key)
             cats = event.groups.get(metric)
-            if not cats:
+            if cats is None:
                 continue
-            update_group(g["points"], g["gap"], cats, step, step - window, MAX_CATEGORIES)
+            if cats:
+                update_group(g["points"], g["gap"], cats, step, step - window, MAX_CATEGORIES)
+            self.view.set_group(key, self.group_trends(key, window))   # what the rules read
 
     def group_trends(self, key: str, window: int) -> tuple:
         """(per-category slopes, the gap's slope, the gap, the smallest and the largest finite

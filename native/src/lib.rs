@@ -2478,6 +2478,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ranks::HashMismatch>()?;
     m.add_class::<view::StepView>()?;
     m.add_class::<view::DistStat>()?;
+    m.add_class::<view::GroupStat>()?;
     m.add_class::<view::UnlessFinite>()?;
     m.add_class::<wire::RankStep>()?;
     m.add_function(wrap_pyfunction!(wire::read_rank_step, m)?)?;

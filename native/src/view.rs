@@ -2,13 +2,15 @@
 //! finite, and the moments of its per-sample arrays, each worked out once per step
 //! (streams/run.py: `PyStepView` is the reference, `RunState` sets the view at each step).
 //!
-//! Two readers over it stand in for Python closures that a rank 0 step called several times
-//! from the rule scan: [`DistStat`], a statistic of one array (`_Source.dist_stat`), and
-//! [`UnlessFinite`], the test of a non-finite check, False without calling it when every
-//! metric is finite (the test then gives False too: no name is non-finite).
+//! Three readers over it stand in for Python closures that a rank 0 step called several times
+//! from the rule scan: [`DistStat`], a statistic of one array (`_Source.dist_stat`);
+//! [`GroupStat`], a statistic of a group's trends (`_Source.group_stat`), which the run works
+//! out once per step and sets here; and [`UnlessFinite`], the test of a non-finite check, False
+//! without calling it when every metric is finite (the test then gives False too: no name is
+//! non-finite).
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyFloat, PyString};
+use pyo3::types::{PyDict, PyFloat, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 use std::sync::{Arc, Mutex};
 
@@ -24,6 +26,8 @@ struct ViewData {
     finite: Option<bool>,
     /// the moments of each array asked for (None: the step has no such array)
     moments: Vec<(Py<PyString>, Option<Py<Moments>>)>,
+    /// the trends of each group the step has: (slopes, gap slope, gap, lowest, highest)
+    groups: Vec<(Py<PyString>, Py<PyTuple>)>,
 }
 
 type Data = Arc<Mutex<ViewData>>;
@@ -87,7 +91,13 @@ impl StepView {
     #[new]
     fn new() -> Self {
         StepView {
-            data: Arc::new(Mutex::new(ViewData { metrics: None, dists: None, finite: None, moments: Vec::new() })),
+            data: Arc::new(Mutex::new(ViewData {
+                metrics: None,
+                dists: None,
+                finite: None,
+                moments: Vec::new(),
+                groups: Vec::new(),
+            })),
         }
     }
 
@@ -99,6 +109,17 @@ impl StepView {
         d.dists = Some(dists.unbind());
         d.finite = None;
         d.moments.clear();
+        d.groups.clear();
+        Ok(())
+    }
+
+    /// The trends of the step's group ``key`` (``RunState.group_trends``: slopes by category,
+    /// the gap's slope, the gap, the lowest and the highest finite slope or None).
+    fn set_group(&self, key: Bound<'_, PyString>, trends: Bound<'_, PyTuple>) -> PyResult<()> {
+        if trends.len() != 5 {
+            return Err(pyo3::exceptions::PyValueError::new_err("set_group: five trends"));
+        }
+        data_lock(&self.data)?.groups.push((key.unbind(), trends.unbind()));
         Ok(())
     }
 
@@ -118,6 +139,19 @@ impl StepView {
         DistStat { data: self.data.clone(), name: name.unbind(), stat, cap }
     }
 
+    /// The reader of statistic ``stat`` of group ``key`` (``(value, slopes or None)``;
+    /// ``(nan, None)`` when the step has no such group).
+    fn group_stat(&self, key: Bound<'_, PyString>, stat: String) -> PyResult<GroupStat> {
+        let stat = match stat.as_str() {
+            "gap" => GroupSig::Gap,
+            "gap_slope" => GroupSig::GapSlope,
+            "min_slope" => GroupSig::Min,
+            "max_slope" => GroupSig::Max,
+            _ => GroupSig::Range,
+        };
+        Ok(GroupStat { data: self.data.clone(), key: key.unbind(), stat })
+    }
+
     /// The test ``test`` of a non-finite check, given False without calling it when every
     /// metric of the step is finite.
     fn unless_finite(&self, test: PyObject) -> UnlessFinite {
@@ -131,6 +165,9 @@ impl StepView {
             }
             if let Some(m) = &d.dists {
                 visit.call(m)?;
+            }
+            for (_, t) in &d.groups {
+                visit.call(t)?;
             }
         }
         Ok(())
@@ -154,6 +191,57 @@ impl DistStat {
             None => Ok(NAN),
             Some(m) => m.bind(py).borrow_mut().value(&self.stat, self.cap),
         }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum GroupSig {
+    Gap,
+    GapSlope,
+    Min,
+    Max,
+    Range,
+}
+
+/// A statistic of the step's group ``key`` as ``_Source.group_stat``'s reader gives it:
+/// ``(value, slopes by category)`` (the slopes only where an alert's detail may show them).
+#[pyclass(module = "streams._native", frozen)]
+pub struct GroupStat {
+    data: Data,
+    key: Py<PyString>,
+    stat: GroupSig,
+}
+
+#[pymethods]
+impl GroupStat {
+    fn __call__(&self, py: Python<'_>) -> PyResult<PyObject> {
+        let trends = {
+            let d = data_lock(&self.data)?;
+            let key = self.key.bind(py);
+            let mut found = None;
+            for (k, t) in &d.groups {
+                if k.as_ptr() == key.as_ptr() || k.bind(py).as_any().eq(key)? {
+                    found = Some(t.clone_ref(py));
+                    break;
+                }
+            }
+            found
+        };
+        let none = py.None();
+        let Some(t) = trends else {
+            return Ok((NAN, none).into_py(py));
+        };
+        let t = t.bind(py);
+        let slopes = t.get_item(0)?;
+        let (lo, hi) = (t.get_item(3)?, t.get_item(4)?);
+        Ok(match self.stat {
+            GroupSig::Gap => (t.get_item(2)?, none).into_py(py),
+            GroupSig::GapSlope => (t.get_item(1)?, slopes).into_py(py),
+            _ if lo.is_none() => (NAN, none).into_py(py),
+            GroupSig::Min => (lo, slopes).into_py(py),
+            GroupSig::Max => (hi, slopes).into_py(py),
+            GroupSig::Range => (hi.extract::<f64>()? - lo.extract::<f64>()?, slopes).into_py(py),
+        })
     }
 }
 

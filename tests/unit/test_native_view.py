@@ -119,3 +119,56 @@ def test_a_run_state_on_the_native_core_reads_its_step_through_the_native_view()
     assert type(st.view) is native.StepView
     st.view.set({"a": math.nan}, {"reward": [1.0, 2.0]})
     assert not st.metrics_finite() and st.moments("reward").mean == 1.5
+
+
+GROUP_STATS = ["gap", "gap_slope", "min_slope", "max_slope", "range"]
+
+
+def _trends(rnd: random.Random) -> tuple:
+    slopes = {c: rnd.choice([rnd.uniform(-1, 1), math.nan]) for c in ("a", "b", "c")[:rnd.randrange(4)]}
+    finite = [v for v in slopes.values() if v == v]
+    return (slopes, rnd.choice([rnd.uniform(-1, 1), math.nan]), rnd.choice([rnd.uniform(0, 2), math.nan]),
+            min(finite) if finite else None, max(finite) if finite else None)
+
+
+def test_the_native_group_reader_gives_what_its_reference_gives():
+    rnd = random.Random(9)
+    nat, ref = native.StepView(), PyStepView()
+    keys = ["reward/mean|100", "reward/mean|50", "kl|100"]
+    readers = [(k, s, nat.group_stat(k, s), ref.group_stat(k, s)) for k in keys for s in GROUP_STATS]
+    decided = 0
+    for _ in range(300):
+        nat.set({}, {})
+        ref.set({}, {})
+        for k in keys:
+            if rnd.random() < 0.6:
+                t = _trends(rnd)
+                nat.set_group(k, t)
+                ref.set_group(k, t)
+        for k, s, a, b in readers:
+            (va, da), (vb, db) = a(), b()
+            assert _same(va, vb) and type(va) is float and da is db, (k, s, va, vb)
+            decided += va == va
+    assert decided > 1000
+    nat.set({}, {})
+    assert math.isnan(readers[0][2]()[0]) and readers[0][2]()[1] is None    # forgotten at set
+
+
+def test_a_group_has_its_trends_set_at_each_step_it_is_in():
+    """The run works out a group's trends at every step that has it (not when a rule first
+    reads them): a rule reads the same numbers whatever other conditions were read first."""
+    from contract.events import parse_event
+    from rules.loader import load_pack
+    from streams.processor import Processor
+
+    proc = Processor(load_pack("rlhf"))
+    st = proc.new_state("g")
+    seen = []
+    st.view = type("Spy", (), {"__getattr__": lambda self, name: getattr(inner, name),
+                              "set_group": lambda self, k, t: (seen.append(k), inner.set_group(k, t))})()
+    inner = native.StepView()
+    for step in range(30):
+        ev = {"schema": 1, "kind": "step", "run_id": "g", "step": step, "ts": 1.0 + step,
+              "metrics": {"reward/mean": 0.1}, "groups": {"reward/mean": {"a": 0.1 * step, "b": 0.2}}}
+        proc.process(st, parse_event(ev, 1.0 + step), 1.0 + step)
+    assert len(seen) == 30 and set(seen) == {k for k in st.groups}
