@@ -201,9 +201,10 @@ class PySeries:
 
 class PyStepView:
     """The step at hand as a run's rules read it besides its signals: whether its metrics are
-    all finite, and the moments of its per-sample arrays, each worked out once per step
-    (:meth:`set` at each step). The reference of the native ``StepView``
-    (native/src/view.rs), whose readers stand in for Python closures the rule scan called."""
+    all finite and the moments of its per-sample arrays, each worked out once per step, and
+    the trends of its groups, which the run sets (:meth:`set` at each step, then
+    :meth:`set_group`). The reference of the native ``StepView`` (native/src/view.rs), whose
+    readers stand in for Python closures the rule scan called."""
 
     __slots__ = ("metrics", "dists", "_finite", "_moments", "_groups")
 
