@@ -61,9 +61,9 @@ class Source(Protocol):
     # native ``all``/``any``/``not`` ("all", "any", "not") of compiled tests, or None; its
     # readers a ``compare(kind, threshold)`` giving the native test of the reader against a
     # threshold; ``compare_call(read, kind, threshold, first)``, the native test of any
-    # reader (of ``read()[0]`` when ``first``), or None; and ``unless_finite(test)``, the test
-    # of a non-finite check that gives False without calling ``test`` when every metric of
-    # the step is finite. All give exactly the verdicts of the closures in this module.
+    # reader (of ``read()[0]`` when ``first``), or None; and ``nonfinite_test(names)``, the
+    # test of a non-finite check (``bool(nonfinite(names)())``) in one call. All give exactly
+    # the verdicts of the closures in this module.
 
 
 def resolve_threshold(spec, targets: dict[str, float], params: dict[str, float]) -> float | None:
@@ -351,13 +351,14 @@ def _bind_leaf(plan: tuple, src: Source) -> tuple[Test, Explain]:
         _, args, kind, thr, label = plan
         return _compare_value(src.metric(*args), kind, thr, label)
     if how == "nonfinite":
-        bad = src.nonfinite(None if plan[1] is None else list(plan[1]))
-
-        def test():
-            return bool(bad())
-        quick = getattr(src, "unless_finite", None)
+        names = None if plan[1] is None else list(plan[1])
+        bad = src.nonfinite(names)
+        quick = getattr(src, "nonfinite_test", None)
         if quick is not None:
-            test = quick(test)
+            test = quick(names)
+        else:
+            def test():
+                return bool(bad())
 
         def explain():
             b = bad()

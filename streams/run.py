@@ -259,9 +259,25 @@ class PyStepView:
             return hi - lo, slopes
         return read
 
-    def unless_finite(self, test):
-        """The test of a non-finite check, False when every metric is finite (the native
-        view answers that without calling it; here the test itself looks first)."""
+    def nonfinite(self, names: list[str] | None = None) -> Callable[[], list[str]]:
+        """The reader of the step's non-finite metrics among ``names`` (every metric when
+        None): their names, sorted; nothing is looked at when every metric is finite."""
+        def read():
+            if self.finite():
+                return []
+            m = self.metrics
+            if names is None:
+                return sorted(n for n, x in m.items() if x - x != 0.0)
+            return sorted(n for n in names if n in m and m[n] - m[n] != 0.0)
+        return read
+
+    def nonfinite_test(self, names: list[str] | None = None) -> Callable[[], bool]:
+        """The test of a non-finite check over ``names``: whether ``nonfinite(names)`` finds
+        one (the native test is read by the rule scan without a Python frame)."""
+        read = self.nonfinite(names)
+
+        def test():
+            return bool(read())
         return test
 
 
@@ -301,7 +317,7 @@ class _Source:
         # the bank's reader and the native all/any/not called straight, without a Python frame
         # of their own in between: a run's rules call them about 200 times when compiled
         self.metric = self.bank.metric
-        self.unless_finite = run.view.unless_finite
+        self.nonfinite_test = run.view.nonfinite_test
         if _native_join is not None:
             self.join, self.compare_call = _native_join, _native_compare_call
 
@@ -314,20 +330,7 @@ class _Source:
         return None if _native_compare_call is None else _native_compare_call(read, kind, threshold, first)
 
     def nonfinite(self, names):
-        run = self.run
-        if names is None:
-            def read():
-                if run.metrics_finite():
-                    return []
-                return sorted(n for n, x in run.metrics.items() if x - x != 0.0)
-            return read
-
-        def read_names():
-            if run.metrics_finite():
-                return []
-            m = run.metrics
-            return sorted(n for n in names if n in m and m[n] - m[n] != 0.0)
-        return read_names
+        return self.run.view.nonfinite(names)
 
     def rank_stat(self, metric, stat):
         run = self.run
@@ -548,11 +551,6 @@ class RunState:
         self._renamer: Preset | None = None
         self._preset_tries = 0 if detect_preset else PRESET_TRIES
         self.cross_rank = False         # a rule compares ranks: buffer their values per step
-
-    def metrics_finite(self) -> bool:
-        """Whether every metric of the step at hand is finite (worked out once per step:
-        the checks for non-finite values of every tier read it)."""
-        return self.view.finite()
 
     # -- compiled rules ------------------------------------------------------------------------
     def bind(self, rules: RunRules | None = None) -> None:

@@ -2479,7 +2479,8 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<view::StepView>()?;
     m.add_class::<view::DistStat>()?;
     m.add_class::<view::GroupStat>()?;
-    m.add_class::<view::UnlessFinite>()?;
+    m.add_class::<view::NonFinite>()?;
+    m.add_class::<view::NonFiniteTest>()?;
     m.add_class::<wire::RankStep>()?;
     m.add_function(wrap_pyfunction!(wire::read_rank_step, m)?)?;
     Ok(())

@@ -2,12 +2,12 @@
 //! finite, and the moments of its per-sample arrays, each worked out once per step
 //! (streams/run.py: `PyStepView` is the reference, `RunState` sets the view at each step).
 //!
-//! Three readers over it stand in for Python closures that a rank 0 step called several times
-//! from the rule scan: [`DistStat`], a statistic of one array (`_Source.dist_stat`);
-//! [`GroupStat`], a statistic of a group's trends (`_Source.group_stat`), which the run works
-//! out once per step and sets here; and [`UnlessFinite`], the test of a non-finite check, False
-//! without calling it when every metric is finite (the test then gives False too: no name is
-//! non-finite).
+//! Its readers stand in for Python closures that the rule scan called at every step:
+//! [`DistStat`], a statistic of one array (`_Source.dist_stat`); [`GroupStat`], a statistic of
+//! a group's trends (`_Source.group_stat`), which the run works out once per step and sets
+//! here; [`NonFinite`], the names of the non-finite metrics (`_Source.nonfinite`), and
+//! [`NonFiniteTest`], the test of a non-finite check, which the scan reads natively. Both look
+//! at nothing when every metric is finite.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFloat, PyString, PyTuple};
@@ -152,10 +152,16 @@ impl StepView {
         Ok(GroupStat { data: self.data.clone(), key: key.unbind(), stat })
     }
 
-    /// The test ``test`` of a non-finite check, given False without calling it when every
-    /// metric of the step is finite.
-    fn unless_finite(&self, test: PyObject) -> UnlessFinite {
-        UnlessFinite { data: self.data.clone(), test }
+    /// The reader of the step's non-finite metrics among ``names`` (every metric when None).
+    #[pyo3(signature = (names=None))]
+    fn nonfinite(&self, names: Option<Vec<Py<PyString>>>) -> NonFinite {
+        NonFinite { data: self.data.clone(), names }
+    }
+
+    /// The test of a non-finite check over ``names`` (every metric when None).
+    #[pyo3(signature = (names=None))]
+    fn nonfinite_test(&self, names: Option<Vec<Py<PyString>>>) -> NonFiniteTest {
+        NonFiniteTest { data: self.data.clone(), names }
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -245,24 +251,84 @@ impl GroupStat {
     }
 }
 
-/// False when every metric of the step at hand is finite, else what ``test()`` gives.
+/// The non-finite metrics of the step at hand, by name: each metric of ``names`` (every metric
+/// when None) whose value ``x`` has ``x - x != 0`` (NaN or an infinity), as `_Source.nonfinite`
+/// tells them. Nothing is looked at when every metric is finite.
+fn nonfinite_of(py: Python<'_>, data: &Data, names: &Option<Vec<Py<PyString>>>, first_only: bool) -> PyResult<Vec<String>> {
+    let metrics = {
+        let mut d = data_lock(data)?;
+        if finite_of(py, &mut d)? {
+            return Ok(Vec::new());
+        }
+        match &d.metrics {
+            Some(m) => m.clone_ref(py),
+            None => return Ok(Vec::new()),
+        }
+    };
+    let metrics = metrics.bind(py);
+    let bad = |v: &Bound<'_, PyAny>| -> PyResult<bool> {
+        let x = match v.downcast::<PyFloat>() {
+            Ok(f) => f.value(),
+            Err(_) => v.extract::<f64>()?,
+        };
+        Ok(!x.is_finite())
+    };
+    let mut out = Vec::new();
+    match names {
+        None => {
+            for (k, v) in metrics.iter() {
+                if bad(&v)? {
+                    out.push(k.extract::<String>()?);
+                    if first_only {
+                        break;
+                    }
+                }
+            }
+        }
+        Some(names) => {
+            for n in names {
+                if let Some(v) = metrics.get_item(n.bind(py))? {
+                    if bad(&v)? {
+                        out.push(n.bind(py).to_str()?.to_owned());
+                        if first_only {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// The reader of the step's non-finite metrics among ``names`` (every metric when None): their
+/// names, sorted (an empty list when all are finite).
 #[pyclass(module = "streams._native", frozen)]
-pub struct UnlessFinite {
+pub struct NonFinite {
     data: Data,
-    test: PyObject,
+    names: Option<Vec<Py<PyString>>>,
 }
 
 #[pymethods]
-impl UnlessFinite {
-    fn __call__(&self, py: Python<'_>) -> PyResult<PyObject> {
-        let finite = finite_of(py, &mut *data_lock(&self.data)?)?;   // (unlocked before the call)
-        if finite {
-            return Ok(false.into_py(py));
-        }
-        self.test.call0(py)
+impl NonFinite {
+    fn __call__(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        nonfinite_of(py, &self.data, &self.names, false)
     }
+}
 
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.test)
+/// The test of a non-finite check: whether a metric among ``names`` (every metric when None)
+/// is not finite, False at once when every metric of the step is. The rule scan reads it
+/// natively (native/src/logic.rs).
+#[pyclass(module = "streams._native", frozen)]
+pub struct NonFiniteTest {
+    data: Data,
+    names: Option<Vec<Py<PyString>>>,
+}
+
+#[pymethods]
+impl NonFiniteTest {
+    fn __call__(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(!nonfinite_of(py, &self.data, &self.names, true)?.is_empty())
     }
 }

@@ -1,7 +1,7 @@
 """The native view of the step at hand (native/src/view.rs) gives exactly what its Python
 reference gives (streams.run.PyStepView): whether the metrics are all finite, the moments of
-the per-sample arrays and the statistics read from them; and its non-finite gate gives what
-the test it wraps gives, without calling it when every metric is finite.
+the per-sample arrays and the statistics read from them, the names of the non-finite metrics
+and the test of a non-finite check (which look at nothing when every metric is finite).
 
 Like tests/unit/test_native_logic.py, these fail (they do not skip) when the native module is
 missing, unless RLWATCH_NATIVE=0 says the pure core is wanted: CI builds it.
@@ -97,28 +97,70 @@ def test_the_view_forgets_the_last_step_when_set():
     assert nat.finite() and math.isnan(read()) and nat.moments("reward") is None
 
 
-def test_the_gate_answers_false_without_calling_the_test_when_every_metric_is_finite():
+def _metric_names(rnd: random.Random) -> list[str] | None:
+    if rnd.random() < 0.3:
+        return None
+    return [f"m{rnd.randrange(14)}" for _ in range(rnd.randrange(0, 5))]
+
+
+def test_the_native_non_finite_readers_give_what_their_reference_gives():
+    rnd = random.Random(11)
+    nat, ref = native.StepView(), PyStepView()
+    readers = []
+    for _ in range(40):
+        names = _metric_names(rnd)
+        readers.append((nat.nonfinite(names), ref.nonfinite(names), nat.nonfinite_test(names),
+                        ref.nonfinite_test(names)))
+    found = held = 0
+    for _ in range(400):
+        metrics = _metrics(rnd)
+        if rnd.random() < 0.2:    # names in another order than sorted, a value that is an int
+            metrics = dict(reversed(list(metrics.items())), z=rnd.choice([math.nan, 3]))
+        nat.set(metrics, {})
+        ref.set(metrics, {})
+        for n_read, r_read, n_test, r_test in readers:
+            got, want = n_read(), r_read()
+            assert got == want and type(got) is list
+            assert n_test() is r_test() is bool(want)
+            found += len(want)
+            held += bool(want)
+    assert found > 500 and held > 300
+
+
+def test_the_non_finite_readers_follow_the_step_at_hand():
     nat = native.StepView()
-    calls = []
-
-    def test():
-        calls.append(nat.finite())       # the test may read the view itself (as run.metrics_finite)
-        return calls[-1] is False and "yes"
-
-    gate = nat.unless_finite(test)
+    read, test = nat.nonfinite(None), nat.nonfinite_test(["a"])
     nat.set({"a": 1.0, "b": 2.0}, {})
-    assert gate() is False and calls == []
-    nat.set({"a": 1.0, "b": math.inf}, {})
-    assert gate() == "yes" and calls == [False]
-    nat.set({"a": 1.0, "b": math.nan}, {})
-    assert nat.unless_finite(lambda: None)() is None
+    assert read() == [] and test() is False
+    nat.set({"a": 1.0, "b": math.inf, "c": math.nan}, {})
+    assert read() == ["b", "c"] and test() is False      # ("a" is finite)
+    nat.set({"a": -math.inf}, {})
+    assert read() == ["a"] and test() is True
+    nat.set({}, {})
+    assert read() == [] and test() is False
+
+
+def test_the_scan_reads_the_native_non_finite_test_without_a_python_frame():
+    """A join of the native test and a Python test is native (rules/compile.py then has no
+    Python all/any closure in between), and gives the Python closures' verdicts."""
+    from rules.compile import all_of, any_of
+
+    nat = native.StepView()
+    test = nat.nonfinite_test(["a"])
+    for op, ref in (("all", all_of), ("any", any_of)):
+        for other in (lambda: True, lambda: False, lambda: None):
+            joined = native.join(op, [test, other])
+            assert joined is not None
+            for metrics in ({"a": math.nan}, {"a": 1.0}, {"b": math.nan}):
+                nat.set(metrics, {})
+                assert joined() is ref([test, other])()
 
 
 def test_a_run_state_on_the_native_core_reads_its_step_through_the_native_view():
     st = RunState("r")
     assert type(st.view) is native.StepView
     st.view.set({"a": math.nan}, {"reward": [1.0, 2.0]})
-    assert not st.metrics_finite() and st.moments("reward").mean == 1.5
+    assert not st.view.finite() and st.moments("reward").mean == 1.5
 
 
 GROUP_STATS = ["gap", "gap_slope", "min_slope", "max_slope", "range"]
