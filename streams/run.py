@@ -532,12 +532,11 @@ class RunState:
         self.latest_metrics: dict[str, float] = {}
         # the evaluation at hand (not serialised)
         self.now: float = NAN
-        self.metrics: dict[str, float] = {}
-        self.dists: dict[str, list[float]] = {}
-        #: what the rules read of the step at hand besides its signals (set with metrics
-        #: and dists)
+        #: what the rules read of the step at hand besides its signals: its metrics, the
+        #: moments of its dists, its groups' trends (set at each step, emptied after)
         self.view = StepView()
-        self.groups_step: dict[str, dict[str, float]] = {}
+        #: the step's dists, for the correlation reader (set with the view)
+        self.dists: dict[str, list[float]] = {}
         self.samples: list = []
         self._group_cache: dict[str, tuple] = {}
         self._tags_seen: dict = {}
@@ -779,12 +778,11 @@ class RunState:
     def _step(self, event: StepEvent, ts: float) -> list[Alert]:
         step, metrics = event.step, event.metrics
         program = self.programs.get(0) or self.program(0)
-        self.metrics = metrics
         out: list[Alert] = []
         if program.reads_signals:
             self.banks[0].update(step, metrics)
         dists, groups = event.dists, event.groups
-        self.dists, self.groups_step = dists, groups
+        self.dists = dists
         self.view.set(metrics, dists)
         self._remember(metrics)
         if dists or groups:
@@ -799,8 +797,7 @@ class RunState:
             done = self._take_rank_values(event)
             if done:
                 out += self._ranks_in(done, ts)
-        self.metrics = _NOTHING
-        self.dists = self.groups_step = _NOTHING
+        self.dists = _NOTHING
         self.view.set(_NOTHING, _NOTHING)
         return out
 
@@ -828,13 +825,11 @@ class RunState:
 
     def _rank_rules(self, rules, rank: int, step: int, metrics: dict, ts: float) -> list[Alert]:
         """Evaluate a rank's own rules at its step (and note whether it keeps an alert open)."""
-        self.metrics = metrics
         self.view.set(metrics, _NOTHING)
         try:
             out = evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
                            rank=rank, checkpoint_before=self.checkpoint_before, scanner=_native_scan)
         finally:
-            self.metrics = _NOTHING
             self.view.set(_NOTHING, _NOTHING)
         suffix = f"/{rank}"
         if any(k.endswith(suffix) for k in self.alerts):
