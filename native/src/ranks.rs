@@ -17,8 +17,25 @@ struct Entry {
     /// (index into `Buf::names`, value), in the order they were kept (the value objects as
     /// they came: a state written from here holds the same objects as the Python buffer's)
     m: Vec<(usize, PyObject)>,
-    /// the rank's hashes, as they came (a dict of name -> hash)
-    h: PyObject,
+    /// the rank's hashes
+    h: Hashes,
+}
+
+/// A rank's hashes: as they came (a dict of name -> hash), or still in the bytes of the step
+/// `read_rank_step` read (a dict is made only when the buffer's state is written; the hash
+/// check compares the bytes).
+enum Hashes {
+    Dict(PyObject),
+    Read(Py<RankStep>),
+}
+
+impl Hashes {
+    fn dict(&self, py: Python<'_>) -> PyResult<PyObject> {
+        match self {
+            Hashes::Dict(d) => Ok(d.clone_ref(py)),
+            Hashes::Read(ev) => Ok(ev.get().hashes_dict(py)?.into_any().unbind()),
+        }
+    }
 }
 
 struct Pending {
@@ -194,13 +211,14 @@ impl RankBuffer {
                 m.push((i, v.unbind()));
             }
         }
-        Ok(keep(&mut b, step, Entry { rank, m, h: hashes }, world))
+        Ok(keep(&mut b, step, Entry { rank, m, h: Hashes::Dict(hashes) }, world))
     }
 
     /// `take` of a step that `read_rank_step` read (its metrics and hashes read from the
     /// event's bytes): the same values kept.
     fn take_step(&self, py: Python<'_>, event: &Bound<'_, RankStep>, world: i64) -> PyResult<Vec<i64>> {
         let ev = event.get();
+        let h = Hashes::Read(event.clone().unbind());
         let mut b = lock(&self.buf)?;
         let mut m = Vec::with_capacity(b.tracked.len());
         for &i in &b.tracked {
@@ -208,7 +226,6 @@ impl RankBuffer {
                 m.push((i, PyFloat::new_bound(py, v).into_any().unbind()));
             }
         }
-        let h = ev.hashes_dict(py)?.into_any().unbind();
         Ok(keep(&mut b, ev.step(), Entry { rank: ev.rank(), m, h }, world))
     }
 
@@ -268,7 +285,7 @@ impl RankBuffer {
                 }
                 let d = PyDict::new_bound(py);
                 d.set_item("m", m)?;
-                d.set_item("h", e.h.bind(py))?;
+                d.set_item("h", e.h.dict(py)?)?;
                 ranks.set_item(e.rank.to_string(), d)?;
             }
             out.set_item(p.step.to_string(), ranks)?;
@@ -298,7 +315,7 @@ impl RankBuffer {
                     Some(h) => h.unbind(),
                     None => PyDict::new_bound(py).into_any().unbind(),
                 };
-                let entry = Entry { rank, m, h };
+                let entry = Entry { rank, m, h: Hashes::Dict(h) };
                 match got.iter().position(|x| x.rank == rank) {
                     Some(j) => got[j] = entry,
                     None => got.push(entry),
@@ -363,34 +380,66 @@ pub struct HashMismatch {
     name: Py<PyString>,
 }
 
+/// One rank's hash: the object its dict holds, or its text in the bytes of the step read
+/// natively.
+enum Hash<'a, 'py> {
+    Object(Bound<'py, PyAny>),
+    Bytes(&'a [u8]),
+}
+
+impl Hash<'_, '_> {
+    /// Python's `==` of the two hashes (a hash read natively is a str of printable ASCII).
+    fn same(&self, other: &Hash<'_, '_>) -> PyResult<bool> {
+        match (self, other) {
+            (Hash::Bytes(a), Hash::Bytes(b)) => Ok(a == b),
+            (Hash::Object(a), Hash::Object(b)) => a.eq(b),
+            (Hash::Bytes(a), Hash::Object(o)) | (Hash::Object(o), Hash::Bytes(a)) => Ok(match o.downcast::<PyString>() {
+                // (a str that is not UTF-8, with a lone surrogate, is not ASCII text either)
+                Ok(s) => s.to_str().map_or(false, |t| t.as_bytes() == *a),
+                Err(_) => false,
+            }),
+        }
+    }
+}
+
+/// The hash `name` of a rank's entry, when it has one.
+fn hash_of<'a, 'py>(py: Python<'py>, e: &'a Entry, name: &Bound<'py, PyString>, name_bytes: Option<&[u8]>) -> PyResult<Option<Hash<'a, 'py>>> {
+    Ok(match &e.h {
+        Hashes::Dict(d) => d.bind(py).downcast::<PyDict>()?.get_item(name)?.map(Hash::Object),
+        Hashes::Read(ev) => {
+            let ev = ev.get();
+            name_bytes.and_then(|n| ev.hash_bytes(ev.raw().as_bytes(py), n)).map(Hash::Bytes)
+        }
+    })
+}
+
 #[pymethods]
 impl HashMismatch {
     fn __call__(&self, py: Python<'_>) -> PyResult<PyObject> {
         let b = lock(&self.buf)?;
         let name = self.name.bind(py);
-        let hash_of = |e: &Entry| -> PyResult<Option<Bound<'_, PyAny>>> {
-            Ok(e.h.bind(py).downcast::<PyDict>()?.get_item(name)?)
-        };
+        let name_bytes = name.to_str().ok().map(str::as_bytes);   // (None: no ASCII name)
         let first = b.current.iter().find(|e| e.rank == 0);
         let reference = match first {
-            Some(e) => hash_of(e)?,
+            Some(e) => hash_of(py, e, name, name_bytes)?,
             None => None,
         };
         let reference = match reference {
-            Some(r) if !r.is_none() => r,
+            Some(Hash::Object(r)) if !r.is_none() => Hash::Object(r),
+            Some(Hash::Bytes(r)) => Hash::Bytes(r),
             _ => return Ok(py.None()),
         };
         let mut differ: Vec<i64> = Vec::new();
         let mut seen = 0;
         for e in &b.current {
-            if let Some(h) = hash_of(e)? {
-                if h.is_none() {
-                    continue;
-                }
-                seen += 1;
-                if h.ne(&reference)? {
-                    differ.push(e.rank);
-                }
+            let h = match hash_of(py, e, name, name_bytes)? {
+                Some(Hash::Object(h)) if h.is_none() => continue,
+                Some(h) => h,
+                None => continue,
+            };
+            seen += 1;
+            if !h.same(&reference)? {
+                differ.push(e.rank);
             }
         }
         if seen < 2 {

@@ -452,6 +452,20 @@ impl RankStep {
             .map(|m| m.1)
     }
 
+    /// The bytes of hash `name`, when the step has it (printable ASCII: the reader took no
+    /// other text).
+    pub fn hash_bytes<'a>(&self, raw: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+        self.hashes
+            .iter()
+            .find(|(k, _)| &raw[k.0 as usize..k.1 as usize] == name)
+            .map(|(_, v)| &raw[v.0 as usize..v.1 as usize])
+    }
+
+    /// The event's bytes.
+    pub fn raw(&self) -> &Py<PyBytes> {
+        &self.raw
+    }
+
     /// The hashes as `read_event` gives them (a dict of name -> hash).
     pub fn hashes_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.strings(py, &self.hashes)
