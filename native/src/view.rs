@@ -10,7 +10,7 @@
 //! at nothing when every metric is finite.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyFloat, PyString, PyTuple};
+use pyo3::types::{PyDict, PyFloat, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 use std::sync::{Arc, Mutex};
 
@@ -254,7 +254,7 @@ impl GroupStat {
 /// The non-finite metrics of the step at hand, by name: each metric of ``names`` (every metric
 /// when None) whose value ``x`` has ``x - x != 0`` (NaN or an infinity), as `_Source.nonfinite`
 /// tells them. Nothing is looked at when every metric is finite.
-fn nonfinite_of(py: Python<'_>, data: &Data, names: &Option<Vec<Py<PyString>>>, first_only: bool) -> PyResult<Vec<String>> {
+fn nonfinite_of<'py>(py: Python<'py>, data: &Data, names: &Option<Vec<Py<PyString>>>, first_only: bool) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let metrics = {
         let mut d = data_lock(data)?;
         if finite_of(py, &mut d)? {
@@ -273,12 +273,13 @@ fn nonfinite_of(py: Python<'_>, data: &Data, names: &Option<Vec<Py<PyString>>>, 
         };
         Ok(!x.is_finite())
     };
+    // (the names as the objects they are: any str, a lone surrogate included)
     let mut out = Vec::new();
     match names {
         None => {
             for (k, v) in metrics.iter() {
                 if bad(&v)? {
-                    out.push(k.extract::<String>()?);
+                    out.push(k);
                     if first_only {
                         break;
                     }
@@ -287,9 +288,10 @@ fn nonfinite_of(py: Python<'_>, data: &Data, names: &Option<Vec<Py<PyString>>>, 
         }
         Some(names) => {
             for n in names {
-                if let Some(v) = metrics.get_item(n.bind(py))? {
+                let n = n.bind(py);
+                if let Some(v) = metrics.get_item(n)? {
                     if bad(&v)? {
-                        out.push(n.bind(py).to_str()?.to_owned());
+                        out.push(n.clone().into_any());
                         if first_only {
                             break;
                         }
@@ -298,7 +300,6 @@ fn nonfinite_of(py: Python<'_>, data: &Data, names: &Option<Vec<Py<PyString>>>, 
             }
         }
     }
-    out.sort_unstable();
     Ok(out)
 }
 
@@ -312,8 +313,10 @@ pub struct NonFinite {
 
 #[pymethods]
 impl NonFinite {
-    fn __call__(&self, py: Python<'_>) -> PyResult<Vec<String>> {
-        nonfinite_of(py, &self.data, &self.names, false)
+    fn __call__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::new_bound(py, nonfinite_of(py, &self.data, &self.names, false)?);
+        out.sort()?; // (Python's order of str)
+        Ok(out)
     }
 }
 

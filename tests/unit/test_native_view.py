@@ -140,6 +140,19 @@ def test_the_non_finite_readers_follow_the_step_at_hand():
     assert read() == [] and test() is False
 
 
+def test_a_metric_name_with_a_lone_surrogate_is_read_as_python_reads_it():
+    """A name the contract takes (a JSON escape may give a lone surrogate) is no UTF-8 text:
+    the native readers keep it as the str it is, in Python's order."""
+    nat, ref = native.StepView(), PyStepView()
+    metrics = {"b\ud800": math.nan, "a": math.inf, "b": 1.0, "\udfff": -math.inf}
+    for view in (nat, ref):
+        view.set(metrics, {})
+    for names in (None, ["b\ud800", "b"], ["\udfff"]):
+        assert nat.nonfinite(names)() == ref.nonfinite(names)()
+        assert nat.nonfinite_test(names)() is ref.nonfinite_test(names)() is True
+    assert nat.nonfinite(None)() == ["a", "b\ud800", "\udfff"]
+
+
 def test_the_scan_reads_the_native_non_finite_test_without_a_python_frame():
     """A join of the native test and a Python test is native (rules/compile.py then has no
     Python all/any closure in between), and gives the Python closures' verdicts."""
