@@ -241,11 +241,10 @@ fn flatten(py: Python<'_>, t: &Bound<'_, PyAny>, ops: &mut Vec<Flat>) -> bool {
         ops.push(Flat::Call { read: c.read.clone_ref(py), first: c.first, cmp: c.cmp, thr: c.thr });
     } else if let Ok(n) = t.downcast::<Node>() {
         ops.extend(n.get().ops.iter().map(|op| op.clone_ref(py)));
-    } else if t.downcast::<crate::view::NonFiniteTest>().is_ok() {
-        ops.push(Flat::Python(t.clone().unbind()));    // (a native call, without a Python frame)
     } else {
         ops.push(Flat::Python(t.clone().unbind()));
-        return false;
+        // (a native test is called without a Python frame: a join of it is native too)
+        return t.downcast::<crate::view::NonFiniteTest>().is_ok();
     }
     true
 }

@@ -406,10 +406,7 @@ impl Hash<'_, '_> {
 fn hash_of<'a, 'py>(py: Python<'py>, e: &'a Entry, name: &Bound<'py, PyString>, name_bytes: Option<&[u8]>) -> PyResult<Option<Hash<'a, 'py>>> {
     Ok(match &e.h {
         Hashes::Dict(d) => d.bind(py).downcast::<PyDict>()?.get_item(name)?.map(Hash::Object),
-        Hashes::Read(ev) => {
-            let ev = ev.get();
-            name_bytes.and_then(|n| ev.hash_bytes(ev.raw().as_bytes(py), n)).map(Hash::Bytes)
-        }
+        Hashes::Read(ev) => name_bytes.and_then(|n| ev.get().hash_bytes(py, n)).map(Hash::Bytes),
     })
 }
 

@@ -454,16 +454,12 @@ impl RankStep {
 
     /// The bytes of hash `name`, when the step has it (printable ASCII: the reader took no
     /// other text).
-    pub fn hash_bytes<'a>(&self, raw: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    pub fn hash_bytes<'a>(&'a self, py: Python<'_>, name: &[u8]) -> Option<&'a [u8]> {
+        let b = self.raw.as_bytes(py);
         self.hashes
             .iter()
-            .find(|(k, _)| &raw[k.0 as usize..k.1 as usize] == name)
-            .map(|(_, v)| &raw[v.0 as usize..v.1 as usize])
-    }
-
-    /// The event's bytes.
-    pub fn raw(&self) -> &Py<PyBytes> {
-        &self.raw
+            .find(|(k, _)| &b[k.0 as usize..k.1 as usize] == name)
+            .map(|(_, v)| &b[v.0 as usize..v.1 as usize])
     }
 
     /// The hashes as `read_event` gives them (a dict of name -> hash).
