@@ -292,7 +292,7 @@ def faust_floor_agent() -> None:
 # brake thread's work (each brake reported done at once, nothing sent to Redis); notify, the
 # notification lane (Dispatcher.notify returns at once: no incident, outbox or sends); snapshot,
 # the snapshot attached to each alert (the alerts go out without one); flush, the write of the
-# run's state to the table before its alerts go out (the state waits for the next commit).
+# run's state to the table once its alerts are in Kafka (the state waits for the next commit).
 SKIPPED = {"ranks": "no core for ranks 1+", "rank0": "no core for rank 0",
            "alerts": "alerts dropped", "brakes": "no brake thread work",
            "notify": "no notification lane work", "snapshot": "alerts without snapshots",

@@ -242,8 +242,10 @@ class RunStates:
     """Decoded run states in front of the Faust table (the table is the source of truth).
 
     Writing the whole state per event would cost more than processing it, so changed runs are
-    written back before each offset commit, a run at once when its event raised an alert,
-    before a rebalance takes partitions away and when the worker shuts down. The table uses the producer's key
+    written back before each offset commit, a run at once when the alerts its events raised
+    are in Kafka, before a rebalance takes partitions away and when the worker shuts down.
+    While a run's alerts are on their way (``held``), its state is not written: a state that
+    says they were raised must never reach the changelog before them. The table uses the producer's key
     partitioner (the same murmur2 hashing as the events topic), which allows those writes
     from outside an agent.
     """
@@ -252,6 +254,7 @@ class RunStates:
         self.table, self.processor, self.limit = table, processor, limit
         self.cache: OrderedDict[str, RunState] = OrderedDict()
         self.dirty: set[str] = set()
+        self.held: set[str] = set()
 
     def get(self, run_id: str) -> RunState:
         st = self.cache.get(run_id)
@@ -290,14 +293,16 @@ class RunStates:
             self._evict()
 
     def put_back(self, run_id: str, st: RunState, changed: bool) -> None:
-        """Done with a state from :meth:`peek`: written to the table at once when it changed
-        (before its alerts go out, as :meth:`flush_run`); one that was not decoded is let go."""
+        """Done with a state from :meth:`peek` (and with its alerts: they are in Kafka): written
+        to the table at once when it changed, as :meth:`flush_run`; one that was not decoded is
+        let go, and not written if the events lane decoded the run meanwhile (that copy is the
+        newer)."""
         if self.cache.get(run_id) is st:
             if changed:
                 self.dirty.add(run_id)
                 self.flush_run(run_id)
             return
-        if changed:
+        if changed and run_id not in self.cache:
             self._write(run_id, st)
         st.release()
 
@@ -331,15 +336,15 @@ class RunStates:
     def flush(self) -> int:
         """Write every changed run's state to the table."""
         n = 0
-        for run_id in list(self.dirty):
+        for run_id in list(self.dirty - self.held):
             st = self.cache.get(run_id)
             if st is not None and self._write(run_id, st):
                 n += 1
-        self.dirty.clear()
+        self.dirty &= self.held
         return n
 
     def flush_run(self, run_id: str) -> None:
-        """Write one run's state to the table now (before its alerts go out)."""
+        """Write one run's state to the table now (its alerts are in Kafka)."""
         st = self.cache.get(run_id)
         if st is not None and run_id in self.dirty:
             self._write(run_id, st)
@@ -430,13 +435,16 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
             brake_box.append(build_brake_thread(settings, dispatcher(), asyncio.get_running_loop()))
         return brake_box[0]
 
-    async def publish(alerts: list[Alert]) -> None:
+    async def publish(alerts: list[Alert]) -> list:
+        """Send ``alerts`` to the alerts topic; the futures of their acknowledgements by Kafka."""
+        landed = []
         for a in alerts:
             counters["alerts"] += 1
             if observer is not None:
                 observer.observe_alert(a)
-            await alerts_topic.send(key=a.run_id.encode(),
-                                    value=attach_snapshot(a, recorder, states.cache.get(a.run_id)).to_json().encode())
+            landed.append(await alerts_topic.send(
+                key=a.run_id.encode(),
+                value=attach_snapshot(a, recorder, states.cache.get(a.run_id)).to_json().encode()))
             if os.environ.get("RLWATCH_CRASH_AT") == "alerted" and a.state == "firing":
                 await app.producer.flush()      # the drill: the alert is in Kafka, nothing acted
                 _crash_point("alerted")
@@ -445,6 +453,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                 # consumer has yet to read; the brake lane acknowledges the alert's copy on the
                 # topic once it has landed (a worker that dies first leaves it to its successor)
                 fast_brake(a)
+        return landed
 
     def take(key, raw, now: float):
         """One event through the core: None, or what must be awaited (a dead letter or the
@@ -497,16 +506,35 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
              if isinstance(raw, bytes) else str(raw)[:100_000]}).encode()
 
     async def after(outs: list) -> None:
-        """Send what events left to send (dead letters, alerts), in order. Each run whose
-        alerts are among them has its state written to the table first, once (the other runs
-        wait for the next commit): a successor never raises those alerts again."""
-        for run_id in {key for kind, key, _ in outs if kind is _ALERTS}:
-            states.flush_run(run_id)
+        """Send what events left to send (dead letters, alerts), in order. Once Kafka holds the
+        alerts, each run that raised them has its state written to the table, once (the other
+        runs wait for the next commit). In that order a crash loses no alert: a successor that
+        finds the state from before them reads their events again and raises the same alerts,
+        which delivery and the brake take once (by delivery key and command id); one that finds
+        the state after them knows they are on the alerts topic."""
+        runs = {key for kind, key, _ in outs if kind is _ALERTS}
+        states.held |= runs
+        if runs and os.environ.get("RLWATCH_CRASH_AT") == "publishing":
+            await app.producer.flush()      # the drill: what was written so far is in Kafka
+            _crash_point("publishing")
+        acks = []
         for kind, key, body in outs:
             if kind is _DEAD:
                 await dlq.send(key=key, value=body)
             else:
-                await publish(body)
+                acks += await publish(body)
+        await landed(runs, acks)
+
+    async def landed(runs: set, acks: list) -> None:
+        """Wait until Kafka acknowledged the alerts of ``runs`` (``acks``), then write their
+        states. Until then those states are held back from the table (a commit meanwhile writes
+        the others); if Kafka refuses an alert they stay held, so the state that raised it is
+        never written without it."""
+        if acks:
+            await asyncio.gather(*acks)
+        states.held -= runs
+        for run_id in runs:
+            states.flush_run(run_id)
 
     @app.batch_lane(events)
     async def process_batch(batch) -> None:
@@ -667,7 +695,8 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
 
     async def liveness_alerts(st: RunState, alerts: list[Alert]) -> None:
         fleet.note(st)
-        await publish(alerts)
+        states.held.add(st.run_id)
+        await landed({st.run_id}, await publish(alerts))
 
     def expired(run_id: str) -> None:
         fleet.forget(run_id)

@@ -58,7 +58,7 @@ async def liveness_pass(states, processor, run_ids: Iterable[str], now: float, *
 
     ``states``: the worker's run states (``peek``, ``put_back``, ``drop``); ``active()``: False
     once a rebalance started; ``await alerted(state, alerts)`` publishes the alerts of a run
-    (its state is in the table first); ``expired(run_id)`` is told of each run dropped."""
+    (its state is written after them, by ``put_back``); ``expired(run_id)`` is told of each run dropped."""
     done = LivenessPass()
     for i, run_id in enumerate(run_ids):
         if i and i % slice_ == 0:
@@ -83,8 +83,8 @@ async def liveness_pass(states, processor, run_ids: Iterable[str], now: float, *
         done.runs += 1
         done.restored += not decoded
         alerts = processor.tick(st, at)
-        states.put_back(run_id, st, changed=bool(alerts))
-        if alerts:
+        if alerts:       # in Kafka before the state that raised them is written (put_back)
             done.alerts += len(alerts)
             await alerted(st, alerts)
+        states.put_back(run_id, st, changed=bool(alerts))
     return done

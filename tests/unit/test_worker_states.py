@@ -1,6 +1,6 @@
 """The worker's run states in front of its table (streams.app.RunStates): a run whose event
-raised an alert is in the table before the alert goes out; the other changed runs wait for the
-timer's flush, and nothing is lost then."""
+raised an alert is written at once when the alert is in Kafka, and held back from the table
+until then; the other changed runs wait for the timer's flush, and nothing is lost then."""
 
 from __future__ import annotations
 
@@ -36,3 +36,27 @@ def test_an_alerting_run_is_written_at_once_and_the_others_on_the_next_flush():
     assert states.flush() == 1            # the quiet run, written by the timer's flush
     assert set(table) == {b"loud", b"quiet"}
     assert decode_state(table[b"quiet"])["last_step"] == {"0": 2}
+
+
+def test_a_commit_while_a_runs_alerts_are_on_their_way_does_not_write_its_state():
+    """The state that raised an alert must not reach the changelog before the alert reaches the
+    alerts topic: a worker dying in between would leave its successor a state that never raises
+    the alert again, and the brake would be lost."""
+    table: dict[bytes, bytes] = {}
+    processor = Processor(rlhf_pack())
+    states = RunStates(table, processor)
+    quiet, loud = states.get("quiet"), states.get("loud")
+    for step in range(3):
+        processor.process(quiet, step_event("quiet", step, {"kl/mean": 0.01}), 1.0e9 + step)
+        states.touch("quiet")
+        processor.process(loud, step_event("loud", step, {"loss/policy": float("nan")}), 1.0e9 + step)
+        states.touch("loud")
+    states.held.add("loud")                 # its alerts are being published
+    assert states.flush() == 1              # a commit meanwhile: the quiet run only
+    assert set(table) == {b"quiet"}
+    assert "loud" in states.dirty           # still to write
+    states.held.discard("loud")             # Kafka acknowledged them
+    states.flush_run("loud")
+    restored = processor.load_state(decode_state(table[b"loud"]))
+    assert any(st.status == "firing" for st in restored.alerts.values())
+    assert states.flush() == 0
