@@ -328,7 +328,7 @@ def test_after_a_rebalance_a_worker_does_not_find_the_runs_it_gave_away_stalled(
     thread.start()
     try:
         time.sleep(6)          # the first worker owns every run, and has written them
-        start_worker(env)      # the second takes half the partitions
+        second = start_worker(env)      # the second takes half the partitions
         time.sleep(30)         # more than the timeout after the rebalance
     finally:
         halt.set()
@@ -358,5 +358,10 @@ def test_after_a_rebalance_a_worker_does_not_find_the_runs_it_gave_away_stalled(
             await store.close()
 
     have = asyncio.run(counts())
-    assert {r: h.get("last_step") for r, h in have.items()} == {r: sent[0] - 1 for r in runs}
+
+    def logs() -> str:      # what each worker said (a slow host's failure is explained there)
+        quiet = ("|", "+")
+        return "\n".join(f"-- worker {i}:\n" + "\n".join([ln for ln in w.lines if not ln.startswith(quiet)][-30:])
+                         for i, w in enumerate((first, second), 1))
+    assert {r: h.get("last_step") for r, h in have.items()} == {r: sent[0] - 1 for r in runs}, logs()
     assert all(h["events"] >= sent[0] for h in have.values()), {r: h["events"] for r, h in have.items()}
