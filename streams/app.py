@@ -50,7 +50,7 @@ import signal
 import socket
 import tempfile
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 import faust
 from aiokafka.partitioner import murmur2
@@ -254,7 +254,7 @@ class RunStates:
         self.table, self.processor, self.limit = table, processor, limit
         self.cache: OrderedDict[str, RunState] = OrderedDict()
         self.dirty: set[str] = set()
-        self.held: set[str] = set()
+        self.held: Counter[str] = Counter()   # runs whose alerts are on their way (how many sends)
 
     def get(self, run_id: str) -> RunState:
         st = self.cache.get(run_id)
@@ -336,12 +336,23 @@ class RunStates:
     def flush(self) -> int:
         """Write every changed run's state to the table."""
         n = 0
-        for run_id in list(self.dirty - self.held):
+        for run_id in list(self.dirty - self.held.keys()):
             st = self.cache.get(run_id)
             if st is not None and self._write(run_id, st):
                 n += 1
-        self.dirty &= self.held
+        self.dirty &= self.held.keys()
         return n
+
+    def hold(self, run_ids) -> None:
+        """Keep these runs' states from the table until :meth:`release`: their alerts are on
+        their way to Kafka (the events lane and the liveness timer may both hold a run)."""
+        self.held.update(run_ids)
+
+    def release(self, run_ids) -> None:
+        self.held.subtract(run_ids)
+        for run_id in run_ids:
+            if self.held[run_id] <= 0:
+                del self.held[run_id]
 
     def flush_run(self, run_id: str) -> None:
         """Write one run's state to the table now (its alerts are in Kafka)."""
@@ -375,6 +386,7 @@ class RunStates:
             st.release()
         self.cache.clear()
         self.dirty.clear()
+        self.held.clear()
 
 
 def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
@@ -513,7 +525,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         which delivery and the brake take once (by delivery key and command id); one that finds
         the state after them knows they are on the alerts topic."""
         runs = {key for kind, key, _ in outs if kind is _ALERTS}
-        states.held |= runs
+        states.hold(runs)
         if runs and os.environ.get("RLWATCH_CRASH_AT") == "publishing":
             await app.producer.flush()      # the drill: what was written so far is in Kafka
             _crash_point("publishing")
@@ -531,8 +543,14 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         the others); if Kafka refuses an alert they stay held, so the state that raised it is
         never written without it."""
         if acks:
-            await asyncio.gather(*acks)
-        states.held -= runs
+            try:
+                await asyncio.gather(*acks)
+            except Exception as exc:
+                log.error("rlwatch: Kafka did not take the alerts of runs %s (%s): their states "
+                          "are not written, so whoever reads their events next raises them again",
+                          sorted(runs), exc)
+                raise
+        states.release(runs)
         for run_id in runs:
             states.flush_run(run_id)
 
@@ -695,7 +713,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
 
     async def liveness_alerts(st: RunState, alerts: list[Alert]) -> None:
         fleet.note(st)
-        states.held.add(st.run_id)
+        states.hold((st.run_id,))
         await landed({st.run_id}, await publish(alerts))
 
     def expired(run_id: str) -> None:

@@ -51,11 +51,14 @@ def test_a_commit_while_a_runs_alerts_are_on_their_way_does_not_write_its_state(
         states.touch("quiet")
         processor.process(loud, step_event("loud", step, {"loss/policy": float("nan")}), 1.0e9 + step)
         states.touch("loud")
-    states.held.add("loud")                 # its alerts are being published
+    states.hold(["loud"])                   # its alerts are being published by the events lane
+    states.hold(["loud"])                   # ... and by the liveness timer
     assert states.flush() == 1              # a commit meanwhile: the quiet run only
     assert set(table) == {b"quiet"}
     assert "loud" in states.dirty           # still to write
-    states.held.discard("loud")             # Kafka acknowledged them
+    states.release(["loud"])                # Kafka acknowledged the lane's
+    assert states.flush() == 0 and set(table) == {b"quiet"}      # the timer's are still on their way
+    states.release(["loud"])
     states.flush_run("loud")
     restored = processor.load_state(decode_state(table[b"loud"]))
     assert any(st.status == "firing" for st in restored.alerts.values())
