@@ -60,10 +60,15 @@ class KafkaTransport:
         # deliver expire inside it before the batch is handed back for a retry, so a retry
         # never leaves a second copy behind; bootstrap_timeout_ms keeps a first connection to a
         # broker that is down from holding the sender thread for long.
-        return KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5, acks=1,
-                             max_block_ms=2000, request_timeout_ms=5000, retries=2,
-                             delivery_timeout_ms=8000, bootstrap_timeout_ms=2000,
-                             client_id="rlwatch-sdk", **self.config)
+        # enable_idempotence=False: kafka-python 3's idempotent producer needs acks=all, and it
+        # turned itself off with a warning in every training log. kafka-python 2.x refuses
+        # settings it does not know (these two), so only those the client knows are passed.
+        ours = dict(linger_ms=5, acks=1, max_block_ms=2000, request_timeout_ms=5000, retries=2,
+                    delivery_timeout_ms=8000, bootstrap_timeout_ms=2000, enable_idempotence=False,
+                    client_id="rlwatch-sdk")
+        known = KafkaProducer.DEFAULT_CONFIG
+        return KafkaProducer(bootstrap_servers=self.bootstrap,
+                             **{**{k: v for k, v in ours.items() if k in known}, **self.config})
 
     def send(self, items):
         if self._producer is None:

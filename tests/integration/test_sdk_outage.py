@@ -196,3 +196,32 @@ def test_trl_callback_obeys_pause_resume_adjust_stop_over_redis(services, tmp_pa
             r.delete(key)
         r.srem("rlwatch:runs", run_id)
         r.close()
+
+
+def test_a_monitor_delivers_its_steps_without_warnings_from_the_kafka_client(services, caplog):
+    """Nothing of the Kafka client's in a training log: kafka-python 3 warned, at every start,
+    that it turned its idempotent producer off (it needs acks=all; the SDK sends with acks=1)."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    topic = f"rlwatch.it-sdk.{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=services["kafka"])
+    try:                # as a deployment has it: the worker made the events topic
+        admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        admin.close()
+    caplog.clear()
+    run_id = f"it-sdk-{uuid.uuid4().hex[:6]}"
+    mon = Monitor(run_id, kafka=services["kafka"], redis=services["redis"], topic=topic, heartbeat_seconds=0)
+    try:
+        for step in range(3):
+            mon.log(step, {"kl/mean": 0.02, "reward/mean": 0.5})
+    finally:
+        mon.close(10)
+    got = [e for e in consume(services["kafka"], topic) if e.get("kind") == "step"]
+    assert [e["step"] for e in got] == [0, 1, 2]
+    noisy = [f"{r.name}: {r.getMessage()}" for r in caplog.records
+             if r.name.startswith("kafka") and r.levelno >= logging.WARNING]
+    assert noisy == []

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from producers.sender import BackgroundSender
+from producers.sender import BackgroundSender, KafkaTransport
 
 WAIT = 10.0  # generous upper bound for background progress; tests finish far sooner
 
@@ -226,3 +226,32 @@ def test_a_partly_delivered_batch_sends_again_only_what_failed():
     # every event arrived once: the delivered half was not written a second time
     assert sorted(t.steps()) == list(range(10))
     assert t.attempts >= 2 and s.sent == 10 and s.failures == 1
+
+
+@pytest.mark.parametrize("client", ["2.x", "3.x"])
+def test_the_kafka_producer_gets_only_settings_its_client_version_knows(monkeypatch, client):
+    """kafka-python 2.x refuses a setting it does not know (no bootstrap_timeout_ms, no
+    enable_idempotence there): the SDK's sender connected to no broker at all with it. 3.x knows
+    both, and without enable_idempotence=False warned in every training log."""
+    import kafka
+
+    made = {}
+
+    class Producer:
+        DEFAULT_CONFIG = {"bootstrap_servers": None, "client_id": None, "linger_ms": 0, "acks": 1,
+                          "max_block_ms": 0, "request_timeout_ms": 0, "retries": 0,
+                          "delivery_timeout_ms": 0, "compression_type": None,
+                          **({"bootstrap_timeout_ms": 0, "enable_idempotence": True} if client == "3.x" else {})}
+
+        def __init__(self, **configs):
+            unknown = set(configs) - set(self.DEFAULT_CONFIG)
+            assert not unknown, f"Unrecognized configs: {unknown}"      # as kafka-python does
+            made.update(configs)
+
+    monkeypatch.setattr(kafka, "KafkaProducer", Producer)
+    KafkaTransport("127.0.0.1:9", "t", compression_type="gzip")._connect()
+    assert made["acks"] == 1 and made["compression_type"] == "gzip" and made["client_id"] == "rlwatch-sdk"
+    if client == "3.x":
+        assert made["enable_idempotence"] is False and made["bootstrap_timeout_ms"] == 2000
+    else:
+        assert "enable_idempotence" not in made and "bootstrap_timeout_ms" not in made
