@@ -255,14 +255,19 @@ class RunStates:
         self.cache: OrderedDict[str, RunState] = OrderedDict()
         self.dirty: set[str] = set()
         self.held: Counter[str] = Counter()   # runs whose alerts are on their way (how many sends)
+        # states the liveness timer restored (not decoded) whose alerts are on their way: the
+        # events lane takes the very copy that raised them, should the run speak meanwhile
+        self.lent: dict[str, RunState] = {}
 
     def get(self, run_id: str) -> RunState:
         st = self.cache.get(run_id)
         if st is None:
-            raw = self.table.get(run_id.encode())
-            st = self._restore(run_id, raw) if raw else None
+            st = self.lent.pop(run_id, None)
             if st is None:
-                st = self.processor.new_state(run_id)
+                raw = self.table.get(run_id.encode())
+                st = self._restore(run_id, raw) if raw else None
+                if st is None:
+                    st = self.processor.new_state(run_id)
             self._keep(run_id, st)
         else:
             self.cache.move_to_end(run_id)
@@ -292,17 +297,24 @@ class RunStates:
         if len(self.cache) > self.limit:
             self._evict()
 
+    def lend(self, run_id: str, st: RunState) -> None:
+        """A state from :meth:`peek` that was not decoded is awaited on (its alerts are on their
+        way): :meth:`get` takes this copy, not an older one from the table, until
+        :meth:`put_back`."""
+        self.lent[run_id] = st
+
     def put_back(self, run_id: str, st: RunState, changed: bool) -> None:
         """Done with a state from :meth:`peek` (and with its alerts: they are in Kafka): written
-        to the table at once when it changed, as :meth:`flush_run`; one that was not decoded is
-        let go, and not written if the events lane decoded the run meanwhile (that copy is the
-        newer)."""
+        to the table at once when it changed, as :meth:`flush_run`; one that was not decoded
+        (nor taken by :meth:`get` meanwhile) is let go."""
+        if self.lent.get(run_id) is st:
+            del self.lent[run_id]
         if self.cache.get(run_id) is st:
             if changed:
                 self.dirty.add(run_id)
                 self.flush_run(run_id)
             return
-        if changed and run_id not in self.cache:
+        if changed:
             self._write(run_id, st)
         st.release()
 
@@ -320,15 +332,6 @@ class RunStates:
                       "the run starts afresh", run_id, type(exc).__name__, exc)
         return None
 
-    def _evict(self) -> None:
-        """Keep the least recently seen runs in the table only (written first if changed)."""
-        while len(self.cache) > self.limit:
-            old, st = next(iter(self.cache.items()))
-            if old in self.dirty:
-                self._write(old, st)
-                self.dirty.discard(old)
-            del self.cache[old]
-            st.release()      # it and its rules: freed now, frozen heap or not (streams.heap)
 
     def touch(self, run_id: str) -> None:
         self.dirty.add(run_id)
@@ -353,6 +356,20 @@ class RunStates:
         for run_id in run_ids:
             if self.held[run_id] <= 0:
                 del self.held[run_id]
+
+    def _evict(self) -> None:
+        """Keep the least recently seen runs in the table only (written first if changed); a
+        held run stays (its state may not be written yet)."""
+        while len(self.cache) > self.limit:
+            old = next((r for r in self.cache if r not in self.held), None)
+            if old is None:
+                return
+            st = self.cache[old]
+            if old in self.dirty:
+                self._write(old, st)
+                self.dirty.discard(old)
+            del self.cache[old]
+            st.release()      # it and its rules: freed now, frozen heap or not (streams.heap)
 
     def flush_run(self, run_id: str) -> None:
         """Write one run's state to the table now (its alerts are in Kafka)."""
@@ -386,7 +403,7 @@ class RunStates:
             st.release()
         self.cache.clear()
         self.dirty.clear()
-        self.held.clear()
+        self.lent.clear()
 
 
 def build_app(settings: Settings, observer=None, pack=None) -> faust.App:

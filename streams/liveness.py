@@ -56,7 +56,7 @@ async def liveness_pass(states, processor, run_ids: Iterable[str], now: float, *
     each run as of ``as_of(run_id)``: the time its events are read up to (None: not known, the
     run is left for the next pass).
 
-    ``states``: the worker's run states (``peek``, ``put_back``, ``drop``); ``active()``: False
+    ``states``: the worker's run states (``peek``, ``lend``, ``put_back``, ``drop``); ``active()``: False
     once a rebalance started; ``await alerted(state, alerts)`` publishes the alerts of a run
     (its state is written after them, by ``put_back``); ``expired(run_id)`` is told of each run dropped."""
     done = LivenessPass()
@@ -85,6 +85,11 @@ async def liveness_pass(states, processor, run_ids: Iterable[str], now: float, *
         alerts = processor.tick(st, at)
         if alerts:       # in Kafka before the state that raised them is written (put_back)
             done.alerts += len(alerts)
+            if not decoded:
+                states.lend(run_id, st)
             await alerted(st, alerts)
+            if not active():    # a rebalance meanwhile: the run may be another worker's now
+                states.put_back(run_id, st, changed=False)
+                continue
         states.put_back(run_id, st, changed=bool(alerts))
     return done

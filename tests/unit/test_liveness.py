@@ -197,3 +197,34 @@ def test_a_partition_behind_does_not_expire_its_runs():
                              ttl_seconds=3600, active=lambda: True, alerted=None,
                              expired=gone.append, as_of={"run-000": T0 + 10}.get))
     assert gone == [] and done.waiting == 1 and done.expired == 0
+
+
+def test_a_run_that_speaks_while_its_stall_alert_goes_out_continues_from_the_state_that_raised_it():
+    """The stall alert of a run that is not decoded goes to Kafka before its state is written.
+    If the run's next event comes meanwhile, the events lane must take the copy that raised the
+    alert (not the older one in the table, which does not know the alert fires: the alert
+    would never resolve), and that copy, with the event, is what gets written."""
+    processor, states, table = fleet(4, limit=1)
+    quiet = "run-000"
+    assert quiet not in states.cache
+    seen = {}
+
+    async def alerted(st, alerts):
+        states.hold((st.run_id,))                # as the worker does while Kafka takes them
+        if st.run_id == quiet:                   # the run speaks again, in the events lane
+            lane = states.get(quiet)
+            seen["same"] = lane is st
+            processor.process(lane, step_event(quiet, 3, {"kl/mean": 0.02}, ts=STALLED_AT + 1), STALLED_AT + 1)
+            states.touch(quiet)
+        states.release((st.run_id,))
+
+    run(liveness_pass(states, processor, [quiet], STALLED_AT, ttl_seconds=3600 * 24,
+                      active=lambda: True, alerted=alerted, expired=lambda run_id: None))
+    assert seen == {"same": True}
+    stored = decode_state(table[quiet.encode()])
+    assert stored["last_step"] == {"0": 3}                                          # the event
+    assert any(a.get("status") == "firing" for a in stored["alerts"].values())       # the alert
+    assert quiet in states.cache and not states.lent
+    # the next tick knows the run spoke: the alert resolves
+    resolved = processor.tick(states.get(quiet), STALLED_AT + 2)
+    assert [(a.rule, a.state) for a in resolved] == [("run_stalled", "resolved")]
