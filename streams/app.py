@@ -51,6 +51,7 @@ import socket
 import tempfile
 import time
 from collections import Counter, OrderedDict
+from itertools import islice
 
 import faust
 from aiokafka.partitioner import murmur2
@@ -359,9 +360,10 @@ class RunStates:
 
     def _evict(self) -> None:
         """Keep the least recently seen runs in the table only (written first if changed); a
-        held run stays (its state may not be written yet)."""
+        held run stays (its state may not be written yet), as does the run just kept."""
         while len(self.cache) > self.limit:
-            old = next((r for r in self.cache if r not in self.held), None)
+            older = islice(self.cache, len(self.cache) - 1)
+            old = next((r for r in older if r not in self.held), None)
             if old is None:
                 return
             st = self.cache[old]

@@ -63,3 +63,19 @@ def test_a_commit_while_a_runs_alerts_are_on_their_way_does_not_write_its_state(
     restored = processor.load_state(decode_state(table[b"loud"]))
     assert any(st.status == "firing" for st in restored.alerts.values())
     assert states.flush() == 0
+
+
+def test_a_held_run_is_not_evicted_while_its_alerts_are_on_their_way():
+    """Evicting writes a changed state to the table: a held one must wait (and stay decoded)."""
+    table: dict[bytes, bytes] = {}
+    processor = Processor(rlhf_pack())
+    states = RunStates(table, processor, limit=1)
+    loud = states.get("loud")
+    processor.process(loud, step_event("loud", 0, {"loss/policy": float("nan")}), 1.0e9)
+    states.touch("loud")
+    states.hold(["loud"])
+    states.get("other")                     # over the limit: the held run stays
+    assert list(states.cache) == ["loud", "other"] and table == {}
+    states.release(["loud"])
+    states.get("third")                     # now it goes, written first
+    assert "loud" not in states.cache and b"loud" in table
