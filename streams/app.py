@@ -466,6 +466,8 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
             brake_box.append(build_brake_thread(settings, dispatcher(), asyncio.get_running_loop()))
         return brake_box[0]
 
+    crash_at = os.environ.get("RLWATCH_CRASH_AT")     # the crash drills' (tests only)
+
     async def publish(alerts: list[Alert]) -> list:
         """Send ``alerts`` to the alerts topic; the futures of their acknowledgements by Kafka."""
         landed = []
@@ -476,7 +478,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
             landed.append(await alerts_topic.send(
                 key=a.run_id.encode(),
                 value=attach_snapshot(a, recorder, states.cache.get(a.run_id)).to_json().encode()))
-            if os.environ.get("RLWATCH_CRASH_AT") == "alerted" and a.state == "firing":
+            if crash_at == "alerted" and a.state == "firing":
                 await app.producer.flush()      # the drill: the alert is in Kafka, nothing acted
                 _crash_point("alerted")
             if a.state == "firing":
@@ -545,7 +547,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         the state after them knows they are on the alerts topic."""
         runs = {key for kind, key, _ in outs if kind is _ALERTS}
         states.hold(runs)
-        if runs and os.environ.get("RLWATCH_CRASH_AT") == "publishing":
+        if runs and crash_at == "publishing":
             await app.producer.flush()      # the drill: what was written so far is in Kafka
             _crash_point("publishing")
         acks = []
