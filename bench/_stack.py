@@ -198,6 +198,14 @@ class Load:
         return self.sent.value / max(1e-9, time.time() - self.t0)
 
 
+def committed_offsets(admin, group: str) -> dict:
+    """The offsets ``group`` committed, by partition, with kafka-python 3 (``list_group_offsets``)
+    or 2 (``list_consumer_group_offsets``, which 3 renamed)."""
+    if hasattr(admin, "list_group_offsets"):
+        return admin.list_group_offsets(group).get(group, {})
+    return admin.list_consumer_group_offsets(group)
+
+
 def group_offsets(group: str, topic: str) -> tuple[int, int] | None:
     """(events written to ``topic``, events of it committed by consumer group ``group``)."""
     from kafka import KafkaConsumer, TopicPartition
@@ -206,7 +214,7 @@ def group_offsets(group: str, topic: str) -> tuple[int, int] | None:
     admin = KafkaAdminClient(bootstrap_servers=KAFKA, client_id="rlwatch-bench-lag")
     consumer = KafkaConsumer(bootstrap_servers=KAFKA, client_id="rlwatch-bench-lag")
     try:
-        offsets = admin.list_group_offsets(group).get(group, {})
+        offsets = committed_offsets(admin, group)
         parts = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in parts]
         ends = consumer.end_offsets(tps)

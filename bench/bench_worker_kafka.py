@@ -63,6 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from _stack import committed_offsets  # noqa: E402
 from bench_fleet_replay import fleet_lines  # noqa: E402
 
 PARTITIONS = 4   # as streams.app.PARTITIONS: the worker's table is co-partitioned with events
@@ -167,10 +168,7 @@ async def bare_consume(kafka: str, topic: str, group: str, n: int) -> tuple[floa
 
 def committed(admin, group: str, topic: str) -> int:
     """Offsets the group committed on ``topic``, summed over partitions (0 before any)."""
-    if hasattr(admin, "list_group_offsets"):          # kafka-python 3
-        offsets = admin.list_group_offsets(group).get(group, {})
-    else:
-        offsets = admin.list_consumer_group_offsets(group)
+    offsets = committed_offsets(admin, group)
     return sum(o.offset for tp, o in offsets.items() if tp.topic == topic and o.offset >= 0)
 
 

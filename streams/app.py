@@ -50,7 +50,7 @@ import signal
 import socket
 import tempfile
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from itertools import islice
 
 import faust
@@ -374,7 +374,10 @@ class RunStates:
             st.release()      # it and its rules: freed now, frozen heap or not (streams.heap)
 
     def flush_run(self, run_id: str) -> None:
-        """Write one run's state to the table now (its alerts are in Kafka)."""
+        """Write one run's state to the table now (its alerts are in Kafka), unless it is held
+        still (a later send of its alerts, or the liveness timer's, has yet to land)."""
+        if run_id in self.held:     # alerts it raised since are still on their way: the
+            return                  # release of the last of them writes it
         st = self.cache.get(run_id)
         if st is not None and run_id in self.dirty:
             self._write(run_id, st)
@@ -538,13 +541,10 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
              "key": run_id, "raw": raw.decode("utf-8", "replace")[:100_000]
              if isinstance(raw, bytes) else str(raw)[:100_000]}).encode()
 
-    async def after(outs: list) -> None:
-        """Send what events left to send (dead letters, alerts), in order. Once Kafka holds the
-        alerts, each run that raised them has its state written to the table, once (the other
-        runs wait for the next commit). In that order a crash loses no alert: a successor that
-        finds the state from before them reads their events again and raises the same alerts,
-        which delivery and the brake take once (by delivery key and command id); one that finds
-        the state after them knows they are on the alerts topic."""
+    async def send_out(outs: list) -> tuple[set, list]:
+        """Send what events left to send (dead letters, alerts), in order: the runs that raised
+        the alerts, held back from the table from now on, and the futures of Kafka's
+        acknowledgements of those alerts (for :func:`landed`)."""
         runs = {key for kind, key, _ in outs if kind is _ALERTS}
         states.hold(runs)
         if runs and crash_at == "publishing":
@@ -556,7 +556,16 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                 await dlq.send(key=key, value=body)
             else:
                 acks += await publish(body)
-        await landed(runs, acks)
+        return runs, acks
+
+    async def after(outs: list) -> None:
+        """Send what events left to send, and once Kafka holds the alerts, write the state of
+        each run that raised them to the table, once (the other runs wait for the next commit).
+        In that order a crash loses no alert: a successor that finds the state from before them
+        reads their events again and raises the same alerts, which delivery and the brake take
+        once (by delivery key and command id); one that finds the state after them knows they
+        are on the alerts topic."""
+        await landed(*await send_out(outs))
 
     async def landed(runs: set, acks: list) -> None:
         """Wait until Kafka acknowledged the alerts of ``runs`` (``acks``), then write their
@@ -585,22 +594,37 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
 
         What the events of a turn leave to send (alerts, dead letters) goes out at the turn's
         end (at most ``LANE_TURN_SECONDS`` later), so that a run whose ranks raise alerts at
-        one step (a NaN on every rank) has its state written once for them all. Until it
-        went out, the acknowledgement stops before the first of those events."""
+        one step (a NaN on every rank) has its state written once for them all. The lane
+        reads on while Kafka has yet to acknowledge the alerts; until it has, the
+        acknowledgement stops before the first of those events, and the runs that raised them
+        are not written (the batch ends once every send landed)."""
         active = batch.checker()
         clock = time.time
         turns = Turns()     # the loop's other work (timers, the alerts lanes) gets a turn
         done = 0            # batch[:done] processed
-        sent = 0            # batch[:sent] processed and what they left to send sent
-        outs: list = []     # what batch[sent:done] left to send
+        sent = 0            # batch[:sent] processed, and what they left to send sent and landed
+        outs: list = []     # what the events since the last send left to send
+        # sends whose alerts Kafka has yet to acknowledge, in order: (n, the task that waits for
+        # the acknowledgements and then writes the runs' states); batch[:n] is acknowledged
+        # once it is done. The lane reads on meanwhile: waiting there, it stood idle for a
+        # round trip to the broker (7 ms at the median on a busy worker) per turn that alerted
+        pending: deque = deque()
 
         async def send() -> None:
-            nonlocal sent
             batch.ack(sent)
-            await after(outs)
+            runs, acks = await send_out(outs)
             outs.clear()
-            sent = done
-            batch.ack(sent)
+            pending.append((done, asyncio.ensure_future(landed(runs, acks))))
+
+        def settle() -> None:
+            """Move ``sent`` past the sends that landed (the first refused raises here)."""
+            nonlocal sent
+            while pending and pending[0][1].done():
+                n, task = pending.popleft()
+                task.result()
+                sent = n
+            if not pending and not outs:
+                sent = done
 
         try:
             for record in batch:
@@ -610,16 +634,20 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                 if out is not None:
                     outs.append(out)
                 done += 1
-                if not outs:
+                if not outs and not pending:
                     sent = done
                 if turns.due():
                     if outs:
                         await send()
+                    settle()
                     batch.ack(sent)
                     await asyncio.sleep(0)
                     turns.taken()
             if outs:
                 await send()
+            while pending:
+                await asyncio.wait([pending[0][1]])
+                settle()
         finally:
             batch.ack(sent)
             marks.read_records(batch, done, batch.partitions)
@@ -735,7 +763,14 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     async def liveness_alerts(st: RunState, alerts: list[Alert]) -> None:
         fleet.note(st)
         states.hold((st.run_id,))
-        await landed({st.run_id}, await publish(alerts))
+        try:
+            acks = await publish(alerts)
+        except Exception as exc:
+            log.error("rlwatch: the liveness alerts of run %s could not be sent to %s (%s): its "
+                      "state is not written, and the worker stops, so that whoever owns the run "
+                      "next raises them again", st.run_id, settings.alerts_topic, exc)
+            raise
+        await landed({st.run_id}, acks)
 
     def expired(run_id: str) -> None:
         fleet.forget(run_id)
@@ -835,4 +870,5 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     app.rlwatch_states = states
     app.rlwatch_heap = heap         # installed by `rlwatch worker` (cli), not by tests' apps
     app.rlwatch_fleet = fleet
+    app.rlwatch_liveness_alerts = liveness_alerts     # what the liveness pass calls (tests)
     return app

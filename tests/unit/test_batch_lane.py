@@ -125,7 +125,10 @@ class FakeConsumer:
         self.stops = getattr(self, "stops", []) + [stop]
 
 
-def worker_lane(monkeypatch):
+def worker_lane(monkeypatch, unanswered: list | None = None):
+    """The worker's events lane, its sends recorded (topic, value, records acknowledged then)
+    and taken by Kafka at once; or, with ``unanswered`` a list, the alerts' acknowledgements
+    left to the test (their futures appended to it)."""
     import faust.topics
 
     from contract.settings import Settings
@@ -136,18 +139,29 @@ def worker_lane(monkeypatch):
     async def send(topic, *, key=None, value=None, **kw):
         sent.append((topic.get_topic_name(), value, current["batch"].acked))
         acked = asyncio.get_running_loop().create_future()      # Kafka took it
-        acked.set_result(None)
+        if unanswered is not None and topic.get_topic_name() == settings.alerts_topic:
+            unanswered.append(acked)
+        else:
+            acked.set_result(None)
         return acked
     monkeypatch.setattr(faust.topics.Topic, "send", send)
     settings = Settings(redis="redis://127.0.0.1:1/0")
     app = build_app(settings)
     current: dict = {}
 
-    def run(values, consumer):
+    def run(values, consumer, during=None):
+        """The lane over ``values``; with ``during``, that coroutine function (given the
+        lane's task) runs beside it."""
         recs = [record(0, i, v, topic=settings.events_topic) for i, v in enumerate(values)]
         tps = {0: TP(settings.events_topic, 0)}
         batch = current["batch"] = LaneBatch(recs, consumer, settings.events_topic, tps, 1)
-        asyncio.run(app.batch_lanes[settings.events_topic](batch))
+
+        async def both() -> None:
+            lane = asyncio.ensure_future(app.batch_lanes[settings.events_topic](batch))
+            if during is not None:
+                await during(lane)
+            await lane
+        asyncio.run(both())
         return batch
     return run, sent, app, settings
 
@@ -464,3 +478,57 @@ def test_a_run_whose_ranks_all_alert_in_a_turn_has_its_state_written_once_after_
     assert writes == [("nan", len(sent))]            # once, after the last alert went out
     assert {acked for t, _v, acked in sent} == {12}  # the events before the NaNs acknowledged
     assert c.acked == len(events)
+
+
+def test_the_events_lane_reads_on_while_kafka_has_yet_to_take_an_alert(monkeypatch):
+    """Waiting for Kafka's acknowledgement of a turn's alerts, the lane stood idle for a round
+    trip to the broker per alerting turn. It reads on now, but acknowledges no event from the
+    first alerting one on, and writes no state of a run whose alerts are on their way, until
+    Kafka took them: a crash meanwhile still loses no alert."""
+    import itertools
+
+    import streams.app as app_module
+    import streams.batch_lane as lane
+
+    class Brakes:       # no Redis here
+        def submit(self, alert, done):
+            pass
+
+    writes: list = []
+    monkeypatch.setattr(app_module.RunStates, "_write",
+                        lambda self, run_id, st: writes.append(run_id) or True)
+    monkeypatch.setattr(app_module, "build_brake_thread", lambda *a: Brakes())
+    ticks = itertools.count()
+    monkeypatch.setattr(lane, "monotonic", lambda: float(next(ticks)))    # a turn per event
+    unanswered: list = []
+    run, sent, app, settings = worker_lane(monkeypatch, unanswered)
+
+    def loss(run_id: str, s: int, value: float) -> bytes:
+        return json.dumps({"schema": 1, "kind": "step", "run_id": run_id, "step": s, "ts": 1.7e9 + s,
+                           "metrics": {"loss/policy": value, "kl/mean": 0.01}}).encode()
+
+    events = [loss("nan", s, 0.5) for s in range(3)] + [loss("nan", 3, float("nan"))]
+    events += [loss("other", s, 0.5) for s in range(8)] + [loss("nan", s, 0.5) for s in range(4, 8)]
+    c = FakeConsumer()
+    seen = {}
+
+    async def during(task) -> None:
+        for _ in range(1000):           # far more turns than the lane needs for every event
+            await asyncio.sleep(0)
+        seen.update(events=app.rlwatch_counters["events"], acked=c.acked, writes=list(writes),
+                    waiting=len(unanswered), done=task.done())
+        while not task.done():          # Kafka takes them now, and any sent later at once
+            for f in unanswered:
+                if not f.done():
+                    f.set_result(None)
+            await asyncio.sleep(0)
+
+    run(events, c, during)
+    assert seen["waiting"] >= 1 and not seen["done"]
+    assert seen["events"] == len(events)     # every event read while the alert waited
+    assert seen["acked"] == 3                # ... but none acknowledged from the NaN on
+    assert "nan" not in seen["writes"]       # nor the state that raised it written
+    fired = [json.loads(v) for t, v, _ in sent if t == settings.alerts_topic]
+    assert any(a["rule"] == "nan_inf" and a["state"] == "firing" for a in fired)
+    assert c.acked == len(events)            # once Kafka took them: everything
+    assert writes.count("nan") == 1          # written once, after the last of its sends landed

@@ -228,3 +228,34 @@ def test_a_run_that_speaks_while_its_stall_alert_goes_out_continues_from_the_sta
     # the next tick knows the run spoke: the alert resolves
     resolved = processor.tick(states.get(quiet), STALLED_AT + 2)
     assert [(a.rule, a.state) for a in resolved] == [("run_stalled", "resolved")]
+
+
+def test_a_stall_alert_kafka_refuses_is_logged_and_stops_the_worker_with_the_state_unwritten(
+        monkeypatch, caplog):
+    """If Kafka refuses a stall alert, the run's state (which says the alert fires) must not be
+    written, and the worker stops, loudly: whoever owns the run next restores the state from
+    before the alert and raises it again."""
+    import faust.topics
+
+    from contract.settings import Settings
+    from streams.app import build_app
+
+    async def refused(topic, *, key=None, value=None, **kw):
+        raise RuntimeError("the broker refused the record")
+    monkeypatch.setattr(faust.topics.Topic, "send", refused)
+    app = build_app(Settings(redis="redis://127.0.0.1:1/0"))
+    states = app.rlwatch_states
+    processor = states.processor
+    st = states.get("stalled")
+    processor.process(st, step_event("stalled", 0, {"kl/mean": 0.02}), T0)
+    states.touch("stalled")
+    alerts = processor.tick(st, STALLED_AT)
+    assert [a.rule for a in alerts] == ["run_stalled"]
+    written: list = []
+    monkeypatch.setattr(RunStates, "_write", lambda self, run_id, st: written.append(run_id) or True)
+    with caplog.at_level("ERROR", logger="rlwatch"), pytest.raises(RuntimeError, match="refused"):
+        run(app.rlwatch_liveness_alerts(st, alerts))
+    assert "liveness alerts of run stalled could not be sent" in caplog.text
+    assert "whoever owns the run next raises them again" in caplog.text
+    states.flush()                          # a commit meanwhile
+    assert written == [] and "stalled" in states.held

@@ -58,6 +58,8 @@ def test_a_commit_while_a_runs_alerts_are_on_their_way_does_not_write_its_state(
     assert "loud" in states.dirty           # still to write
     states.release(["loud"])                # Kafka acknowledged the lane's
     assert states.flush() == 0 and set(table) == {b"quiet"}      # the timer's are still on their way
+    states.flush_run("loud")                # the lane's landed: the timer's have not
+    assert set(table) == {b"quiet"} and "loud" in states.dirty
     states.release(["loud"])
     states.flush_run("loud")
     restored = processor.load_state(decode_state(table[b"loud"]))
