@@ -2,7 +2,7 @@
 acknowledges are the ones Faust's own acknowledgements would record (so a commit covers the
 processed events and nothing else), records read already are dropped and gaps noted, the order
 is Faust's round robin over partitions; and the worker's events lane (streams.app) acknowledges
-exactly the events it processed before each await."""
+before each await exactly the events it processed whose alerts Kafka has taken."""
 
 from __future__ import annotations
 
