@@ -213,6 +213,13 @@ READ_LATELY = 256
 FAST_BRAKES = 1024
 
 
+def _retrieved(task: asyncio.Task) -> None:
+    """Take a finished task's outcome, so that a failure it logged itself is not reported
+    again by asyncio as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 def partition_of(run_id: str | bytes, partitions: int) -> int:
     """The partition of the events topic (and of the run table) that holds ``run_id``'s
     events: Kafka's default partitioner (murmur2 of the key, as the SDK's producer and the
@@ -651,6 +658,8 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         finally:
             batch.ack(sent)
             marks.read_records(batch, done, batch.partitions)
+            for _, task in pending:     # left by a raise: landed() logs its own failure
+                task.add_done_callback(_retrieved)
 
     @app.agent(events)
     async def process_events(stream):
