@@ -479,15 +479,25 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     crash_at = os.environ.get("RLWATCH_CRASH_AT")     # the crash drills' (tests only)
 
     async def publish(alerts: list[Alert]) -> list:
-        """Send ``alerts`` to the alerts topic; the futures of their acknowledgements by Kafka."""
+        """Send ``alerts`` to the alerts topic; the futures of their acknowledgements by Kafka.
+        A send refused at once (the producer stopped, a record over the broker's limit) is
+        logged with its run and raised: the caller, the events lane or the liveness timer,
+        has held the run's state back, and the worker stops."""
         landed = []
         for a in alerts:
             counters["alerts"] += 1
             if observer is not None:
                 observer.observe_alert(a)
-            landed.append(await alerts_topic.send(
-                key=a.run_id.encode(),
-                value=attach_snapshot(a, recorder, states.cache.get(a.run_id)).to_json().encode()))
+            try:
+                landed.append(await alerts_topic.send(
+                    key=a.run_id.encode(),
+                    value=attach_snapshot(a, recorder, states.cache.get(a.run_id)).to_json().encode()))
+            except Exception as exc:
+                log.error("rlwatch: the %s alert %s of run %s could not be sent to %s (%s): its "
+                          "state is not written, and the worker stops, so that whoever owns the "
+                          "run next raises it again", a.state, a.rule, a.run_id,
+                          settings.alerts_topic, exc)
+                raise
             if crash_at == "alerted" and a.state == "firing":
                 await app.producer.flush()      # the drill: the alert is in Kafka, nothing acted
                 _crash_point("alerted")
@@ -772,14 +782,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     async def liveness_alerts(st: RunState, alerts: list[Alert]) -> None:
         fleet.note(st)
         states.hold((st.run_id,))
-        try:
-            acks = await publish(alerts)
-        except Exception as exc:
-            log.error("rlwatch: the liveness alerts of run %s could not be sent to %s (%s): its "
-                      "state is not written, and the worker stops, so that whoever owns the run "
-                      "next raises them again", st.run_id, settings.alerts_topic, exc)
-            raise
-        await landed({st.run_id}, acks)
+        await landed({st.run_id}, await publish(alerts))     # a refused send is logged there
 
     def expired(run_id: str) -> None:
         fleet.forget(run_id)

@@ -532,3 +532,39 @@ def test_the_events_lane_reads_on_while_kafka_has_yet_to_take_an_alert(monkeypat
     assert any(a["rule"] == "nan_inf" and a["state"] == "firing" for a in fired)
     assert c.acked == len(events)            # once Kafka took them: everything
     assert writes.count("nan") == 1          # written once, after the last of its sends landed
+
+
+def test_an_alert_kafka_refuses_at_once_is_logged_and_stops_the_lane_with_the_state_unwritten(
+        monkeypatch, caplog):
+    """A send the producer refuses outright (stopped, a record over the broker's limit) used to
+    stop the worker with Faust's crash line alone. The lane's log now names the alert and its
+    run, acknowledges nothing from the alerting event on, and leaves the run's state unwritten:
+    whoever owns the run next reads the event again and raises the alert."""
+    import faust.topics
+
+    import streams.app as app_module
+
+    writes: list = []
+    monkeypatch.setattr(app_module.RunStates, "_write",
+                        lambda self, run_id, st: writes.append(run_id) or True)
+    no_turns(monkeypatch)
+    run, sent, app, settings = worker_lane(monkeypatch)
+    accepting = faust.topics.Topic.send
+
+    async def send(topic, *, key=None, value=None, **kw):
+        if topic.get_topic_name() == settings.alerts_topic:
+            raise RuntimeError("the record is larger than the broker accepts")
+        return await accepting(topic, key=key, value=value, **kw)
+    monkeypatch.setattr(faust.topics.Topic, "send", send)
+
+    def loss(s: int, value: float) -> bytes:
+        return json.dumps({"schema": 1, "kind": "step", "run_id": "big", "step": s, "ts": 1.7e9 + s,
+                           "metrics": {"loss/policy": value, "kl/mean": 0.01}}).encode()
+
+    c = FakeConsumer()
+    with caplog.at_level("ERROR", logger="rlwatch"), pytest.raises(RuntimeError, match="larger"):
+        run([loss(0, 0.5), loss(1, 0.5), loss(2, float("nan")), loss(3, 0.5)], c)
+    assert "the firing alert nan_inf of run big could not be sent" in caplog.text
+    assert "whoever owns the run next raises it again" in caplog.text
+    assert c.acked == 2                 # nothing from the NaN on
+    assert writes == [] and "big" in app.rlwatch_states.held

@@ -255,7 +255,7 @@ def test_a_stall_alert_kafka_refuses_is_logged_and_stops_the_worker_with_the_sta
     monkeypatch.setattr(RunStates, "_write", lambda self, run_id, st: written.append(run_id) or True)
     with caplog.at_level("ERROR", logger="rlwatch"), pytest.raises(RuntimeError, match="refused"):
         run(app.rlwatch_liveness_alerts(st, alerts))
-    assert "liveness alerts of run stalled could not be sent" in caplog.text
-    assert "whoever owns the run next raises them again" in caplog.text
+    assert "the firing alert run_stalled of run stalled could not be sent" in caplog.text
+    assert "whoever owns the run next raises it again" in caplog.text
     states.flush()                          # a commit meanwhile
     assert written == [] and "stalled" in states.held
