@@ -248,6 +248,37 @@ def spy_report(path: str, top: int = 25) -> str:
     return "\n".join(out)
 
 
+#: the innermost frames of a thread with nothing to do (its event loop waiting for I/O, or a
+#: thread waiting on a lock or an event)
+IDLE_FRAMES = ("EpollSelector.select", "select", "Condition.wait", "Event.wait", "Thread.join",
+               "_wait_for_tstate_lock")
+
+
+def idle_report(path: str) -> str:
+    """Per thread of a py-spy record taken with ``--idle --threads``: its samples and the
+    share in which it had nothing to do. The events lane's thread (MainThread) idle while
+    events wait in Kafka is throughput lost: it waited for the consumer thread's fetch (13 %
+    before the fetch loop asked for the next batch ahead, 3 % after) or for Kafka's
+    acknowledgement of alerts."""
+    from collections import Counter
+
+    samples: Counter = Counter()
+    idle: Counter = Counter()
+    with open(path) as f:
+        for line in f:
+            stack, _, count = line.rstrip().rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            frames = stack.split(";")
+            thread = frames[0]
+            samples[thread] += int(count)
+            if frames[-1].split(" (")[0] in IDLE_FRAMES:
+                idle[thread] += int(count)
+    out = ["py-spy --idle: samples and idle share per thread"]
+    out += [f"  {n:7d}  {100 * idle[t] / n:5.1f} % idle  {t[:100]}" for t, n in samples.most_common()]
+    return "\n".join(out)
+
+
 def faust_floor_agent() -> None:
     """The least a Faust application can do per event: an agent over the events topic that
     parses each message with json.loads, with the worker's Faust settings (partitions, raw
@@ -443,7 +474,8 @@ def one_round(args, r: int, sid: str, topics: dict[str, str], bare_group: str, n
 
     def run(kind: str, tops: dict[str, str], spy: str | None = None, env: dict | None = None):
         return run_consumer(kind, args.kafka, args.redis, sid, tops, n, args.timeout, args.loglevel, spy,
-                            env, ("--gil",) if args.spy_gil else ())
+                            env, ("--gil",) if args.spy_gil else ("--idle", "--threads") if args.spy_idle
+                            else ())
 
     bare_s, bare_n, bare_cpu = asyncio.run(bare_consume(args.kafka, topics["events"], group, n))
     show("bare aiokafka + json.loads", bare_s, bare_n, bare_cpu, "from its first batch")
@@ -506,6 +538,9 @@ def main() -> None:
     ap.add_argument("--spy-gil", action="store_true",
                     help="with --spy: only the samples of the thread holding the GIL (py-spy --gil), "
                     "which leaves out the threads waiting for it")
+    ap.add_argument("--spy-idle", action="store_true",
+                    help="with --spy: the threads' idle samples too (py-spy --idle --threads), and "
+                    "each thread's idle share: the events lane's (MainThread) is throughput lost")
     ap.add_argument("--no-faust-floor", action="store_true",
                     help="skip the trivial Faust agent (the ceiling of any Faust worker)")
     ap.add_argument("--per-message", action="store_true",
@@ -530,6 +565,8 @@ def main() -> None:
                     "variable set (repeatable), e.g. PYTHONPATH=<a copy of an older tree>")
     ap.add_argument("--faust-floor-agent", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.spy_gil and args.spy_idle:
+        ap.error("--spy-gil and --spy-idle ask for opposite samples: choose one")
     if args.spy and shutil.which("py-spy") is None:
         ap.error("--spy needs py-spy on PATH (pip install py-spy)")
     if args.faust_floor_agent:
@@ -569,6 +606,8 @@ def main() -> None:
         if args.spy and os.path.exists(args.spy):
             print("the worker:")
             print(spy_report(args.spy))
+            if args.spy_idle:
+                print(idle_report(args.spy))
     finally:
         if not args.keep:
             cleanup(args.kafka, [topics["events"], topics["alerts"], topics["dlq"], *extra_topics],

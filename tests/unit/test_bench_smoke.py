@@ -50,3 +50,24 @@ def test_the_snapshot_benchmark_prints_the_cost_per_alert_and_both_ways_to_read_
                      r"again: \d+\.\d{3}$", text, re.M), text
     for rows in ("numbers only", "non-finite spellings"):     # the fifth run sends "NaN"
         assert re.search(rf"^  {rows}\s+\d+\.\d\s+\d+\.\d\s+\d+\.\d\d", text, re.M), text
+
+
+def test_the_kafka_benchmark_reads_each_threads_idle_share_from_a_py_spy_record(tmp_path):
+    """``bench_worker_kafka.py --spy F --spy-idle``: the share of each thread's samples in
+    which it had nothing to do (the events lane idle is throughput lost)."""
+    record = tmp_path / "spy.txt"
+    loop = "thread (1): MainThread;BaseEventLoop.run_forever (asyncio/base_events.py:607)"
+    record.write_text(
+        f"{loop};BaseEventLoop._run_once (asyncio/base_events.py:1922);take (streams/app.py:1) 3\n"
+        f"{loop};BaseEventLoop._run_once (asyncio/base_events.py:1922);"
+        "EpollSelector.select (selectors.py:468) 1\n"
+        "thread (2): Thread-1;Thread.run (threading.py:982);Event.wait (threading.py:629) 6\n"
+        "thread (2): Thread-1;Thread.run (threading.py:982);getall (aiokafka/fetcher.py:1) 2\n")
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, 'bench'); "
+         "from bench_worker_kafka import idle_report; print(idle_report(sys.argv[1]))", str(record)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = {m.group(3): (int(m.group(1)), float(m.group(2)))
+            for m in re.finditer(r"^\s+(\d+)\s+([\d.]+) % idle\s+thread \(\d\): (\S+)$", out.stdout, re.M)}
+    assert rows == {"Thread-1": (8, 75.0), "MainThread": (4, 25.0)}, out.stdout
