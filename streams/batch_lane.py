@@ -359,8 +359,9 @@ class BatchConsumer(_driver.Consumer):
                     generation_id = app.consumer_generation_id
                 else:
                     fetched, ahead = await ahead.result(), None
-                    if fetched is None:     # a rebalance, or a pause, since it was asked for
-                        await self._seek_back()
+                    if fetched is None:     # completed while the flow was stopped: dropped
+                        if not self.flow_active:
+                            await self._seek_back()
                         unset_flag(CONSUMER_FETCHING)
                         continue
                     (records, active_partitions), generation_id = fetched
@@ -455,36 +456,34 @@ class Prefetch:
     time: in the worker's benchmark the events lane stood idle for 2.75 s of 22.6 s in 100
     fetches.
 
-    Its records follow the batch at hand (the consumer's positions moved past that one when it
-    was fetched). They are given out only if the flow stayed as it was: the same consumer
-    generation when the fetch was asked for, when it completed and when it is taken, and the
-    flow active then. Otherwise :meth:`result` gives None: the fetch loop seeks back to the
-    committed offsets (records fetched around a rebalance may come from before the new
-    assignment's seek, and a read offset moved past them would skip events)."""
+    The fetch loop takes its outcome as it took an awaited fetch's, as of when it completed:
+    the consumer generation then (records of an older generation are dropped by the loop's
+    checks before any bookkeeping), and nothing (:meth:`result` gives None) if the flow was
+    stopped then; the loop seeks back to the committed offsets if it still is (a rebalance
+    that has ended meanwhile made its own seek). A fetch that completes under a new
+    assignment is taken: a recovery's changelog records come that way, and dropping them
+    left the recovery waiting for them for ever."""
 
-    __slots__ = ("_consumer", "_generation", "_task", "_steady")
+    __slots__ = ("_consumer", "_task", "_then")
 
     def __init__(self, fetch: Awaitable, consumer: Any):
         self._consumer = consumer
-        self._generation = consumer.app.consumer_generation_id
-        self._steady = True
+        self._then: tuple[bool, int] | None = None
         self._task = asyncio.ensure_future(fetch)
         self._task.add_done_callback(self._completed)
 
     def _completed(self, task: asyncio.Future) -> None:
-        self._steady = self._still()
-
-    def _still(self) -> bool:
         c = self._consumer
-        return c.flow_active and c.app.consumer_generation_id == self._generation
+        self._then = (c.flow_active, c.app.consumer_generation_id)
 
     async def result(self) -> tuple[Any, int] | None:
-        """(the fetch's records and active partitions, the consumer generation), or None if
-        the flow changed since the fetch was asked for."""
+        """(the fetch's records and active partitions, the consumer generation when it
+        completed), or None if the flow was stopped then."""
         got = await self._task
-        if not (self._steady and self._still()):
-            return None
-        return got, self._generation
+        if self._then is None:      # (its callback runs first; this only guards the order)
+            self._completed(self._task)
+        active, generation = self._then
+        return (got, generation) if active else None
 
     def cancel(self) -> None:
         """Drop the fetch (the loop stops); its outcome, an error included, is not wanted."""

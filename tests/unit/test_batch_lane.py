@@ -631,24 +631,43 @@ def test_the_next_fetch_is_asked_for_before_the_lane_works_on_the_batch_at_hand(
     assert seeks == []
 
 
-def test_a_fetch_made_across_a_rebalance_is_dropped_and_read_again_from_the_committed_offsets():
-    """Records fetched while the lane worked on a batch of the old assignment may come from
-    before the new assignment's seek: given to the lane, their read offset would skip the
-    events the seek brings back. They are dropped, and the consumer seeks back."""
+def test_a_fetch_that_completed_before_a_rebalance_is_not_taken_by_the_new_assignment():
+    """Records fetched while the lane worked on a batch of the old assignment, taken after a
+    rebalance: given to the lane, their read offset would skip the events the new
+    assignment's seek brings back. They are dropped before any bookkeeping."""
     def rebalanced(c, n, phase):
         if n == 1 and phase == "later":       # after the fetch ahead completed
             c.app.consumer_generation_id = 2
     handed, _asked, seeks = drain([[0, 1, 2], [3, 4], [3, 4], [5]], rebalanced)
+    assert handed == [[0, 1, 2], [3, 4], [5]]     # the second [3, 4] read after the drop
+    assert seeks == []                             # (the rebalance made its own seek)
+
+
+def test_a_fetch_that_completed_under_the_new_assignment_is_taken():
+    """A fetch asked for before a rebalance that completes after it, with the flow running,
+    holds the new assignment's records (a recovery's changelog records come that way):
+    dropping them left a worker's recovery waiting for them for ever."""
+    def rebalanced(c, n, phase):
+        if n == 1 and phase == "first":       # before the fetch ahead completes
+            c.app.consumer_generation_id = 2
+    handed, _asked, seeks = drain([[0, 1, 2], [3, 4], [5]], rebalanced)
     assert handed == [[0, 1, 2], [3, 4], [5]]
-    assert seeks == [1]
+    assert seeks == []
 
 
 def test_a_fetch_that_completed_while_the_flow_was_stopped_is_dropped_though_it_runs_again():
     """A fetch that completes while the flow is stopped (a rebalance under way) is not taken,
-    even if the flow runs again by the time the lane is done with the batch at hand."""
+    even if the flow runs again by the time the lane is done with the batch at hand; if it
+    is still stopped, the consumer seeks back to the committed offsets."""
     def pause_then_resume(c, n, phase):
         if n == 1:
             c.flow_active = phase == "later"    # stopped before the fetch ahead completes
     handed, _asked, seeks = drain([[0, 1], [2, 3], [2, 3], [4]], pause_then_resume)
     assert handed == [[0, 1], [2, 3], [4]]
-    assert seeks == [1]
+    assert seeks == []
+
+    def paused(c, n, phase):
+        if n == 1:
+            c.flow_active = False
+    handed, _asked, seeks = drain([[0, 1], [2, 3]], paused)
+    assert handed == [[0, 1]] and seeks == [1]
