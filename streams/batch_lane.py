@@ -269,8 +269,8 @@ class BatchConsumer(_driver.Consumer):
             await self.seek_wait(await self.earliest_offsets(*fresh))
 
     async def _seek_back(self) -> None:
-        """Records fetched are not wanted (the flow is not active, or was not while they were
-        fetched): back to the committed offsets, as Faust's fetch loop does."""
+        """The flow is not active: the records fetched are dropped, and the consumer goes back
+        to the committed offsets, as Faust's fetch loop does."""
         try:
             await self.perform_seek()
         except Exception as ex:  # noqa: BLE001 - as Faust's getmany
