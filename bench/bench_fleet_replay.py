@@ -14,10 +14,11 @@ times these readers of that same file in one run:
 The readers take the file in slices, in turns, each slice timed on its own, so that a
 shared machine whose speed drifts during the run weighs on all of them alike. Prints events
 per CPU second of each and rlwatch's ratios to the other two. ``--profile`` adds a cProfile
-top 15 of the rlwatch pass. The garbage collector is set as the worker sets it
+top 15 of the rlwatch pass; ``--by-kind``, the mean cost and the share of each kind of event
+(a routine step of a rank other than 0, a step of rank 0, samples...) in one more pass. The garbage collector is set as the worker sets it
 (``streams.processor.tune_gc``) for all the readers; ``--default-gc`` keeps Python's defaults.
 
-    python bench/bench_fleet_replay.py [--runs 12] [--steps 400] [--profile]
+    python bench/bench_fleet_replay.py [--runs 12] [--steps 400] [--profile] [--by-kind]
 """
 from __future__ import annotations
 
@@ -200,6 +201,41 @@ class ReferenceDetector:
 
 # -- timing --------------------------------------------------------------------------------------
 
+def kind_of(raw: bytes, routine: bool) -> str:
+    """The kind of an event for :func:`by_kind` (read again, outside the timed call)."""
+    if routine:
+        return "routine rank step"
+    ev = read_event(raw, 0.0)
+    if ev.kind == "step":
+        return "rank-0 step" if ev.rank == 0 else "other rank step"
+    return f"{ev.kind} (rank {ev.rank})" if ev.kind == "samples" else ev.kind
+
+
+def by_kind(lines: list[bytes], pack, now: float) -> str:
+    """One ``Pipeline.feed_raw`` pass over ``lines``, each event timed on its own: per kind of
+    event (a routine step of a rank other than 0, which ``RunState.rank_step`` takes; a step
+    of rank 0, which runs the step rules; any other step, e.g. one with a non-finite value;
+    samples; the rest), how many, the mean CPU microseconds and the share of the pass. Where a
+    faster core has to start: the timing adds about a microsecond to each event."""
+    pipe = Pipeline(pack)
+    clock = time.process_time_ns
+    count: dict[str, int] = {}
+    spent: dict[str, int] = {}
+    for raw in lines:
+        before = pipe.routine
+        t = clock()
+        pipe.feed_raw(raw, now)
+        dt = clock() - t
+        k = kind_of(raw, pipe.routine > before)
+        count[k] = count.get(k, 0) + 1
+        spent[k] = spent.get(k, 0) + dt
+    total = sum(spent.values()) or 1
+    out = [f"{'kind of event':22s} {'events':>8s} {'mean us':>9s} {'share':>7s}"]
+    for k in sorted(spent, key=spent.get, reverse=True):
+        out.append(f"{k:22s} {count[k]:8d} {spent[k] / count[k] / 1000:9.1f} {100 * spent[k] / total:6.1f}%")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=12)
@@ -208,6 +244,9 @@ def main() -> None:
     ap.add_argument("--slices", type=int, default=40,
                     help="slices of the file the readers take in turns (each timed on its own)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--by-kind", action="store_true",
+                    help="also time each event of one more rlwatch pass, and print the mean and "
+                         "the share of the pass per kind of event")
     ap.add_argument("--default-gc", action="store_true",
                     help="keep Python's default garbage-collector settings")
     args = ap.parse_args()
@@ -319,6 +358,9 @@ def main() -> None:
     if "rlwatch core (pure)" in rates:
         print(f"rlwatch native / pure bank:     {core / rates['rlwatch core (pure)']:.2f} "
               f"(alerts: native {alerts['rlwatch core']}, pure {alerts['rlwatch core (pure)']})")
+
+    if args.by_kind:
+        print(by_kind(lines, pack, now))
 
     if args.profile:
         prof = cProfile.Profile()

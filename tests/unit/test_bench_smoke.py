@@ -31,6 +31,17 @@ def test_the_fleet_benchmark_prints_every_reader_and_both_ratios():
         assert native.group(1) == native.group(2)
 
 
+def test_the_fleet_benchmark_by_kind_counts_every_event_once_and_shares_the_whole_pass():
+    text = bench("bench_fleet_replay.py", "--runs", "2", "--steps", "60", "--repeats", "1",
+                 "--slices", "5", "--by-kind")
+    events = int(re.search(r"^fleet: .*: (\d+) events", text, re.M).group(1))
+    rows = re.findall(r"^(.+?)\s+(\d+)\s+(\d+\.\d)\s+(\d+\.\d)%$", text, re.M)
+    kinds = {k.strip(): int(n) for k, n, _, _ in rows}
+    assert sum(kinds.values()) == events, text
+    assert kinds.get("routine rank step", 0) > 0 and kinds.get("rank-0 step", 0) > 0, text
+    assert abs(sum(float(share) for *_, share in rows) - 100) < 0.5, text
+
+
 def test_the_alert_json_benchmark_checks_both_ways_and_prints_their_ratios():
     text = bench("bench_alert_json.py", "--runs", "4", "--steps", "200", "--repeats", "1")
     n = re.search(r"^(\d+) alerts of 4 runs, (\d+) with a snapshot", text, re.M)
