@@ -604,10 +604,13 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     @app.batch_lane(events)
     async def process_batch(batch) -> None:
         """The events of one fetched batch (a :class:`streams.batch_lane.LaneBatch` of records),
-        in order. Those processed are acknowledged before every await (Faust commits, and a
-        rebalance starts, only while this waits), so a commit covers exactly the events
-        processed, as if each were acknowledged on its own. A rebalance stops it: the rest is
-        read again.
+        a run's events together (:meth:`~streams.batch_lane.LaneBatch.by_key`: each run's in
+        order; a run's state then stays in the processor's caches for several steps). The
+        batch's first records that are all processed are acknowledged before every await
+        (Faust commits, and a rebalance starts, only while this waits), so a commit covers
+        only events processed. A rebalance stops it: the rest is read again (and the events
+        of the first ones' runs that were processed, by whoever restores a state that holds
+        them, taken as the duplicates they are).
 
         What the events of a turn leave to send (alerts, dead letters) goes out at the turn's
         end (at most ``LANE_TURN_SECONDS`` later), so that a run whose ranks raise alerts at
@@ -618,6 +621,8 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         active = batch.checker()
         clock = time.time
         turns = Turns()     # the loop's other work (timers, the alerts lanes) gets a turn
+        n = len(batch)
+        taken = bytearray(n)  # taken[i]: batch[i] processed
         done = 0            # batch[:done] processed
         sent = 0            # batch[:sent] processed, and what they left to send sent and landed
         outs: list = []     # what the events since the last send left to send
@@ -637,20 +642,25 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
             """Move ``sent`` past the sends that landed (the first refused raises here)."""
             nonlocal sent
             while pending and pending[0][1].done():
-                n, task = pending.popleft()
+                upto, task = pending.popleft()
                 task.result()
-                sent = n
+                sent = upto
             if not pending and not outs:
                 sent = done
 
         try:
-            for record in batch:
+            for i in batch.by_key():
                 if not active():
                     break
+                record = batch[i]
                 out = take(record.key, record.value, clock())
                 if out is not None:
                     outs.append(out)
-                done += 1
+                taken[i] = 1
+                if i == done:
+                    done += 1
+                    while done < n and taken[done]:
+                        done += 1
                 if not outs and not pending:
                     sent = done
                 if turns.due():

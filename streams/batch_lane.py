@@ -97,6 +97,25 @@ class LaneBatch(list):
         generation = self.generation_id
         return lambda: is_active() and app.consumer_generation_id == generation
 
+    def by_key(self) -> list[int] | range:
+        """The indices of the records, those of one key together: each key's in the batch's
+        order, the keys in the order they first come. (A plain ``range`` when no key comes
+        twice.) Taking a batch in this order keeps every key's records in order; for the
+        events topic, keyed by run, a run's state, rules and statistics are then touched for
+        several steps in a row while they are in the processor's caches, not once every few
+        hundred events when the other runs have pushed them out."""
+        groups: dict = {}
+        get = groups.get
+        for i, record in enumerate(self):
+            g = get(record.key)
+            if g is None:
+                groups[record.key] = [i]
+            else:
+                g.append(i)
+        if len(groups) == len(self):
+            return range(len(self))
+        return list(chain.from_iterable(groups.values()))
+
     def ack(self, n: int) -> None:
         """The first ``n`` records are processed: acknowledge those not acknowledged yet."""
         if n > self.acked:

@@ -24,9 +24,9 @@ from streams.batch_lane import BatchApp, LaneBatch, Turns, round_robin  # noqa: 
 TOPIC = "lane.events"
 
 
-def record(partition: int, offset: int, value: bytes = b"{}", topic: str = TOPIC):
+def record(partition: int, offset: int, value: bytes = b"{}", topic: str = TOPIC, key: bytes = b"k"):
     return ConsumerRecord(topic=topic, partition=partition, offset=offset,
-                          timestamp=1_700_000_000_000, timestamp_type=0, key=b"k", value=value,
+                          timestamp=1_700_000_000_000, timestamp_type=0, key=key, value=value,
                           checksum=None, serialized_key_size=1, serialized_value_size=len(value),
                           headers=[])
 
@@ -149,10 +149,11 @@ def worker_lane(monkeypatch, unanswered: list | None = None):
     app = build_app(settings)
     current: dict = {}
 
-    def run(values, consumer, during=None):
-        """The lane over ``values``; with ``during``, that coroutine function (given the
-        lane's task) runs beside it."""
-        recs = [record(0, i, v, topic=settings.events_topic) for i, v in enumerate(values)]
+    def run(values, consumer, during=None, keys=None):
+        """The lane over ``values`` (keyed ``keys``, else all alike); with ``during``, that
+        coroutine function (given the lane's task) runs beside it."""
+        recs = [record(0, i, v, topic=settings.events_topic, key=keys[i] if keys else b"k")
+                for i, v in enumerate(values)]
         tps = {0: TP(settings.events_topic, 0)}
         batch = current["batch"] = LaneBatch(recs, consumer, settings.events_topic, tps, 1)
 
@@ -532,6 +533,76 @@ def test_the_events_lane_reads_on_while_kafka_has_yet_to_take_an_alert(monkeypat
     assert any(a["rule"] == "nan_inf" and a["state"] == "firing" for a in fired)
     assert c.acked == len(events)            # once Kafka took them: everything
     assert writes.count("nan") == 1          # written once, after the last of its sends landed
+
+
+def test_a_batch_is_taken_a_key_at_a_time_each_keys_records_in_order():
+    c = FakeConsumer()
+    keys = [b"a", b"b", b"a", b"c", b"b", b"a"]
+    batch = LaneBatch([record(0, i, key=k) for i, k in enumerate(keys)], c, TOPIC,
+                      {0: TP(TOPIC, 0)}, 1)
+    assert list(batch.by_key()) == [0, 2, 5, 1, 4, 3]
+    alone = LaneBatch([record(0, i, key=k) for i, k in enumerate([b"a", b"b", None])], c, TOPIC,
+                      {0: TP(TOPIC, 0)}, 1)
+    assert list(alone.by_key()) == [0, 1, 2]
+
+
+def test_the_events_lane_takes_a_runs_events_together_and_acknowledges_only_what_it_took(monkeypatch):
+    """The events of two runs, interleaved in the batch, are taken a run at a time (each run's
+    in order), so that a run's state stays in the processor's caches. What is acknowledged is
+    always a run of the batch's first records that were all taken; while the alert of one
+    run's NaN waits for Kafka, that event is not acknowledged."""
+    import itertools
+
+    import streams.app as app_module
+    import streams.batch_lane as lane
+
+    class Brakes:       # no Redis here
+        def submit(self, alert, done):
+            pass
+
+    monkeypatch.setattr(app_module.RunStates, "_write", lambda self, run_id, st: True)
+    monkeypatch.setattr(app_module, "build_brake_thread", lambda *a: Brakes())
+    ticks = itertools.count()
+    monkeypatch.setattr(lane, "monotonic", lambda: float(next(ticks)))    # a turn per event
+    seen_order: list = []
+    read = app_module.read_routine
+    monkeypatch.setattr(app_module, "read_routine", lambda raw: seen_order.append(raw) or read(raw))
+    unanswered: list = []
+    run, sent, app, settings = worker_lane(monkeypatch, unanswered)
+
+    def loss(run_id: str, s: int, value: float) -> bytes:
+        return json.dumps({"schema": 1, "kind": "step", "run_id": run_id, "step": s, "ts": 1.7e9 + s,
+                           "metrics": {"loss/policy": value, "kl/mean": 0.01}}).encode()
+
+    events, keys = [], []
+    for s in range(5):
+        for run_id in ("a", "b"):
+            events.append(loss(run_id, s, float("nan") if (run_id, s) == ("a", 3) else 0.5))
+            keys.append(run_id.encode())
+    nan_at = events.index(loss("a", 3, float("nan")))
+    c = FakeConsumer()
+    seen = {}
+
+    async def during(task) -> None:
+        for _ in range(1000):
+            await asyncio.sleep(0)
+        seen.update(events=app.rlwatch_counters["events"], acked=c.acked, done=task.done())
+        while not task.done():
+            for f in unanswered:
+                if not f.done():
+                    f.set_result(None)
+            await asyncio.sleep(0)
+
+    run(events, c, during, keys)
+    assert seen_order == events[0::2] + events[1::2]       # run a's steps, then run b's
+    assert seen["events"] == len(events) and not seen["done"]
+    assert seen["acked"] <= nan_at                          # the NaN not acknowledged yet
+    assert c.stops == sorted(c.stops) and c.acked == len(events)
+    for run_id in ("a", "b"):                               # each run's steps taken in order
+        st = app.rlwatch_states.get(run_id)
+        assert st.last_step == {0: 4} and st.duplicates == 0
+    fired = [json.loads(v) for t, v, _ in sent if t == settings.alerts_topic]
+    assert [(a["run_id"], a["rule"]) for a in fired if a["state"] == "firing"] == [("a", "nan_inf")]
 
 
 def test_an_alert_kafka_refuses_at_once_is_logged_and_stops_the_lane_with_the_state_unwritten(
