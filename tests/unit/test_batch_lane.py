@@ -202,6 +202,21 @@ def test_a_rebalance_stops_the_events_lane_with_the_processed_events_acknowledge
     assert app.rlwatch_states.get("b").last_step == {0: 2}
 
 
+def test_a_rebalance_stops_a_run_at_a_time_lane_acknowledging_only_the_first_records_all_taken(
+        monkeypatch):
+    """Two runs interleaved, a rebalance after four events: run a's three and run b's first
+    were taken, the first three records of the batch (a0, b0, a1) are acknowledged, and the
+    rest (b1, a2, b2) is read again by whoever owns the partition next (a2, which run a's state
+    already holds, as a duplicate)."""
+    run, sent, app, _settings = worker_lane(monkeypatch)
+    c = FakeConsumer(active_for=4)
+    keys = [b"a", b"b"] * 3
+    run([step(k.decode(), s) for s in range(3) for k in (b"a", b"b")], c, keys=keys)
+    assert c.acked == 3 and app.rlwatch_counters["events"] == 4 and not sent
+    assert app.rlwatch_states.get("a").last_step == {0: 2}
+    assert app.rlwatch_states.get("b").last_step == {0: 0}
+
+
 def test_turns_come_after_so_many_seconds_of_work_however_many_records():
     now = [100.0]
     turns = Turns(0.005, clock=lambda: now[0])
