@@ -88,7 +88,7 @@ MAX_DECODED_RUNS = 2000   # run states kept decoded in memory; the others wait i
 #: default). A worker that is behind gets batches of up to about 5,500 events of the bench
 #: fleet per partition, and the events lane takes a batch a run at a time: the more steps of a
 #: run a batch holds, the longer a run's state stays in the caches (measured through Kafka:
-#: 1.06 times the throughput with 1 MB, faster in 3 rounds of 3). A worker that keeps up
+#: 1.06 times the throughput it had with 1 MB, faster in 3 rounds of 3). A worker that keeps up
 #: fetches what came in the last fetch wait, as before
 FETCH_BYTES = 4 << 20
 RUN_TABLE = "rlwatch-runs"
@@ -616,9 +616,9 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         order; a run's state then stays in the processor's caches for several steps). The
         batch's first records that are all processed are acknowledged before every await
         (Faust commits, and a rebalance starts, only while this waits), so a commit covers
-        only events processed. A rebalance stops it: the rest is read again (and the events
-        of the first ones' runs that were processed, by whoever restores a state that holds
-        them, taken as the duplicates they are).
+        only events processed. A rebalance stops it: what was not acknowledged is read again
+        by whoever owns the partition next, and the events of it that were processed, when a
+        state written meanwhile holds them, are taken as the duplicates they are.
 
         What the events of a turn leave to send (alerts, dead letters) goes out at the turn's
         end (at most ``LANE_TURN_SECONDS`` later), so that a run whose ranks raise alerts at
