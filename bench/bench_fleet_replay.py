@@ -6,7 +6,10 @@ times these readers of that same file in one run:
 
 * a bare ``json.loads`` loop (the parse floor: no reader of JSON can go faster in Python);
 * a simple reference detector: plain Python, dicts and deques, 17 rules (below, about 200 lines);
-* rlwatch: ``Pipeline.feed_raw`` (the events as the worker takes them) with the built-in pack;
+* rlwatch: ``Pipeline.feed_raw`` (the events as the worker reads them) with the built-in pack;
+* the same, with each block of ``--batch`` events (20,000) taken a run at a time, as the
+  worker's events lane takes a fetched batch: "rlwatch core by run" (the ratio to the pass in
+  the file's order is what keeping a run's state in the caches for several steps gives);
 * when the native core is in use (streams._native), the same rlwatch pass with the pure Python
   core (``streams.signals.PyBank``, and the Python per-sample statistics, text scores and
   compiled conditions): "rlwatch core (pure)".
@@ -18,7 +21,7 @@ top 15 of the rlwatch pass; ``--by-kind``, the mean cost and the share of each k
 (a routine step of a rank other than 0, a step of rank 0, samples...) in one more pass. The garbage collector is set as the worker sets it
 (``streams.processor.tune_gc``) for all the readers; ``--default-gc`` keeps Python's defaults.
 
-    python bench/bench_fleet_replay.py [--runs 12] [--steps 400] [--profile] [--by-kind]
+    python bench/bench_fleet_replay.py [--runs 12] [--steps 400] [--batch 20000] [--profile] [--by-kind]
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import tempfile
 import time
 from collections import deque
 from pathlib import Path
+from types import SimpleNamespace
 
 from contract.events import dump_event
 
@@ -42,6 +46,7 @@ except ImportError:     # a tree from before read_event
     from contract.events import parse_event as read_event
 from producers.sim import SimConfig, simulate
 from rules.loader import load_pack
+from streams.batch_lane import LaneBatch
 from streams.processor import Pipeline
 
 try:
@@ -201,6 +206,19 @@ class ReferenceDetector:
 
 # -- timing --------------------------------------------------------------------------------------
 
+def by_run(lines: list[bytes], block: int) -> list[bytes]:
+    """``lines`` with the events of each block of ``block`` in the order the worker's events
+    lane takes a fetched batch (``LaneBatch.by_key``, the record key being the run): a run at
+    a time, each run's in order, the runs in the order they first come."""
+    out: list[bytes] = []
+    for i in range(0, len(lines), max(1, block)):
+        part = lines[i:i + block]
+        batch = LaneBatch([SimpleNamespace(key=read_event(raw, 0.0).run_id) for raw in part],
+                          None, "", {}, 0)
+        out += [part[j] for j in batch.by_key()]
+    return out
+
+
 def kind_of(raw: bytes, routine: bool) -> str:
     """The kind of an event for :func:`by_kind` (read again, outside the timed call)."""
     if routine:
@@ -243,6 +261,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--slices", type=int, default=40,
                     help="slices of the file the readers take in turns (each timed on its own)")
+    ap.add_argument("--batch", type=int, default=20_000,
+                    help="events per block for 'rlwatch core by run' (the worker's events lane "
+                         "got batches of about 19,500 events of the bench fleet when behind)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--by-kind", action="store_true",
                     help="also time each event of one more rlwatch pass, and print the mean and "
@@ -323,11 +344,27 @@ def main() -> None:
     # the readers take the file slice by slice, in turns (the order turning too), each slice
     # timed on its own: the machine's speed, which drifts on a shared host, is the same for
     # all of them; best total of --repeats passes
-    readers = (("json.loads loop", bare), ("reference detector", reference), ("rlwatch core", rlwatch))
-    if CORE == "native":
-        readers += (("rlwatch core (pure)", rlwatch_pure),)
     size = max(1, -(-n // max(1, args.slices)))
     chunks = [lines[i:i + size] for i in range(0, n, size)]
+    # the same events, each block of --batch taken a run at a time, as the worker's events lane
+    # takes a fetched batch (streams.batch_lane.LaneBatch.by_key), cut into slices of the same size
+    grouped = by_run(lines, args.batch) if hasattr(LaneBatch, "by_key") else []  # (an older tree)
+    grouped_chunks = [grouped[i:i + size] for i in range(0, n, size)]
+
+    def rlwatch_by_run():
+        inner, done = rlwatch()
+        mine = iter(grouped_chunks)
+
+        def feed(_chunk):       # its own slice of the same size, in turn with the others
+            inner(next(mine))
+        return feed, done
+
+    readers = (("json.loads loop", bare), ("reference detector", reference), ("rlwatch core", rlwatch))
+    if grouped:
+        readers += (("rlwatch core by run", rlwatch_by_run),)
+    if CORE == "native":
+        readers += (("rlwatch core (pure)", rlwatch_pure),)
+
     best = {name: math.inf for name, _ in readers}
     clock = time.process_time
     for _ in range(args.repeats):
@@ -352,6 +389,10 @@ def main() -> None:
     core = rates["rlwatch core"]
     print(f"rlwatch / json.loads floor:     {core / rates['json.loads loop']:.2f}")
     print(f"rlwatch / reference detector:   {core / rates['reference detector']:.2f}")
+    if "rlwatch core by run" in rates:
+        print(f"rlwatch by run / in order:      {rates['rlwatch core by run'] / core:.2f} "
+              f"(blocks of {args.batch} events; alerts: {alerts['rlwatch core by run']} and "
+              f"{alerts['rlwatch core']})")
     print(f"alerts: reference {alerts['reference detector']} state changes, "
           f"rlwatch {alerts['rlwatch core']} alerts")
     print(f"signal bank: {CORE}")

@@ -22,10 +22,14 @@ def bench(name: str, *args: str) -> str:
 def test_the_fleet_benchmark_prints_every_reader_and_both_ratios():
     text = bench("bench_fleet_replay.py", "--runs", "2", "--steps", "60", "--repeats", "1",
                  "--slices", "5")
-    for reader in ("json.loads loop", "reference detector", "rlwatch core"):
+    for reader in ("json.loads loop", "reference detector", "rlwatch core", "rlwatch core by run"):
         assert re.search(rf"^{re.escape(reader)}\s+[\d,]+$", text, re.M), text
     assert re.search(r"rlwatch / json.loads floor:\s+\d+\.\d\d", text), text
     assert re.search(r"rlwatch / reference detector:\s+\d+\.\d\d", text), text
+    # a run at a time: the same alerts as in the file's order
+    by_run = re.search(r"rlwatch by run / in order:\s+\d+\.\d\d \(blocks of \d+ events; "
+                       r"alerts: (\d+) and (\d+)\)", text)
+    assert by_run and by_run.group(1) == by_run.group(2), text
     native = re.search(r"alerts: native (\d+), pure (\d+)", text)
     if native:     # the native and the pure core raise the same alerts on the same file
         assert native.group(1) == native.group(2)
