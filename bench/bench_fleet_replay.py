@@ -18,8 +18,9 @@ The readers take the file in slices, in turns, each slice timed on its own, so t
 shared machine whose speed drifts during the run weighs on all of them alike. Prints events
 per CPU second of each and rlwatch's ratios to the other two. ``--profile`` adds a cProfile
 top 15 of the rlwatch pass; ``--by-kind``, the mean cost and the share of each kind of event
-(a routine step of a rank other than 0, a step of rank 0, samples...) in one more pass. The garbage collector is set as the worker sets it
-(``streams.processor.tune_gc``) for all the readers; ``--default-gc`` keeps Python's defaults.
+(a routine step of a rank other than 0, a step of rank 0, samples...) in one more pass. The
+garbage collector is set as the worker sets it (``streams.processor.tune_gc``) for all the
+readers; ``--default-gc`` keeps Python's defaults.
 
     python bench/bench_fleet_replay.py [--runs 12] [--steps 400] [--batch 20000] [--profile] [--by-kind]
 """
@@ -341,9 +342,6 @@ def main() -> None:
                     setattr(streams.run, k, v)
         return feed, done
 
-    # the readers take the file slice by slice, in turns (the order turning too), each slice
-    # timed on its own: the machine's speed, which drifts on a shared host, is the same for
-    # all of them; best total of --repeats passes
     size = max(1, -(-n // max(1, args.slices)))
     chunks = [lines[i:i + size] for i in range(0, n, size)]
     # the same events, each block of --batch taken a run at a time, as the worker's events lane
@@ -364,7 +362,9 @@ def main() -> None:
         readers += (("rlwatch core by run", rlwatch_by_run),)
     if CORE == "native":
         readers += (("rlwatch core (pure)", rlwatch_pure),)
-
+    # the readers take the file slice by slice, in turns (the order turning too), each slice
+    # timed on its own: the machine's speed, which drifts on a shared host, is the same for
+    # all of them; best total of --repeats passes
     best = {name: math.inf for name, _ in readers}
     clock = time.process_time
     for _ in range(args.repeats):
