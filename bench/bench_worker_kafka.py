@@ -15,8 +15,10 @@ unique to this bench, timestamps moved to now) to a fresh events topic on the lo
   with ``--skip ranks`` / ``--skip rank0``, the worker with only the steps of ranks other than 0
   / of rank 0 skipping the core (what each costs, the alerts they raise included); with
   ``--skip alerts``, the worker with the core on every event and its alerts dropped (what
-  publishing, braking and notifying cost); with ``--worker-env NAME=VALUE``, the worker with
-  that variable set;
+  publishing, braking and notifying cost); with ``--core-time FILE``, the worker with each
+  piece of its events lane's ``take()`` timed, each piece's µs per event printed beside the
+  worker's wall time per event (what is left is outside the core's pieces); with
+  ``--worker-env NAME=VALUE``, the worker with that variable set;
 * ``rlwatch worker`` as a user runs it (a subprocess with its own application id and topics
   through ``RLWATCH_*``), from the beginning, with Redis for the fleet store and the brakes.
 
@@ -222,6 +224,31 @@ def print_medians(rounds: list[list[tuple[str, float, float]]]) -> None:
                   f"({min(paired):.3f}-{max(paired):.3f}), faster in {faster} of {len(paired)} rounds")
 
 
+def core_time_report(path: str, rate: float) -> str:
+    """What ``--core-time`` found (the JSON the timed worker wrote at ``path``), per event the
+    worker took: each piece of the events lane's ``take()`` in µs and as a share of the
+    worker's wall time per event at ``rate`` (its events per second while busy), and what is
+    left outside the pieces (the lane's own loop, the alerts' path, timers, commits, the
+    consumer thread's fetching and unpacking, the waits for the GIL outside the pieces)."""
+    with open(path) as f:
+        spent = json.load(f)
+    events = spent.get("the native reader", [0.0, 0])[1]
+    if not events:
+        return "core timed: no event was taken"
+    wall = 1e6 / rate if rate == rate and rate > 0 else math.nan
+    lines = [f"the worker's take(), piece by piece, per event ({events} events; the worker's "
+             f"wall time {wall:.1f} µs per event at {rate:,.0f} events/s):",
+             f"  {'piece':28s} {'calls':>9s} {'µs/event':>9s} {'of wall':>8s}"]
+    total = 0.0
+    for label, (secs, calls) in spent.items():
+        per = 1e6 * secs / events
+        total += per
+        lines.append(f"  {label:28s} {calls:9d} {per:9.2f} {per / wall:8.1%}")
+    lines.append(f"  {'the pieces':28s} {'':9s} {total:9.2f} {total / wall:8.1%}")
+    lines.append(f"  {'outside them':28s} {'':9s} {wall - total:9.2f} {(wall - total) / wall:8.1%}")
+    return "\n".join(lines)
+
+
 def spy_report(path: str, top: int = 25) -> str:
     """The top functions of a py-spy record (raw, collapsed stacks), by samples on the CPU
     in the function itself and in it or below."""
@@ -327,8 +354,23 @@ SKIPPED = {"ranks": "no core for ranks 1+", "rank0": "no core for rank 0",
            "notify": "no notification lane work", "snapshot": "alerts without snapshots",
            "flush": "no state write per alert"}
 
+# --core-time: the worker as it is with each piece of the events lane's take() timed (the
+# module-level names it calls, each wrapped: a Python frame and two clock reads more per call,
+# so the timed worker runs slower than the worker as it is), written as JSON
+# {piece: [seconds, calls]} to BENCH_CORE_TIME every 20,000 events and at exit. "the native
+# reader" is called once per event: its calls are the events taken.
+TIMED_PIECES = [("streams.app", "", "read_routine", "the native reader", 20_000),
+                ("streams.run", "RunState", "rank_step", "RunState.rank_step", 0),
+                ("streams.app", "", "read_event", "read_event", 0),
+                ("streams.processor", "Processor", "process", "Processor.process", 0),
+                ("streams.app", "RunStates", "get", "RunStates.get", 0),
+                ("streams.snapshot", "SnapshotRecorder", "observe", "SnapshotRecorder.observe", 0),
+                ("streams.fleet_store", "FleetWriter", "note", "FleetWriter.note", 0)]
+CORE_TIMED = "rlwatch worker, core timed"
+
 NO_CORE_WORKER = """
 import os, sys
+TIMED_PIECES = """ + repr(TIMED_PIECES) + """
 import streams.processor
 skip = os.environ.get("BENCH_SKIP", "all")
 if skip == "brakes":
@@ -346,6 +388,29 @@ elif skip == "snapshot":
 elif skip == "flush":
     import streams.app
     streams.app.RunStates.flush_run = lambda self, run_id: None
+elif skip == "time":    # the core as it is, each piece of the events lane's take() timed
+    import atexit, importlib, json, time
+    spent, pc, path = {}, time.perf_counter, os.environ["BENCH_CORE_TIME"]
+    def dump():
+        with open(path + ".new", "w") as f:
+            json.dump(spent, f)
+        os.replace(path + ".new", path)
+    def timed(owner, name, label, every=0):
+        f, got = getattr(owner, name), spent.setdefault(label, [0.0, 0])
+        def piece(*a, **k):
+            t = pc()
+            try:
+                return f(*a, **k)
+            finally:
+                got[0] += pc() - t
+                got[1] += 1
+                if every and got[1] % every == 0:
+                    dump()
+        setattr(owner, name, piece)
+    for module, owner, name, label, every in TIMED_PIECES:
+        module = importlib.import_module(module)
+        timed(getattr(module, owner) if owner else module, name, label, every)
+    atexit.register(dump)
 else:
     process = streams.processor.Processor.process
     def skipping(self, state, event, now):
@@ -495,6 +560,9 @@ def one_round(args, r: int, sid: str, topics: dict[str, str], bare_group: str, n
                            {"BENCH_SKIP": what}, f"sk{what}"))
     if args.no_core:
         no_core.append(("no-core", "rlwatch worker, core a no-op", {}, f"nc{len(no_core)}"))
+    if args.core_time:
+        no_core.insert(0, ("no-core", CORE_TIMED,      # (--spy records the last one: the no-op's)
+                           {"BENCH_SKIP": "time", "BENCH_CORE_TIME": args.core_time}, "ct"))
     got: dict = {}
 
     def other(j: int, kind: str, label: str, extra: dict, tag: str) -> None:
@@ -563,6 +631,12 @@ def main() -> None:
     ap.add_argument("--no-core-env", action="append", default=[], metavar="NAME=VALUE",
                     help="with --no-core, also run the no-op-core worker with this environment "
                     "variable set (repeatable), e.g. PYTHONPATH=<a copy of an older tree>")
+    ap.add_argument("--core-time", metavar="FILE",
+                    help="also run the worker with each piece of its events lane's take() timed "
+                    "(the native reader, rank_step, read_event, Processor.process, the run "
+                    "states, the snapshot recorder, the fleet view; the wrapping slows it down), "
+                    "into FILE (JSON), and print each piece's µs per event and share of the "
+                    "worker's wall time, and what is left outside them (the last round's)")
     ap.add_argument("--faust-floor-agent", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.spy_gil and args.spy_idle:
@@ -600,6 +674,9 @@ def main() -> None:
         errors = [x for x in out if "Traceback" in x or " ERROR " in x or "rejected an event" in x]
         if errors:
             print(f"worker output had {len(errors)} error lines, first: {errors[0][:200]}")
+        if args.core_time and os.path.exists(args.core_time):
+            rate = next(r for label, r, _ in rounds[-1] if label == CORE_TIMED)
+            print(core_time_report(args.core_time, rate))
         if args.spy and os.path.exists(args.spy + ".no-core"):
             print("the worker with the core a no-op:")
             print(spy_report(args.spy + ".no-core"))

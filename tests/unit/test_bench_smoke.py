@@ -86,3 +86,41 @@ def test_the_kafka_benchmark_reads_each_threads_idle_share_from_a_py_spy_record(
     rows = {m.group(3): (int(m.group(1)), float(m.group(2)))
             for m in re.finditer(r"^\s+(\d+)\s+([\d.]+) % idle\s+thread \(\d\): (\S+)$", out.stdout, re.M)}
     assert rows == {"Thread-1": (8, 75.0), "MainThread": (4, 25.0)}, out.stdout
+
+
+def test_the_kafka_benchmark_core_time_gives_each_piece_per_event_and_what_is_left(tmp_path):
+    """``bench_worker_kafka.py --core-time F``: each timed piece of the worker's ``take()`` in
+    µs per event taken (the native reader's calls count the events) and as a share of the
+    worker's wall time per event, their sum, and what is left outside them."""
+    record = tmp_path / "core.json"
+    record.write_text('{"the native reader": [0.5, 10000], "Processor.process": [1.0, 1250]}')
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, 'bench'); "
+         "from bench_worker_kafka import core_time_report; "
+         "print(core_time_report(sys.argv[1], 5000.0))", str(record)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    # 10,000 events at 5,000 a second: 200 µs of the worker's wall time each
+    assert "10000 events; the worker's wall time 200.0 µs per event at 5,000 events/s" in out.stdout
+    rows = {m.group(1).strip(): (m.group(2), float(m.group(3)), float(m.group(4)))
+            for m in re.finditer(r"^  (.{28}) +(\d*) +([\d.]+) +([\d.]+)%$", out.stdout, re.M)}
+    assert rows == {"the native reader": ("10000", 50.0, 25.0),
+                    "Processor.process": ("1250", 100.0, 50.0),
+                    "the pieces": ("", 150.0, 75.0),
+                    "outside them": ("", 50.0, 25.0)}, out.stdout
+
+
+def test_every_piece_the_kafka_benchmark_times_is_what_the_worker_calls():
+    """The pieces ``--core-time`` wraps exist under the names the worker calls them by (a
+    rename would otherwise stop the timed worker at start)."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, importlib; sys.path.insert(0, 'bench'); "
+         "from bench_worker_kafka import TIMED_PIECES\n"
+         "for module, owner, name, label, every in TIMED_PIECES:\n"
+         "    m = importlib.import_module(module)\n"
+         "    print(label, callable(getattr(getattr(m, owner) if owner else m, name)))"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    found = dict(line.rsplit(" ", 1) for line in out.stdout.splitlines())
+    assert found and set(found.values()) == {"True"}, out.stdout
+    assert "the native reader" in found and "Processor.process" in found
