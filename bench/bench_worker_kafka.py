@@ -16,8 +16,9 @@ unique to this bench, timestamps moved to now) to a fresh events topic on the lo
   / of rank 0 skipping the core (what each costs, the alerts they raise included); with
   ``--skip alerts``, the worker with the core on every event and its alerts dropped (what
   publishing, braking and notifying cost); with ``--core-time FILE``, the worker with each
-  piece of its events lane's ``take()`` timed, each piece's µs per event printed beside the
-  worker's wall time per event (what is left is outside the core's pieces); with
+  piece of its events lane's ``take()`` timed (and the snapshots, alert JSON and state
+  encoding), each piece's µs per event printed beside the worker's wall time per event (what
+  is left is outside the timed pieces); with
   ``--worker-env NAME=VALUE``, the worker with that variable set;
 * ``rlwatch worker`` as a user runs it (a subprocess with its own application id and topics
   through ``RLWATCH_*``), from the beginning, with Redis for the fleet store and the brakes.
@@ -226,17 +227,18 @@ def print_medians(rounds: list[list[tuple[str, float, float]]]) -> None:
 
 def core_time_report(path: str, rate: float) -> str:
     """What ``--core-time`` found (the JSON the timed worker wrote at ``path``), per event the
-    worker took: each piece of the events lane's ``take()`` in µs and as a share of the
-    worker's wall time per event at ``rate`` (its events per second while busy), and what is
-    left outside the pieces (the lane's own loop, the alerts' path, timers, commits, the
-    consumer thread's fetching and unpacking, the waits for the GIL outside the pieces)."""
+    worker took: each timed piece (``TIMED_PIECES``) in µs and as a share of the worker's wall
+    time per event at ``rate`` (its events per second while busy), and what is left outside
+    the pieces (the lane's own loop and take()'s, the rest of the alerts' path, the brakes and
+    notifications, timers, commits, the consumer thread's fetching and unpacking, the waits
+    for the GIL that fall outside the pieces)."""
     with open(path) as f:
         spent = json.load(f)
     events = spent.get("the native reader", [0.0, 0])[1]
     if not events:
         return "core timed: no event was taken"
     wall = 1e6 / rate if rate == rate and rate > 0 else math.nan
-    lines = [f"the worker's take(), piece by piece, per event ({events} events; the worker's "
+    lines = [f"the timed worker, piece by piece, per event taken ({events} events; the worker's "
              f"wall time {wall:.1f} µs per event at {rate:,.0f} events/s):",
              f"  {'piece':28s} {'calls':>9s} {'µs/event':>9s} {'of wall':>8s}"]
     total = 0.0
@@ -354,7 +356,8 @@ SKIPPED = {"ranks": "no core for ranks 1+", "rank0": "no core for rank 0",
            "notify": "no notification lane work", "snapshot": "alerts without snapshots",
            "flush": "no state write per alert"}
 
-# --core-time: the worker as it is with each piece of the events lane's take() timed (the
+# --core-time: the worker as it is with each piece of the events lane's take() timed, and the
+# heavier steps of an alert's way out and of the state writes (the
 # module-level names it calls, each wrapped: a Python frame and two clock reads more per call,
 # so the timed worker runs slower than the worker as it is), written as JSON
 # {piece: [seconds, calls]} to BENCH_CORE_TIME every 20,000 events and at exit. "the native
@@ -365,7 +368,11 @@ TIMED_PIECES = [("streams.app", "", "read_routine", "the native reader", 20_000)
                 ("streams.processor", "Processor", "process", "Processor.process", 0),
                 ("streams.app", "RunStates", "get", "RunStates.get", 0),
                 ("streams.snapshot", "SnapshotRecorder", "observe", "SnapshotRecorder.observe", 0),
-                ("streams.fleet_store", "FleetWriter", "note", "FleetWriter.note", 0)]
+                ("streams.fleet_store", "FleetWriter", "note", "FleetWriter.note", 0),
+                # and, outside take(), the heavier steps of an alert's way out
+                ("streams.app", "", "attach_snapshot", "attach_snapshot", 0),
+                ("contract.alert", "Alert", "to_json", "Alert.to_json", 0),
+                ("streams.app", "", "encode_state", "encode_state (state writes)", 0)]
 CORE_TIMED = "rlwatch worker, core timed"
 
 NO_CORE_WORKER = """
@@ -388,7 +395,7 @@ elif skip == "snapshot":
 elif skip == "flush":
     import streams.app
     streams.app.RunStates.flush_run = lambda self, run_id: None
-elif skip == "time":    # the core as it is, each piece of the events lane's take() timed
+elif skip == "time":    # the worker as it is, each of TIMED_PIECES timed
     import atexit, importlib, json, time
     spent, pc, path = {}, time.perf_counter, os.environ["BENCH_CORE_TIME"]
     def dump():
@@ -634,7 +641,8 @@ def main() -> None:
     ap.add_argument("--core-time", metavar="FILE",
                     help="also run the worker with each piece of its events lane's take() timed "
                     "(the native reader, rank_step, read_event, Processor.process, the run "
-                    "states, the snapshot recorder, the fleet view; the wrapping slows it down), "
+                    "states, the snapshot recorder, the fleet view), and the snapshots, alert "
+                    "JSON and state encoding (the wrapping slows it down), "
                     "into FILE (JSON), and print each piece's µs per event and share of the "
                     "worker's wall time, and what is left outside them (the last round's)")
     ap.add_argument("--faust-floor-agent", action="store_true", help=argparse.SUPPRESS)

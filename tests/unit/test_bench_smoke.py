@@ -89,8 +89,8 @@ def test_the_kafka_benchmark_reads_each_threads_idle_share_from_a_py_spy_record(
 
 
 def test_the_kafka_benchmark_core_time_gives_each_piece_per_event_and_what_is_left(tmp_path):
-    """``bench_worker_kafka.py --core-time F``: each timed piece of the worker's ``take()`` in
-    µs per event taken (the native reader's calls count the events) and as a share of the
+    """``bench_worker_kafka.py --core-time F``: each timed piece of the worker in µs per event
+    taken (the native reader's calls count the events) and as a share of the
     worker's wall time per event, their sum, and what is left outside them."""
     record = tmp_path / "core.json"
     record.write_text('{"the native reader": [0.5, 10000], "Processor.process": [1.0, 1250]}')
