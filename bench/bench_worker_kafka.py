@@ -18,8 +18,8 @@ unique to this bench, timestamps moved to now) to a fresh events topic on the lo
   publishing, braking and notifying cost); with ``--core-time FILE``, the worker with each
   piece of its events lane's ``take()`` timed (and the snapshots, alert JSON and state
   encoding), each piece's µs per event printed beside the worker's wall time per event (what
-  is left is outside the timed pieces); with
-  ``--worker-env NAME=VALUE``, the worker with that variable set;
+  is left is outside the timed pieces); with ``--worker-env NAME=VALUE``, the worker with that
+  variable set;
 * ``rlwatch worker`` as a user runs it (a subprocess with its own application id and topics
   through ``RLWATCH_*``), from the beginning, with Redis for the fleet store and the brakes.
 
@@ -357,11 +357,11 @@ SKIPPED = {"ranks": "no core for ranks 1+", "rank0": "no core for rank 0",
            "flush": "no state write per alert"}
 
 # --core-time: the worker as it is with each piece of the events lane's take() timed, and the
-# heavier steps of an alert's way out and of the state writes (the
-# module-level names it calls, each wrapped: a Python frame and two clock reads more per call,
-# so the timed worker runs slower than the worker as it is), written as JSON
-# {piece: [seconds, calls]} to BENCH_CORE_TIME every 20,000 events and at exit. "the native
-# reader" is called once per event: its calls are the events taken.
+# heavier steps of an alert's way out and of the state writes. Each is a module-level name the
+# worker calls, wrapped: a Python frame and two clock reads more per call, so the timed worker
+# runs slower than the worker as it is. Written as JSON {piece: [seconds, calls]} to
+# BENCH_CORE_TIME every 20,000 events and at exit. "the native reader" is called once per
+# event: its calls are the events taken.
 TIMED_PIECES = [("streams.app", "", "read_routine", "the native reader", 20_000),
                 ("streams.run", "RunState", "rank_step", "RunState.rank_step", 0),
                 ("streams.app", "", "read_event", "read_event", 0),
