@@ -123,7 +123,7 @@ def _check_kafka(bootstrap: str, what: str, timeout: float = 3.0) -> None:
 def cmd_worker(args) -> int:
     settings = _settings(args, "worker", kafka=args.kafka, rules=args.rules, routes=args.routes)
     pack, _ = _pack(settings.rules)         # a bad or missing rule file stops the worker at once
-    from streams.app import build_app, ensure_topics
+    from streams.app import GIL_SWITCH_SECONDS, build_app, ensure_topics
 
     logging.basicConfig(level=getattr(logging, args.loglevel.upper(), logging.INFO))
     if settings.routes:  # a bad routes file stops the worker at once, with the line at fault
@@ -159,6 +159,8 @@ def cmd_worker(args) -> int:
     # start-up objects frozen, and what survives each collector pass frozen too: a fleet's
     # compiled rules are millions of objects, a pass over them a stop of seconds (streams.heap)
     app.rlwatch_heap.install()
+    # the fetching and the brake threads get the GIL soon after they wake (GIL_SWITCH_SECONDS)
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
     app.main()
     return 0
 
