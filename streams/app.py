@@ -95,9 +95,9 @@ FETCH_BYTES = 4 << 20
 #: default is 5 ms). Faust's consumer thread fetches and unpacks the next batch, and the brake
 #: thread sends the commands; each waits for the GIL at every wake-up while the lane works. A
 #: fetch is many socket reads, so with 5 ms a wait each the next batch came late. Measured
-#: through Kafka (bench_worker_kafka, 48 runs x 800 steps) against the worker with 5 ms: 1.13
-#: times the throughput at the median, faster in 5 rounds of 5 (1 ms: faster in 6 of 8; 20 ms:
-#: slower)
+#: through Kafka (bench_worker_kafka, 48 runs x 800 steps) against the worker with 5 ms, two
+#: runs of 5 rounds: 1.13 and 1.03 times the throughput at the median, faster in 8 rounds of 10
+#: (1 ms: faster in 6 of 8; 20 ms: slower)
 GIL_SWITCH_SECONDS = 0.0005
 RUN_TABLE = "rlwatch-runs"
 #: the run table's changelog (compacted): segments rolled at 64 MB or ten minutes and cleaned
