@@ -757,3 +757,34 @@ def test_a_fetch_that_completed_while_the_flow_was_stopped_is_dropped_though_it_
             c.flow_active = False
     handed, _asked, seeks = drain([[0, 1], [2, 3]], paused)
     assert handed == [[0, 1]] and seeks == [1]
+
+
+def test_the_started_producer_is_given_without_a_turn_of_the_event_loop():
+    """Faust asks for the producer before every message it sends (an alert, a state write to
+    the table's changelog); its own answer took three turns of the event loop each time, during
+    which the events lane waited. Concurrent first callers still share one start."""
+    from mode import Service
+
+    class Producer(Service):
+        starts = 0
+
+        async def on_start(self) -> None:
+            type(self).starts += 1
+            await asyncio.sleep(0.01)
+
+    app = BatchApp("lane-producer", broker="kafka://127.0.0.1:1", store="memory://")
+    producer = app.producer = Producer()
+
+    async def go():
+        got = await asyncio.gather(*(app.maybe_start_producer() for _ in range(3)))
+        assert got == [producer] * 3 and Producer.starts == 1
+        turns: list = []
+        loop = asyncio.get_running_loop()
+        for _ in range(5):
+            loop.call_soon(turns.append, 1)     # runs only if the loop takes a turn
+            assert await app.maybe_start_producer() is producer
+        assert turns == []
+        await asyncio.sleep(0)
+        assert turns == [1] * 5
+        await producer.stop()
+    asyncio.run(go())
