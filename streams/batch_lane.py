@@ -557,7 +557,9 @@ _FAUST_START_PRODUCER = faust.App.__dict__["maybe_start_producer"]
 
 class BatchApp(faust.App):
     """A ``faust.App`` with batch lanes (:meth:`batch_lane`) and ``before_commit`` hooks, whose
-    flow control keeps the agents' queues when nothing was suspended (:class:`SteadyFlowControl`)."""
+    flow control keeps the agents' queues when nothing was suspended (:class:`SteadyFlowControl`)
+    and whose started producer is given to each send without turns of the event loop
+    (:meth:`maybe_start_producer`)."""
 
     @cached_property
     def flow_control(self) -> FlowControlEvent:
