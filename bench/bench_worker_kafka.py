@@ -236,9 +236,15 @@ def core_time_report(path: str, rate: float) -> str:
     A piece's time holds the waits for the GIL that begin in it: the consumer thread gets the
     GIL at the events lane's next function entry or loop jump, so a small piece called per
     event shows more than it costs in process (FleetWriter.note read 1.4 µs here, 0.25 in
-    process). Compare the large pieces, and the sum with the wall time."""
+    process). Compare the large pieces, and the sum with the wall time.
+
+    Then each thread's CPU time per event (user and system) over the events taken after the
+    first record: the events lane's (MainThread), Faust's consumer thread's (fetching and
+    unpacking the records) and the brake thread's; their sum next to the wall time shows how
+    much of it the threads' work fills (they share the GIL: their Python work adds up)."""
     with open(path) as f:
         spent = json.load(f)
+    threads = spent.pop(THREADS, None)
     events = spent.get("the native reader", [0.0, 0])[1]
     if not events:
         return "core timed: no event was taken"
@@ -253,6 +259,18 @@ def core_time_report(path: str, rate: float) -> str:
         lines.append(f"  {label:28s} {calls:9d} {per:9.2f} {per / wall:8.1%}")
     lines.append(f"  {'the pieces':28s} {'':9s} {total:9.2f} {total / wall:8.1%}")
     lines.append(f"  {'outside them':28s} {'':9s} {wall - total:9.2f} {(wall - total) / wall:8.1%}")
+    if threads and threads.get("events"):
+        n = threads["events"]
+        lines += [f"CPU of the timed worker's threads per event taken (the last {n} events; user + "
+                  "system; of wall: the share of the worker's wall time per event):",
+                  f"  {'thread':28s} {'user':>9s} {'system':>9s} {'µs/event':>9s} {'of wall':>8s}"]
+        rows = sorted(threads["cpu"].items(), key=lambda kv: -sum(kv[1]))
+        for name, (user, system) in rows + [("all threads", [sum(c[0] for _, c in rows),
+                                                            sum(c[1] for _, c in rows)])]:
+            per = 1e6 * (user + system) / n
+            if per >= 0.005 or name == "all threads":
+                lines.append(f"  {name[:28]:28s} {1e6 * user / n:9.2f} {1e6 * system / n:9.2f} "
+                             f"{per:9.2f} {per / wall:8.1%}")
     return "\n".join(lines)
 
 
@@ -379,10 +397,14 @@ TIMED_PIECES = [("streams.app", "", "read_routine", "the native reader", 20_000)
                 ("contract.alert", "Alert", "to_json", "Alert.to_json", 0),
                 ("streams.app", "", "encode_state", "encode_state (state writes)", 0)]
 CORE_TIMED = "rlwatch worker, core timed"
+#: the timed worker's record of its threads' CPU: {"events": events taken, "cpu": {thread:
+#: [user, system] seconds}}, both from its first record (at 20,000 events: start-up left out)
+THREADS = "(threads)"
 
 NO_CORE_WORKER = """
 import os, sys
 TIMED_PIECES = """ + repr(TIMED_PIECES) + """
+THREADS = """ + repr(THREADS) + """
 import streams.processor
 skip = os.environ.get("BENCH_SKIP", "all")
 if skip == "brakes":
@@ -401,11 +423,32 @@ elif skip == "flush":
     import streams.app
     streams.app.RunStates.flush_run = lambda self, run_id: None
 elif skip == "time":    # the worker as it is, each of TIMED_PIECES timed
-    import atexit, importlib, json, time
+    import atexit, importlib, json, threading, time
     spent, pc, path = {}, time.perf_counter, os.environ["BENCH_CORE_TIME"]
+    def thread_cpu():   # {thread: [user, system] CPU seconds} (Linux /proc; else nothing)
+        names, tick, got = {t.native_id: t.name for t in threading.enumerate()}, os.sysconf("SC_CLK_TCK"), {}
+        for tid in (os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ()):
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue    # (a thread that ended meanwhile)
+            cpu = got.setdefault(names.get(int(tid), f"thread {tid}"), [0.0, 0.0])
+            cpu[0] += int(fields[11]) / tick
+            cpu[1] += int(fields[12]) / tick
+        return got
+    base, cpu = [], {}   # (events, thread CPU) at the first dump: start-up left out
     def dump():
+        events = spent["the native reader"][1]
+        cpu.update(thread_cpu())    # (a thread stopped before the exit keeps its last figures)
+        if not base:
+            base.append((events, dict(cpu)))
+        (events0, cpu0), threads = base[0], {}
+        for name, (user, system) in cpu.items():
+            user0, system0 = cpu0.get(name, (0.0, 0.0))
+            threads[name] = [user - user0, system - system0]
         with open(path + ".new", "w") as f:
-            json.dump(spent, f)
+            json.dump({**spent, THREADS: {"events": events - events0, "cpu": threads}}, f)
         os.replace(path + ".new", path)
     def timed(owner, name, label, every=0):
         f, got = getattr(owner, name), spent.setdefault(label, [0.0, 0])
@@ -649,7 +692,8 @@ def main() -> None:
                     "states, the snapshot recorder, the fleet view), and the snapshots, alert "
                     "JSON and state encoding (the wrapping slows it down), "
                     "into FILE (JSON), and print each piece's µs per event and share of the "
-                    "worker's wall time, and what is left outside them (the last round's)")
+                    "worker's wall time, and what is left outside them, and each thread's CPU "
+                    "time per event (the last round's)")
     ap.add_argument("--faust-floor-agent", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.spy_gil and args.spy_idle:

@@ -91,9 +91,12 @@ def test_the_kafka_benchmark_reads_each_threads_idle_share_from_a_py_spy_record(
 def test_the_kafka_benchmark_core_time_gives_each_piece_per_event_and_what_is_left(tmp_path):
     """``bench_worker_kafka.py --core-time F``: each timed piece of the worker in µs per event
     taken (the native reader's calls count the events) and as a share of the
-    worker's wall time per event, their sum, and what is left outside them."""
+    worker's wall time per event, their sum, and what is left outside them; then each thread's
+    CPU time per event (a thread that used none is left out)."""
     record = tmp_path / "core.json"
-    record.write_text('{"the native reader": [0.5, 10000], "Processor.process": [1.0, 1250]}')
+    record.write_text('{"the native reader": [0.5, 10000], "Processor.process": [1.0, 1250], '
+                      '"(threads)": {"events": 8000, "cpu": {"MainThread": [0.8, 0.1], '
+                      '"Thread-1": [0.2, 0.2], "rlwatch-brake": [0.0, 0.0]}}}')
     out = subprocess.run(
         [sys.executable, "-c", "import sys; sys.path.insert(0, 'bench'); "
          "from bench_worker_kafka import core_time_report; "
@@ -108,6 +111,14 @@ def test_the_kafka_benchmark_core_time_gives_each_piece_per_event_and_what_is_le
                     "Processor.process": ("1250", 100.0, 50.0),
                     "the pieces": ("", 150.0, 75.0),
                     "outside them": ("", 50.0, 25.0)}, out.stdout
+    # each thread's CPU time over the events taken after the first record, per event
+    assert "the last 8000 events" in out.stdout
+    threads = {m.group(1).strip(): tuple(float(x) for x in m.group(2, 3, 4, 5))
+               for m in re.finditer(r"^  (.{28}) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)%$",
+                                    out.stdout, re.M)}
+    assert threads == {"MainThread": (100.0, 12.5, 112.5, 56.2),
+                       "Thread-1": (25.0, 25.0, 50.0, 25.0),
+                       "all threads": (125.0, 37.5, 162.5, 81.2)}, out.stdout
 
 
 def test_every_piece_the_kafka_benchmark_times_is_what_the_worker_calls():
