@@ -588,7 +588,7 @@ class BatchApp(faust.App):
         a 14 s pass over 480 alerts, measured. Until the producer has started, Faust's version
         starts it (one start however many callers)."""
         producer = self._running_producer
-        if producer is not None and not producer.should_stop:
+        if producer is not None and producer is self._producer and not producer.should_stop:
             return producer
         producer = await self._start_producer()
         if not self.in_transaction:     # (a transaction's producer is Faust's to choose)

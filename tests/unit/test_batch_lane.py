@@ -786,5 +786,9 @@ def test_the_started_producer_is_given_without_a_turn_of_the_event_loop():
         assert turns == []
         await asyncio.sleep(0)
         assert turns == [1] * 5
+        # a producer put in its place is the one given (and started) from then on
+        other = app.producer = Producer()
+        assert await app.maybe_start_producer() is other and Producer.starts == 2
         await producer.stop()
+        await other.stop()
     asyncio.run(go())
