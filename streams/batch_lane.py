@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from functools import partial
 from itertools import chain, zip_longest
 from time import monotonic
 from typing import Any, Awaitable, Callable
@@ -550,9 +549,9 @@ class PromptTableManager(TableManager):
             await self.recovery.start()
 
 
-#: Faust's own ``App.maybe_start_producer`` (a mode ``stampede`` descriptor in the Faust
-#: versions this runs on; its function is ``__wrapped__``)
-_FAUST_START_PRODUCER = faust.App.__dict__["maybe_start_producer"]
+#: the function of Faust's own ``App.maybe_start_producer`` (a mode ``stampede`` descriptor,
+#: whose ``__wrapped__`` it is)
+_FAUST_START_PRODUCER = faust.App.__dict__["maybe_start_producer"].__wrapped__
 
 
 class BatchApp(faust.App):
@@ -572,9 +571,7 @@ class BatchApp(faust.App):
         self.batch_lanes: dict[str, LaneHandler] = {}
         self.before_commit: list[Callable[[], None]] = []
         # Faust's maybe_start_producer, kept under another name (see maybe_start_producer)
-        fget = getattr(_FAUST_START_PRODUCER, "__wrapped__", None)
-        self._start_producer = (StampedeWrapper(fget, self) if fget is not None
-                                else partial(_FAUST_START_PRODUCER, self))
+        self._start_producer = StampedeWrapper(_FAUST_START_PRODUCER, self)
         self._running_producer: Any = None
 
     async def maybe_start_producer(self) -> Any:
@@ -591,7 +588,7 @@ class BatchApp(faust.App):
         of those turns). Until the producer has started, Faust's version starts it (one start
         however many callers)."""
         producer = self._running_producer
-        if producer is not None and producer is self._producer and not producer.should_stop:
+        if producer is not None and producer is self.producer and not producer.should_stop:
             return producer
         producer = await self._start_producer()
         if not self.in_transaction:     # (a transaction's producer is Faust's to choose)
