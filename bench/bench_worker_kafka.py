@@ -21,15 +21,21 @@ unique to this bench, timestamps moved to now) to a fresh events topic on the lo
   is left is outside the timed pieces); with ``--worker-env NAME=VALUE``, the worker with that
   variable set;
 * ``rlwatch worker`` as a user runs it (a subprocess with its own application id and topics
-  through ``RLWATCH_*``), from the beginning, with Redis for the fleet store and the brakes.
+  through ``RLWATCH_*``), from the beginning, with Redis for the fleet store and the brakes;
+  the one addition is a line printed per batch its events lane takes (``LANE_PROGRESS``).
 
-Rates are steady-state rates: the bare loop's from its first batch to its last message; the
-Faust processes' from the first to the last change of their consumer group's committed offsets
-made while they were still busy, the commit that covers the last event left out (Faust commits
-every 2.8 s, so that commit comes up to 2.8 s after the work ended: counting it charged a fast
-process with up to 2.8 s of waiting). Start-up and the rebalance are left out too; use a fleet
-that keeps the worker busy for several commits (the default 48 runs x 800 steps: a run too
-quick to time at the size asked reads nan).
+Rates are steady-state rates over the same events: the bare loop's from the end of its first
+batch to its last message; the worker's (every variant that runs the batch lane) from the end
+of its lane's first batch to the end of its last, by the lines it prints. Start-up and the
+rebalance are left out. The worker's rate between its first and last offset commits while busy
+is printed beside it: it used to be the figure, but Faust's first commit comes 2.8 s into the
+work (124,000 events of the default fleet), so it timed only the later part of the fleet, whose
+runs alert more and cost more per event, against the bare loop's whole topic (the worker's
+per-batch times: 15-17 µs per event in its first batches, 26-29 µs in the middle ones). The
+Faust floor agents and the per-message worker, which have no lane to print, are timed by their
+commits (the commit that covers the last event left out: it comes up to 2.8 s after the work
+ended). Use a fleet that keeps the worker busy for several batches (the default 48 runs x 800
+steps; a run too quick to time at the size asked reads nan).
 Each in events per wall second and per CPU second of the process (all its threads; the bare
 loop's own process), and as ratios to the bare loop. The machine's other processes (the broker
 among them) run as they do: the wall rates swing with its load, the CPU rates less; compare
@@ -195,6 +201,19 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The most memory a process has held resident so far (Linux ``VmHWM``), in MB; NaN where
+    it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.nan
 
 
 def print_ratios(rows: list[tuple[str, float, float]]) -> None:
@@ -401,7 +420,36 @@ CORE_TIMED = "rlwatch worker, core timed"
 #: [user, system] seconds}}, both from its first record (at 20,000 events: start-up left out)
 THREADS = "(threads)"
 
-NO_CORE_WORKER = """
+#: each batch its events lane took, as the worker prints it (see LANE_PROGRESS): records
+#: acknowledged, the worker's wall clock and its CPU seconds (all threads) when the batch ended
+LANE_MARK = "BENCH-LANE"
+
+# The worker's progress as its events lane makes it: one line per batch the lane took, printed
+# when the handler returns (a print per batch of thousands of events; nothing else changes).
+# Rates come from these lines when there are any: its first committed offsets come only after
+# Faust's first commit, 2.8 s into the work (more than a third of the default fleet), so a rate
+# between commits measured the later, costlier part of the fleet (its runs alert more) against
+# the bare loop's whole topic. With the lines, both are measured from the end of their first
+# batch to their last event. The commits' figure is printed beside it.
+LANE_PROGRESS = """
+import sys, time
+import streams.batch_lane as _lane
+_register = _lane.BatchApp.batch_lane
+def _batch_lane(self, topic):
+    register = _register(self, topic)
+    def wrap(handler):
+        async def progress(batch):
+            try:
+                await handler(batch)
+            finally:
+                print('""" + LANE_MARK + """', batch.acked, repr(time.time()), repr(time.process_time()),
+                      file=sys.__stdout__, flush=True)    # (Faust's worker redirects sys.stdout)
+        return register(progress)
+    return wrap
+_lane.BatchApp.batch_lane = _batch_lane
+"""
+
+NO_CORE_WORKER = LANE_PROGRESS + """
 import os, sys
 TIMED_PIECES = """ + repr(TIMED_PIECES) + """
 THREADS = """ + repr(THREADS) + """
@@ -485,11 +533,12 @@ sys.exit(main())
 def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[str, str], n: int,
                  timeout: float, loglevel: str, spy: str | None = None,
                  extra_env: dict[str, str] | None = None,
-                 spy_args: tuple[str, ...] = ()) -> tuple[float, int, float, list[str]]:
+                 spy_args: tuple[str, ...] = ()) -> tuple[float, int, float, list[str], str]:
     """Run ``rlwatch worker`` (``kind`` "worker") or the Faust floor agent ("faust") over the
-    events topic: (seconds, events, CPU seconds) between the first and the last change of its
-    consumer group's committed offsets (events = the offsets committed in between); and its
-    output."""
+    events topic: (seconds, events, CPU seconds), its output, and how they were taken. A worker
+    whose events lane printed its batches (LANE_PROGRESS) is timed by them (:func:`lane_progress`);
+    any other process between the first and the last change of its consumer group's committed
+    offsets (events = the offsets committed in between)."""
     from kafka.admin import KafkaAdminClient
 
     env = dict(os.environ)
@@ -502,7 +551,7 @@ def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[s
     })
     env.update(extra_env or {})
     group = topics["app"] if kind in ("worker", "no-core") else env["BENCH_FAUST_APP"]
-    cmd = ([sys.executable, "-m", "rlwatch", "worker", "--loglevel", loglevel] if kind == "worker"
+    cmd = ([sys.executable, "-c", LANE_PROGRESS + RUN_CLI, "worker", "--loglevel", loglevel] if kind == "worker"
            else [sys.executable, "-c", NO_CORE_WORKER, "worker", "--loglevel", loglevel] if kind == "no-core"
            else [sys.executable, str(Path(__file__).resolve()), "--faust-floor-agent"])
     lines: list[str] = []
@@ -546,6 +595,7 @@ def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[s
                     spying.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     spying.kill()
+            peak = peak_rss_mb(proc.pid)
             proc.terminate()
             try:
                 proc.wait(timeout=30)
@@ -560,14 +610,42 @@ def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[s
         busy = marks
         print(f"  ({kind}: fewer than two commits while busy: the rate includes the wait for the "
               "last commit; use more --runs or --steps)")
+    lane = lane_progress(lines)
+    memory = f"; peak RSS {peak:.0f} MB"
     if len(busy) < 2:     # too quick to time at this fleet size: its row reads nan
-        print(f"  ({kind}: committed everything at once, no rate; use more --runs or --steps)")
-        return math.nan, n, math.nan, lines
+        if lane is None:
+            print(f"  ({kind}: committed everything at once, no rate; use more --runs or --steps)")
+            return math.nan, n, math.nan, lines, BUSY + memory
+        return (*lane, lines, LANED + memory)
     (t0, o0, c0), (t1, o1, c1) = busy[0], busy[-1]
-    return t1 - t0, o1 - o0, c1 - c0, lines
+    if lane is None:
+        return t1 - t0, o1 - o0, c1 - c0, lines, BUSY + memory
+    return (*lane, lines, f"{LANED}; {(o1 - o0) / (t1 - t0):,.0f} events/s between its commits "
+                          f"while busy ({o1 - o0} events, {t1 - t0:.2f} s){memory}")
+
+
+def lane_progress(lines: list[str]) -> tuple[float, int, float] | None:
+    """(seconds, events, CPU seconds) from the end of the worker's first lane batch to the end
+    of its last, from its LANE_MARK lines (the first batch's events not counted, as the bare
+    loop's are not); None with fewer than two batches."""
+    marks = []
+    for line in lines:
+        if line.startswith(LANE_MARK + " "):
+            _, acked, wall, cpu = line.split(" ")
+            marks.append((int(acked), float(wall), float(cpu)))
+    if len(marks) < 2:
+        return None
+    return (marks[-1][1] - marks[0][1], sum(m[0] for m in marks[1:]), marks[-1][2] - marks[0][2])
 
 
 BUSY = "between its first and last offset commits while busy"
+LANED = "from the end of its lane's first batch to the end of its last"
+#: the command line's entry point, run after LANE_PROGRESS by ``python -c``
+RUN_CLI = """
+from rlwatch.cli import main
+sys.argv[0] = "rlwatch"
+sys.exit(main())
+"""
 
 
 def one_round(args, r: int, sid: str, topics: dict[str, str], bare_group: str, n: int,
@@ -600,9 +678,10 @@ def one_round(args, r: int, sid: str, topics: dict[str, str], bare_group: str, n
     bare_s, bare_n, bare_cpu = asyncio.run(bare_consume(args.kafka, topics["events"], group, n))
     show("bare aiokafka + json.loads", bare_s, bare_n, bare_cpu, "from its first batch")
     if not args.no_faust_floor:
-        show("Faust agent + json.loads", *run("faust", t)[:3])
-        show("Faust batch lane + json.loads",
-             *run("faust", t, env={"BENCH_FAUST_APP": t["faust"] + "-lane", "BENCH_FAUST_LANE": "1"})[:3])
+        got = run("faust", t)
+        show("Faust agent + json.loads", *got[:3], got[4])
+        got = run("faust", t, env={"BENCH_FAUST_APP": t["faust"] + "-lane", "BENCH_FAUST_LANE": "1"})
+        show("Faust batch lane + json.loads", *got[:3], got[4])
     # (kind, label, environment, tag of its group and topics)
     variants = [("worker", f"rlwatch worker, {e}", dict([e.split("=", 1)]), f"v{i}")
                 for i, e in enumerate(args.worker_env)]
@@ -638,8 +717,8 @@ def one_round(args, r: int, sid: str, topics: dict[str, str], bare_group: str, n
     for job in ([worker, *jobs] if r % 2 else [*jobs, worker]):
         job()
     for _, label, _, _ in variants + no_core:
-        show(label, *got[label][:3])
-    show("rlwatch worker", *got["rlwatch worker"][:3])
+        show(label, *got[label][:3], got[label][4])
+    show("rlwatch worker", *got["rlwatch worker"][:3], got["rlwatch worker"][4])
     return rows, got["rlwatch worker"][3]
 
 

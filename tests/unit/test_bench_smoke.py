@@ -135,3 +135,37 @@ def test_every_piece_the_kafka_benchmark_times_is_what_the_worker_calls():
     found = dict(line.rsplit(" ", 1) for line in out.stdout.splitlines())
     assert found and set(found.values()) == {"True"}, out.stdout
     assert "the native reader" in found and "Processor.process" in found
+
+
+def test_the_kafka_benchmark_times_the_worker_by_its_lane_batches():
+    """The worker runs with LANE_PROGRESS: each batch its lane handler takes prints a mark (what
+    it acknowledged, its clock, its CPU), and the rate is read from those marks: from the end
+    of the first batch to the end of the last, the first batch's events not counted."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, 'bench')\n"
+         "from bench_worker_kafka import LANE_PROGRESS\n"
+         "exec(LANE_PROGRESS)\n"
+         "import asyncio\n"
+         "from streams.batch_lane import BatchApp\n"
+         "app = BatchApp('lane-marks', broker='kafka://127.0.0.1:1', store='memory://')\n"
+         "topic = app.topic('events')\n"
+         "@app.batch_lane(topic)\n"
+         "async def handler(batch):\n"
+         "    batch.acked = len(batch)\n"
+         "class Batch(list):\n"
+         "    acked = 0\n"
+         "lane = app.batch_lanes['events']\n"
+         "for size in (3, 5, 7):\n"
+         "    asyncio.run(lane(Batch(range(size))))\n"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_worker_kafka import LANE_MARK, lane_progress
+    lines = out.stdout.splitlines()
+    assert [line.split()[:2] for line in lines] == [[LANE_MARK, "3"], [LANE_MARK, "5"], [LANE_MARK, "7"]]
+    secs, events, cpu = lane_progress(["some log line", *lines])
+    assert events == 12 and secs >= 0 and cpu >= 0
+    assert lane_progress(lines[:1]) is None      # one batch: no rate from the marks
+    secs, events, cpu = lane_progress([f"{LANE_MARK} 10 100.0 1.0", f"{LANE_MARK} 20 102.0 2.5",
+                                       f"{LANE_MARK} 30 104.0 4.0"])
+    assert (secs, events, cpu) == (4.0, 50, 3.0)
