@@ -122,6 +122,9 @@ fn py_pow(iv: f64, iw: f64) -> PyResult<f64> {
     if iw == 0.0 {
         return Ok(1.0);
     }
+    if iw == 1.0 {
+        return Ok(iv); // x ** 1 is x, for every x (the EMAs' decay over a gap of one step)
+    }
     if iv.is_nan() {
         return Ok(iv);
     }
@@ -222,6 +225,42 @@ fn bisect_left(a: &[f64], x: f64, mut lo: usize) -> usize {
         }
     }
     lo
+}
+
+/// The sorted values `srt` without those of `gone` (sorted, each among them), in one pass:
+/// what removing each of `gone` at `bisect_left` gives (the first of the values equal to it),
+/// or None if one of `gone` is not there.
+fn without(srt: &[f64], gone: &[f64]) -> Option<Vec<f64>> {
+    let mut out = Vec::with_capacity(srt.len().saturating_sub(gone.len()));
+    let mut j = 0;
+    for &v in srt {
+        if j < gone.len() && v == gone[j] {
+            j += 1;
+        } else {
+            if j < gone.len() && gone[j] < v {
+                return None;
+            }
+            out.push(v);
+        }
+    }
+    if j < gone.len() {
+        return None;
+    }
+    Some(out)
+}
+
+/// `srt.remove(lo)` then `srt.insert(bisect_right(srt, x, 0), x)`, with one shift of the
+/// values between the two places instead of one of all those after each.
+fn replace_sorted(srt: &mut [f64], lo: usize, x: f64) {
+    let p = bisect_right(srt, x, 0);
+    // the place bisect_right finds once the value at `lo` is gone
+    let at = if p > lo { p - 1 } else { p };
+    if at > lo {
+        srt.copy_within(lo + 1..at + 1, lo);
+    } else if at < lo {
+        srt.copy_within(at..lo, at + 1);
+    }
+    srt[at] = x;
 }
 
 #[inline]
@@ -1082,6 +1121,9 @@ impl Window {
     fn add(&mut self, step: i64, x: f64) {
         let edge = step - self.steps_w;
         let sums = self.sums;
+        // without the Mann-Kendall counts, the sorted values' slot of the last point pushed out
+        // (still held): the new point takes it below, one shift instead of two
+        let mut freed: Option<usize> = None;
         while let Some(&f) = self.st.front() {
             if !(f <= edge && self.st.len() as i64 >= self.points) {
                 break;
@@ -1098,9 +1140,16 @@ impl Window {
                 self.std -= t as f64 * d;
             }
             if let Some(srt) = self.sorted.as_mut() {
+                if let Some(at) = freed.take() {
+                    srt.remove(at);
+                }
                 let lo = bisect_left(srt, old, 0);
+                if !self.mk {
+                    freed = Some(lo);
+                    continue;
+                }
                 srt.remove(lo);
-                if self.mk {
+                {
                     let hi = bisect_right(srt, old, lo);
                     self.s -= (srt.len() - hi) as i64 - lo as i64;
                     let c = (hi - lo) as i64;
@@ -1110,7 +1159,9 @@ impl Window {
             }
         }
         if let Some(srt) = self.sorted.as_mut() {
-            if self.mk {
+            if let Some(lo) = freed {
+                replace_sorted(srt, lo, x);
+            } else if self.mk {
                 let lo = bisect_left(srt, x, 0);
                 let hi = bisect_right(srt, x, lo);
                 let c = (hi - lo) as i64;
@@ -1491,15 +1542,23 @@ impl Core {
             Split { level: NAN, med: NAN, reference: None, k, scale: Some(NAN) }
         } else {
             let lastv: Vec<f64> = (0..k).map(|i| win.xs[(n - 1 - i) as usize]).collect();
-            let mut reference = win.srt().to_vec();
-            for x in &lastv {
-                let at = bisect_left(&reference, *x, 0);
-                if at >= reference.len() {
-                    return Err(index_error());
+            let last_sorted = sorted(py, lastv.clone())?;
+            let reference = match without(win.srt(), &last_sorted) {
+                Some(r) => r,
+                None => {
+                    // (not reached: the last values are among the window's)
+                    let mut reference = win.srt().to_vec();
+                    for x in &lastv {
+                        let at = bisect_left(&reference, *x, 0);
+                        if at >= reference.len() {
+                            return Err(index_error());
+                        }
+                        reference.remove(at);
+                    }
+                    reference
                 }
-                reference.remove(at);
-            }
-            let level = median_of(&sorted(py, lastv)?);
+            };
+            let level = median_of(&last_sorted);
             let med = median_of(&reference);
             Split { level, med, reference: Some(reference), k, scale: None }
         };

@@ -271,9 +271,11 @@ fn parse(b: &[u8]) -> Option<Parsed> {
         ts: None,
         incarnation: None,
         tags: (0, 0),
-        metrics: Vec::new(),
-        hashes: Vec::new(),
-        batch_ids: Vec::new(),
+        // room for a rank's usual step (a handful of metrics, a hash, a few batch ids): no
+        // growing on the way
+        metrics: Vec::with_capacity(8),
+        hashes: Vec::with_capacity(2),
+        batch_ids: Vec::with_capacity(8),
         tag_items: Vec::new(),
     };
     let mut seen: u32 = 0;
