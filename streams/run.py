@@ -652,12 +652,13 @@ class RunState:
         is not routine (a new incarnation or new tags, a timestamp to replace, a duplicate, a
         rank whose rules must be read, a run not compiled yet...): :meth:`apply` then takes
         the event as ``read_event`` reads it. Most events of a fleet take this path."""
+        # (the path most events take, kept short: each check reads what it needs once)
         ts = event.ts
         if ts is None:
             ts = now
         elif not now - MAX_TS_AGE <= ts <= now + MAX_TS_AHEAD:
             return None
-        rank, step = event.rank, event.step
+        rank = event.rank
         inc = event.incarnation
         if rank >= MAX_RANKS or self.news_on_every_event or (inc is not None and inc != self.incarnation):
             return None
@@ -669,27 +670,42 @@ class RunState:
                 if "generation" in seen or seen != self._tags_seen:
                     return None
                 self._tags_raw = (tags, self._tags_seen)
+        step = event.step
         newest = self.newest
         if newest >= 0 and step - newest > MAX_STEP_JUMP:
             return None
         if self._renamer is not None or (self._preset_tries < PRESET_TRIES and event.has_metrics):
             return None
-        last = self.last_step.get(rank)
+        last_step = self.last_step
+        last = last_step.get(rank)
         if last is not None and step <= last:
             return None
         program = self.programs.get(rank)
         if program is None or program.reads_signals or program.by_input or (
                 program.every_step and not (program.finite_gate and rank not in self._ranks_open)):
             return None    # (read_rank_step reads finite values only)
-        # as apply() and _rank_step() do
-        self._seen(rank, ts, False)
-        self.last_step[rank] = step
+        # as apply() and _rank_step() do (_seen, then the step, then _take_rank_values)
+        self.now = ts
+        self.events += 1
+        self.last_seen[rank] = ts
+        self.closed = False
+        if not ts <= self.last_event_ts:     # (NaN before the first event)
+            self.last_event_ts = ts
+        last_step[rank] = step
         if step > newest:
             self.newest = step
-        if self.cross_rank and (event.world_size or self.world_size) > 1:
-            done = self._take_rank_values(event)
-            if done:
-                return self._ranks_in(done, ts)
+        if self.cross_rank:
+            world = event.world_size
+            if (world or self.world_size) > 1:
+                if type(event) is not RankStep:
+                    done = self._take_rank_values(event)
+                else:   # _take_rank_values, inline
+                    if world and world > self.world_size:
+                        self.world_size = min(world, MAX_RANKS)
+                    world = self.world_size
+                    done = self.ranks.take_step(event, world) if world > 1 else None
+                if done:
+                    return self._ranks_in(done, ts)
         return []
 
     def _seen(self, rank: int, ts: float, closed: bool) -> None:
