@@ -93,6 +93,9 @@ class Settings:
     # it off. The session timeout bounds how long a dead worker's partitions wait.
     worker_id: str = ""
     session_timeout: float = 10.0
+    # the most a worker's fetch takes of each partition, in MB: a worker that is behind takes
+    # bigger batches, faster, for more memory (streams.app.FETCH_MB)
+    fetch_mb: float = 16.0
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
@@ -100,7 +103,13 @@ class Settings:
         for f in fields(cls):
             value = _env(f"RLWATCH_{f.name.upper()}")
             if value is not None and value != "":
-                setattr(s, f.name, float(value) if f.type in ("float", float) else value)
+                if f.type in ("float", float):
+                    try:
+                        value = float(value)
+                    except ValueError:
+                        raise SystemExit(f"rlwatch: RLWATCH_{f.name.upper()} must be a number, "
+                                         f"got {value!r}") from None
+                setattr(s, f.name, value)
         for k, v in overrides.items():
             if v is not None:
                 setattr(s, k, v)

@@ -35,6 +35,11 @@ def _version() -> str:
     return f"{ver} ({CORE} core)"
 
 
+#: the MB a worker's fetch may take of each partition (RLWATCH_FETCH_MB): at least Kafka's
+#: 1 MB default, at most what a fetch takes in all (50 MB) and some
+FETCH_MB_RANGE = (1.0, 64.0)
+
+
 def _settings(args, what: str, **overrides):
     """Settings from flags and RLWATCH_* variables, with the Redis URL checked."""
     from contract.settings import Settings, redis_url_problem
@@ -122,6 +127,10 @@ def _check_kafka(bootstrap: str, what: str, timeout: float = 3.0) -> None:
 
 def cmd_worker(args) -> int:
     settings = _settings(args, "worker", kafka=args.kafka, rules=args.rules, routes=args.routes)
+    if not FETCH_MB_RANGE[0] <= settings.fetch_mb <= FETCH_MB_RANGE[1]:
+        raise _fail("worker", f"RLWATCH_FETCH_MB must be between {FETCH_MB_RANGE[0]:g} and "
+                              f"{FETCH_MB_RANGE[1]:g} (MB a fetch takes of each partition at "
+                              f"most), got {settings.fetch_mb:g}")
     pack, _ = _pack(settings.rules)         # a bad or missing rule file stops the worker at once
     from streams.app import GIL_SWITCH_SECONDS, build_app, ensure_topics
 

@@ -155,3 +155,25 @@ def test_replay_of_a_tensorboard_file_without_google_crc32c_is_one_clear_line(tm
     assert main(["replay", str(path)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("rlwatch replay:") and "google-crc32c" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0.5", "rlwatch worker: RLWATCH_FETCH_MB must be between 1 and 64 (MB a fetch takes of each "
+            "partition at most), got 0.5"),
+    ("100", "rlwatch worker: RLWATCH_FETCH_MB must be between 1 and 64 (MB a fetch takes of each "
+            "partition at most), got 100"),
+    ("lots", "rlwatch: RLWATCH_FETCH_MB must be a number, got 'lots'")])
+def test_a_worker_fetch_size_out_of_range_or_not_a_number_is_one_clear_line(value, message, monkeypatch):
+    assert fails(["worker"], monkeypatch, {"RLWATCH_FETCH_MB": value}) == message
+
+
+def test_the_worker_fetches_what_rlwatch_fetch_mb_says_of_each_partition(monkeypatch):
+    from contract.settings import Settings
+    from streams.app import build_app
+
+    assert Settings().fetch_mb == 16.0
+    monkeypatch.setenv("RLWATCH_FETCH_MB", "2.5")
+    settings = Settings.from_env(redis="redis://127.0.0.1:1/0")
+    assert settings.fetch_mb == 2.5
+    app = build_app(settings)
+    assert app.conf.consumer_max_fetch_size == int(2.5 * (1 << 20))  # (aiokafka's max_partition_fetch_bytes)
