@@ -709,7 +709,8 @@ class RunState:
         return []
 
     def _seen(self, rank: int, ts: float, closed: bool) -> None:
-        """An event of ``rank`` at ``ts`` is taken (``closed``: it closed the run's monitor)."""
+        """An event of ``rank`` at ``ts`` is taken (``closed``: it closed the run's monitor).
+        (:meth:`rank_step` does the same inline, on the path most events take: change both.)"""
         self.now = ts
         self.events += 1
         self.last_seen[rank] = ts

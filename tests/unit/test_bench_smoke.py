@@ -121,19 +121,25 @@ def test_the_kafka_benchmark_core_time_gives_each_piece_per_event_and_what_is_le
                        "all threads": (125.0, 37.5, 162.5, 81.2)}, out.stdout
 
 
+def python(code: str) -> str:
+    """What ``python -c code`` prints, run from the repository with ``bench/`` importable; it
+    must exit 0."""
+    out = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'bench')\n" + code],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_every_piece_the_kafka_benchmark_times_is_what_the_worker_calls():
     """The pieces ``--core-time`` wraps exist under the names the worker calls them by (a
     rename would otherwise stop the timed worker at start)."""
-    out = subprocess.run(
-        [sys.executable, "-c", "import sys, importlib; sys.path.insert(0, 'bench'); "
-         "from bench_worker_kafka import TIMED_PIECES\n"
-         "for module, owner, name, label, every in TIMED_PIECES:\n"
-         "    m = importlib.import_module(module)\n"
-         "    print(label, callable(getattr(getattr(m, owner) if owner else m, name)))"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    found = dict(line.rsplit(" ", 1) for line in out.stdout.splitlines())
-    assert found and set(found.values()) == {"True"}, out.stdout
+    out = python("import importlib\n"
+                 "from bench_worker_kafka import TIMED_PIECES\n"
+                 "for module, owner, name, label, every in TIMED_PIECES:\n"
+                 "    m = importlib.import_module(module)\n"
+                 "    print(label, callable(getattr(getattr(m, owner) if owner else m, name)))")
+    found = dict(line.rsplit(" ", 1) for line in out.splitlines())
+    assert found and set(found.values()) == {"True"}, out
     assert "the native reader" in found and "Processor.process" in found
 
 
@@ -141,27 +147,23 @@ def test_the_kafka_benchmark_times_the_worker_by_its_lane_batches():
     """The worker runs with LANE_PROGRESS: each batch its lane handler takes prints a mark (what
     it acknowledged, its clock, its CPU), and the rate is read from those marks: from the end
     of the first batch to the end of the last, the first batch's events not counted."""
-    out = subprocess.run(
-        [sys.executable, "-c", "import sys; sys.path.insert(0, 'bench')\n"
-         "from bench_worker_kafka import LANE_PROGRESS\n"
-         "exec(LANE_PROGRESS)\n"
-         "import asyncio\n"
-         "from streams.batch_lane import BatchApp\n"
-         "app = BatchApp('lane-marks', broker='kafka://127.0.0.1:1', store='memory://')\n"
-         "topic = app.topic('events')\n"
-         "@app.batch_lane(topic)\n"
-         "async def handler(batch):\n"
-         "    batch.acked = len(batch)\n"
-         "class Batch(list):\n"
-         "    acked = 0\n"
-         "lane = app.batch_lanes['events']\n"
-         "for size in (3, 5, 7):\n"
-         "    asyncio.run(lane(Batch(range(size))))\n"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    out = python("from bench_worker_kafka import LANE_PROGRESS\n"
+                 "exec(LANE_PROGRESS)\n"
+                 "import asyncio\n"
+                 "from streams.batch_lane import BatchApp\n"
+                 "app = BatchApp('lane-marks', broker='kafka://127.0.0.1:1', store='memory://')\n"
+                 "topic = app.topic('events')\n"
+                 "@app.batch_lane(topic)\n"
+                 "async def handler(batch):\n"
+                 "    batch.acked = len(batch)\n"
+                 "class Batch(list):\n"
+                 "    acked = 0\n"
+                 "lane = app.batch_lanes['events']\n"
+                 "for size in (3, 5, 7):\n"
+                 "    asyncio.run(lane(Batch(range(size))))\n")
     sys.path.insert(0, str(ROOT / "bench"))
     from bench_worker_kafka import LANE_MARK, lane_progress
-    lines = out.stdout.splitlines()
+    lines = out.splitlines()
     assert [line.split()[:2] for line in lines] == [[LANE_MARK, "3"], [LANE_MARK, "5"], [LANE_MARK, "7"]]
     secs, events, cpu = lane_progress(["some log line", *lines])
     assert events == 12 and secs >= 0 and cpu >= 0
