@@ -1149,13 +1149,11 @@ impl Window {
                     continue;
                 }
                 srt.remove(lo);
-                {
-                    let hi = bisect_right(srt, old, lo);
-                    self.s -= (srt.len() - hi) as i64 - lo as i64;
-                    let c = (hi - lo) as i64;
-                    self.tv -= 6 * c * (c + 2);
-                    self.tp -= c;
-                }
+                let hi = bisect_right(srt, old, lo);
+                self.s -= (srt.len() - hi) as i64 - lo as i64;
+                let c = (hi - lo) as i64;
+                self.tv -= 6 * c * (c + 2);
+                self.tp -= c;
             }
         }
         if let Some(srt) = self.sorted.as_mut() {
@@ -1542,22 +1540,9 @@ impl Core {
             Split { level: NAN, med: NAN, reference: None, k, scale: Some(NAN) }
         } else {
             let lastv: Vec<f64> = (0..k).map(|i| win.xs[(n - 1 - i) as usize]).collect();
-            let last_sorted = sorted(py, lastv.clone())?;
-            let reference = match without(win.srt(), &last_sorted) {
-                Some(r) => r,
-                None => {
-                    // (not reached: the last values are among the window's)
-                    let mut reference = win.srt().to_vec();
-                    for x in &lastv {
-                        let at = bisect_left(&reference, *x, 0);
-                        if at >= reference.len() {
-                            return Err(index_error());
-                        }
-                        reference.remove(at);
-                    }
-                    reference
-                }
-            };
+            let last_sorted = sorted(py, lastv)?;
+            // (the last values are among the window's: the window holds what its track does)
+            let reference = without(win.srt(), &last_sorted).ok_or_else(index_error)?;
             let level = median_of(&last_sorted);
             let med = median_of(&reference);
             Split { level, med, reference: Some(reference), k, scale: None }
