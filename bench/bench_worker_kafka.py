@@ -449,6 +449,13 @@ def _batch_lane(self, topic):
 _lane.BatchApp.batch_lane = _batch_lane
 """
 
+#: the command line's entry point, run by ``python -c`` after LANE_PROGRESS (and a variant's patches)
+RUN_CLI = """
+from rlwatch.cli import main
+sys.argv[0] = "rlwatch"
+sys.exit(main())
+"""
+
 NO_CORE_WORKER = LANE_PROGRESS + """
 import os, sys
 TIMED_PIECES = """ + repr(TIMED_PIECES) + """
@@ -524,10 +531,7 @@ else:
             return []
         return process(self, state, event, now)
     streams.processor.Processor.process = skipping
-from rlwatch.cli import main
-sys.argv[0] = "rlwatch"
-sys.exit(main())
-"""
+""" + RUN_CLI
 
 
 def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[str, str], n: int,
@@ -608,20 +612,25 @@ def run_consumer(kind: str, kafka: str, redis_url: str, sid: str, topics: dict[s
     busy = [m for m in marks if m[1] < n]
     if len(busy) < 2:
         busy = marks
+    by_commits = None       # (seconds, events, CPU seconds) between those commits
+    if len(busy) >= 2:
+        (t0, o0, c0), (t1, o1, c1) = busy[0], busy[-1]
+        by_commits = (t1 - t0, o1 - o0, c1 - c0)
+    memory = f"; peak RSS {peak:.0f} MB"
+    lane = lane_progress(lines)
+    if lane is not None:
+        if by_commits is None:
+            return (*lane, lines, LANED + memory)
+        secs, events, _ = by_commits
+        return (*lane, lines, f"{LANED}; {events / secs:,.0f} events/s between its commits "
+                              f"while busy ({events} events, {secs:.2f} s){memory}")
+    if by_commits is None:    # too quick to time at this fleet size: its row reads nan
+        print(f"  ({kind}: committed everything at once, no rate; use more --runs or --steps)")
+        return math.nan, n, math.nan, lines, BUSY + memory
+    if busy is marks:
         print(f"  ({kind}: fewer than two commits while busy: the rate includes the wait for the "
               "last commit; use more --runs or --steps)")
-    lane = lane_progress(lines)
-    memory = f"; peak RSS {peak:.0f} MB"
-    if len(busy) < 2:     # too quick to time at this fleet size: its row reads nan
-        if lane is None:
-            print(f"  ({kind}: committed everything at once, no rate; use more --runs or --steps)")
-            return math.nan, n, math.nan, lines, BUSY + memory
-        return (*lane, lines, LANED + memory)
-    (t0, o0, c0), (t1, o1, c1) = busy[0], busy[-1]
-    if lane is None:
-        return t1 - t0, o1 - o0, c1 - c0, lines, BUSY + memory
-    return (*lane, lines, f"{LANED}; {(o1 - o0) / (t1 - t0):,.0f} events/s between its commits "
-                          f"while busy ({o1 - o0} events, {t1 - t0:.2f} s){memory}")
+    return (*by_commits, lines, BUSY + memory)
 
 
 def lane_progress(lines: list[str]) -> tuple[float, int, float] | None:
@@ -640,12 +649,6 @@ def lane_progress(lines: list[str]) -> tuple[float, int, float] | None:
 
 BUSY = "between its first and last offset commits while busy"
 LANED = "from the end of its lane's first batch to the end of its last"
-#: the command line's entry point, run after LANE_PROGRESS by ``python -c``
-RUN_CLI = """
-from rlwatch.cli import main
-sys.argv[0] = "rlwatch"
-sys.exit(main())
-"""
 
 
 def one_round(args, r: int, sid: str, topics: dict[str, str], bare_group: str, n: int,

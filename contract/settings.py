@@ -94,7 +94,7 @@ class Settings:
     worker_id: str = ""
     session_timeout: float = 10.0
     # the most a worker's fetch takes of each partition, in MB: a worker that is behind takes
-    # bigger batches, faster, for more memory (streams.app.FETCH_MB)
+    # bigger batches, faster, for more memory (see streams.app.build_app; the worker takes 1 to 64)
     fetch_mb: float = 16.0
 
     @classmethod

@@ -35,8 +35,8 @@ def _version() -> str:
     return f"{ver} ({CORE} core)"
 
 
-#: the MB a worker's fetch may take of each partition (RLWATCH_FETCH_MB): at least Kafka's
-#: 1 MB default, at most what a fetch takes in all (50 MB) and some
+#: the MB a worker's fetch may take of each partition (RLWATCH_FETCH_MB): from Kafka's 1 MB
+#: default to a little above what one fetch takes in all (aiokafka's 50 MB)
 FETCH_MB_RANGE = (1.0, 64.0)
 
 

@@ -696,14 +696,11 @@ class RunState:
             self.newest = step
         if self.cross_rank:
             world = event.world_size
-            if (world or self.world_size) > 1:
-                if type(event) is not RankStep:
-                    done = self._take_rank_values(event)
-                else:   # _take_rank_values, inline
-                    if world and world > self.world_size:
-                        self.world_size = min(world, MAX_RANKS)
-                    world = self.world_size
-                    done = self.ranks.take_step(event, world) if world > 1 else None
+            if (world or self.world_size) > 1:     # _take_rank_values of a RankStep, inline
+                if world and world > self.world_size:
+                    self.world_size = min(world, MAX_RANKS)
+                world = self.world_size
+                done = self.ranks.take_step(event, world) if world > 1 else None
                 if done:
                     return self._ranks_in(done, ts)
         return []
@@ -953,7 +950,8 @@ class RunState:
 
     def _take_rank_values(self, event) -> list[int]:
         """Buffer what cross-rank checks need; return the steps now complete (all ranks in).
-        A step that ``read_rank_step`` read gives its values from its bytes."""
+        A step that ``read_rank_step`` read gives its values from its bytes. (:meth:`rank_step`
+        does the same inline for those: change both.)"""
         world = event.world_size
         if world and world > self.world_size:
             self.world_size = min(world, MAX_RANKS)
