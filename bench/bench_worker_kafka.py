@@ -686,7 +686,7 @@ def one_round(args, r: int, sid: str, topics: dict[str, str], bare_group: str, n
         got = run("faust", t, env={"BENCH_FAUST_APP": t["faust"] + "-lane", "BENCH_FAUST_LANE": "1"})
         show("Faust batch lane + json.loads", *got[:3], got[4])
     # (kind, label, environment, tag of its group and topics)
-    variants = [("worker", f"rlwatch worker, {e}", dict([e.split("=", 1)]), f"v{i}")
+    variants = [("worker", f"rlwatch worker, {e}", dict(v.split("=", 1) for v in e.split()), f"v{i}")
                 for i, e in enumerate(args.worker_env)]
     if args.per_message:        # the worker before the batch lane: every event through Faust's
         variants.insert(0, ("worker", "rlwatch worker, per-message agent", {"RLWATCH_BATCH_LANE": "0"}, "vp"))
@@ -753,7 +753,8 @@ def main() -> None:
                     "event through a Faust agent's stream: the worker before the lane, same run")
     ap.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
                     help="also run the worker with this environment variable set (repeatable; one "
-                    "run per variable), before the worker as it is, to compare in one run")
+                    "run per option; several variables of one run separated by spaces: "
+                    "'PYTHONPATH=<tree> NAME=VALUE'), before the worker as it is, to compare in one run")
     ap.add_argument("--no-core", action="store_true",
                     help="also run the worker with the core (Processor.process) replaced by a no-op: "
                     "what the edges around the core cost, the ceiling of a faster core (with "

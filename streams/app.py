@@ -1,6 +1,6 @@
 """The stream processor on Kafka: a Faust app (``rlwatch worker``).
 
-Reads as a declaration: topics, the run-state table, three agents and some timers. The agents
+Reads as a declaration: topics, the run-state table, two lanes and some timers. The lanes
 only move data and call the pure core (:class:`streams.processor.Processor`) and the delivery
 edge (:class:`alerts.dispatch.Dispatcher`).
 
@@ -16,12 +16,12 @@ edge (:class:`alerts.dispatch.Dispatcher`).
   (:class:`alerts.brake.BrakeThread`: its own event loop and Redis client, so a pause waits for
   no turn behind events or notifications), and again from the alerts topic, which is what makes
   it durable:
-* ``rlwatch.alerts`` -> two lanes, each marking an alert done only after it acted, so a worker
-  killed at any point leaves the alert to be read again by its successor, and each idempotent,
-  so reading it again does nothing twice:
-  the **brake** (commands to the control channel, retried until Redis takes them; nothing else
-  in its way) and the **notifications** (the outbox in Redis; sending happens in background
-  lanes, one per receiver, so a hanging Slack holds back nobody).
+* ``rlwatch.alerts`` -> the **brake** (commands to the control channel, retried until Redis
+  takes them; on its own thread, nothing else in its way) and the **notification** (the outbox
+  in Redis; sending happens in background lanes, one per receiver, so a hanging Slack holds back
+  nobody), each idempotent; an alert is acknowledged only once both acted, so a worker killed at
+  any point leaves it to be read again by its successor (:mod:`streams.alerts_lane`; the alerts
+  come a fetched batch at a time too).
 * every ``delivery_tick_seconds``: repeats, unacknowledged brakes (re-sent, escalated), retries.
 * every ``tick_seconds``: liveness rules (``run_stalled``) for the runs this worker owns.
 
@@ -51,6 +51,7 @@ import socket
 import tempfile
 import time
 from collections import Counter, OrderedDict, deque
+from functools import partial
 from itertools import islice
 
 import faust
@@ -62,6 +63,7 @@ from contract.alert import Alert
 from contract.events import EventError, read_event
 from contract.settings import Settings
 from rules.loader import load_pack
+from streams.alerts_lane import AlertsLane
 from streams.batch_lane import BatchApp, Turns
 from streams.broker_log import BrokerLogGate
 from streams.fleet_store import FleetStore, FleetWriter, summary_of
@@ -215,8 +217,6 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> None:
         admin.close()
 
 
-#: alerts read from the alerts topic kept for the other lane (see ``read_alert``)
-READ_LATELY = 256
 #: fast-path brakes remembered for the brake lane (see ``fast_brake``)
 FAST_BRAKES = 1024
 
@@ -710,30 +710,16 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
             if out is not None:
                 await after([out])
 
-    read_lately: OrderedDict[bytes, Alert] = OrderedDict()
-
     def read_alert(raw) -> Alert | None:
-        """The alert of a message on the alerts topic. Both lanes get each message: the second
-        takes the alert the first read (one with a snapshot is tens of kilobytes to parse)."""
-        key = raw if isinstance(raw, bytes) else None
-        if key is not None:
-            got = read_lately.get(key)
-            if got is not None:
-                del read_lately[key]          # each lane reads a message once
-                return got
+        """The alert of a message on the alerts topic, or None (logged)."""
         try:
-            alert = Alert.from_json(raw)
+            return Alert.from_json(raw)
         except Exception as exc:  # noqa: BLE001 - a foreign message on the topic
             log.error("rlwatch: unreadable alert on %s: %s", settings.alerts_topic, exc)
             return None
-        if key is not None:
-            read_lately[key] = alert
-            if len(read_lately) > READ_LATELY:
-                read_lately.popitem(last=False)
-        return alert
 
     # the brakes this worker pulled on the fast path, by alert (delivery key): done once the
-    # control channel took every command of the alert; the brake lane acknowledges the alert's
+    # control channel took every command of the alert; the alerts lane acknowledges the alert's
     # copy on the topic then, without a trip to the brake thread (a thread woken for nothing
     # takes the GIL from the events lane)
     fast_brakes: OrderedDict[str, asyncio.Future] = OrderedDict()
@@ -753,38 +739,50 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                 break     # still on its way: kept (the lane waits for it)
             del fast_brakes[old]
 
-    @app.agent(alerts_topic)
-    async def brake_lane(stream):
-        """Commands first, on their own, each run's in order and runs side by side; an alert is
-        acknowledged to Kafka only when the control channel took its commands."""
-        async for event in stream.noack().events():
-            alert = read_alert(event.value)
-            if alert is None or alert.state != "firing":
-                event.ack()
-                continue
-            _crash_point("brake")
-            landed = fast_brakes.get(delivery_key(alert))
-            if landed is not None:      # pulled by this worker's fast path: ack once it landed
-                def ack(_, event=event) -> None:
-                    _crash_point("braked")
-                    event.ack()
-                landed.add_done_callback(ack)
-                continue
+    def brake(alert: Alert, done) -> None:
+        """A firing alert's brake from the alerts topic: ``done()`` (on this loop) once the
+        control channel took its commands. Commands first, on their own thread, each run's in
+        order and runs side by side."""
+        _crash_point("brake")
 
-            def done(event=event, loop=asyncio.get_running_loop()) -> None:   # on the brake thread
-                _crash_point("braked")
-                loop.call_soon_threadsafe(event.ack)
+        def braked() -> None:
+            _crash_point("braked")
+            done()
 
-            brakes().submit(alert, done)
+        landed = fast_brakes.get(delivery_key(alert))
+        if landed is not None:      # pulled by this worker's fast path: done once it landed
+            landed.add_done_callback(lambda _: braked())
+            return
+        loop = asyncio.get_running_loop()
+        brakes().submit(alert, lambda: loop.call_soon_threadsafe(braked))   # on the brake thread
 
-    @app.agent(alerts_topic)
-    async def notify_lane(stream):
+    async def notify(alert: Alert) -> None:
         """Incident and outbox; the sends run in the background, one lane per receiver."""
-        async for raw in stream:
-            alert = read_alert(raw)
-            if alert is not None:
-                await dispatcher().notify(alert)
-                _crash_point("notified")
+        await dispatcher().notify(alert)
+        _crash_point("notified")
+
+    alerts_lane = AlertsLane(read_alert, brake, notify, lambda: app.consumer_generation_id)
+
+    @app.batch_lane(alerts_topic)
+    async def take_alerts(batch) -> None:
+        """The alerts of one fetched batch, each acknowledged once its brake and notification
+        are done (:class:`streams.alerts_lane.AlertsLane`)."""
+        active = batch.checker()
+        for i, record in enumerate(batch):
+            if not active():
+                break
+            await alerts_lane.take(record.value, partial(batch.ack_at, i), batch.generation_id)
+
+    @app.agent(alerts_topic)
+    async def alerts_agent(stream):
+        """Subscribes the alerts topic; with the batch lanes on, its messages go to
+        ``take_alerts`` instead, and this agent gets none."""
+        async for event in stream.noack().events():
+            await alerts_lane.take(event.value, event.ack, app.consumer_generation_id)
+
+    @app.task
+    async def notifications():
+        await alerts_lane.notifications()
 
     @app.task
     async def gate_broker_logs():
@@ -910,5 +908,6 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     app.rlwatch_states = states
     app.rlwatch_heap = heap         # installed by `rlwatch worker` (cli), not by tests' apps
     app.rlwatch_fleet = fleet
+    app.rlwatch_alerts_lane = alerts_lane
     app.rlwatch_liveness_alerts = liveness_alerts     # what the liveness pass calls (tests)
     return app

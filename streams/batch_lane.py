@@ -122,6 +122,11 @@ class LaneBatch(list):
             self._consumer.ack_lane(self, self.acked, n)
             self.acked = n
 
+    def ack_at(self, i: int) -> None:
+        """Record ``i`` alone is processed: acknowledge it (a lane whose records finish out of
+        order, the alerts'; not to be mixed with :meth:`ack` on one batch)."""
+        self._consumer.ack_lane(self, i, i + 1)
+
 
 LaneHandler = Callable[[LaneBatch], Awaitable[None]]
 

@@ -1,0 +1,226 @@
+"""The alerts topic's lane (streams.alerts_lane, and the worker's use of it in streams.app): an
+alert is acknowledged to Kafka only once its brake (firing alerts) and its notification are
+done, notifications go in the order read, and nothing is acknowledged that was not done: a
+foreign message only, at once; a notification that failed, or whose alert was read before a
+rebalance, never (the alert is read again)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from contract.alert import Alert
+from streams.alerts_lane import AlertsLane
+
+
+def alert(state: str = "firing", rule: str = "kl_above_target", step: int = 10) -> Alert:
+    return Alert(rule=rule, severity="red", state=state, run_id="lane-run", step=step,
+                 onset_step=step, value=0.2, threshold=0.1, actions=["pause"] if state == "firing" else [],
+                 summary="KL high", diagnosis="", ts=1.7e9 + step)
+
+
+class Lane:
+    """An AlertsLane whose brakes wait for the test (``land(i)``) and whose notifications are
+    recorded, optionally failing or waiting for the test too."""
+
+    def __init__(self, *, queued: int = 16, fail: set | None = None, hold: bool = False):
+        self.brakes: list = []          # (alert, done) in the order pulled
+        self.notified: list[int] = []   # steps notified, in order
+        self.acked: list[int] = []      # message numbers acknowledged, in order
+        self.generation = 1
+        self.fail = fail or set()
+        self.gate = asyncio.Event()
+        if not hold:
+            self.gate.set()
+        self.lane = AlertsLane(lambda raw: raw if isinstance(raw, Alert) else None,
+                               lambda a, done: self.brakes.append((a, done)), self.notify,
+                               lambda: self.generation, queued=queued)
+
+    async def notify(self, a: Alert) -> None:
+        await self.gate.wait()
+        if a.step in self.fail:
+            raise RuntimeError("receiver exploded")
+        self.notified.append(a.step)
+
+    async def take(self, n: int, raw, generation: int = 1) -> None:
+        await self.lane.take(raw, lambda: self.acked.append(n), generation)
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def run(test) -> None:
+    async def main() -> None:
+        lane = Lane()
+        task = asyncio.ensure_future(lane.lane.notifications())
+        try:
+            await test(lane)
+        finally:
+            task.cancel()
+    asyncio.run(main())
+
+
+def test_a_firing_alert_is_acknowledged_only_once_its_brake_and_its_notification_are_done():
+    async def test(lane: Lane) -> None:
+        await lane.take(0, alert("firing", step=1))
+        await settle()
+        assert lane.notified == [1] and len(lane.brakes) == 1
+        assert lane.acked == [], "acknowledged before the control channel took the brake"
+        lane.brakes[0][1]()           # the brake landed
+        assert lane.acked == [0]
+    run(test)
+
+
+def test_a_brake_that_lands_before_the_notification_still_waits_for_it():
+    async def main() -> None:
+        lane = Lane(hold=True)
+        task = asyncio.ensure_future(lane.lane.notifications())
+        await lane.take(0, alert("firing", step=1))
+        lane.brakes[0][1]()
+        await settle()
+        assert lane.acked == [] and lane.notified == []
+        lane.gate.set()
+        await settle()
+        assert lane.notified == [1] and lane.acked == [0]
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_a_resolved_alert_pulls_no_brake_and_is_acknowledged_once_notified():
+    async def test(lane: Lane) -> None:
+        await lane.take(0, alert("resolved", step=2))
+        await settle()
+        assert lane.brakes == [] and lane.notified == [2] and lane.acked == [0]
+    run(test)
+
+
+def test_notifications_go_in_the_order_read_and_a_foreign_message_is_acknowledged_at_once():
+    async def test(lane: Lane) -> None:
+        await lane.take(0, alert("resolved", step=5))
+        await lane.take(1, b"not an alert")
+        await lane.take(2, alert("resolved", step=3))
+        await lane.take(3, alert("firing", step=4))
+        assert lane.acked == [1]        # the foreign one, before any notification ran
+        await settle()
+        assert lane.notified == [5, 3, 4]
+        assert lane.acked == [1, 0, 2]  # the firing one waits for its brake
+    run(test)
+
+
+def test_a_notification_that_fails_is_logged_left_unacknowledged_and_the_next_go_on(caplog):
+    async def main() -> None:
+        lane = Lane(fail={7})
+        task = asyncio.ensure_future(lane.lane.notifications())
+        with caplog.at_level(logging.ERROR, logger="rlwatch.worker"):
+            await lane.take(0, alert("resolved", step=7))
+            await lane.take(1, alert("resolved", step=8))
+            await settle()
+        assert lane.notified == [8] and lane.acked == [1]
+        assert "stays unacknowledged" in caplog.text and "lane-run" in caplog.text
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_an_alert_read_before_a_rebalance_is_not_notified_nor_acknowledged():
+    async def main() -> None:
+        lane = Lane(hold=True)
+        task = asyncio.ensure_future(lane.lane.notifications())
+        await lane.take(0, alert("resolved", step=1), generation=1)
+        await settle()                  # being notified when the rebalance comes: goes on
+        await lane.take(1, alert("resolved", step=2), generation=1)
+        lane.generation = 2             # a rebalance: the waiting alert is read again after it
+        lane.gate.set()
+        await lane.take(2, alert("resolved", step=2), generation=2)
+        await settle()
+        assert lane.notified == [1, 2] and lane.acked == [0, 2] and lane.lane.stale == 1
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_a_full_queue_holds_the_reader_back_and_loses_nothing():
+    async def main() -> None:
+        lane = Lane(queued=2, hold=True)
+        task = asyncio.ensure_future(lane.lane.notifications())
+        await lane.take(0, alert("resolved", step=0))
+        await settle()                  # the notifier took it and waits
+        await lane.take(1, alert("resolved", step=1))
+        await lane.take(2, alert("resolved", step=2))
+        third = asyncio.ensure_future(lane.take(3, alert("resolved", step=3)))
+        await settle()
+        assert not third.done() and lane.lane.waiting == 2
+        lane.gate.set()
+        await third
+        await settle()
+        assert lane.notified == [0, 1, 2, 3] and lane.acked == [0, 1, 2, 3]
+        task.cancel()
+    asyncio.run(main())
+
+
+# -- the worker's alerts lane (streams.app) -------------------------------------------------------
+
+pytest.importorskip("faust")
+
+
+def test_the_workers_alerts_lane_acknowledges_each_alert_once_braked_and_notified(monkeypatch):
+    """The alerts of a fetched batch go to the brake thread (firing ones) and the dispatcher;
+    each record is acknowledged on its own once both are done, whatever the order they finish
+    in; a foreign message at once."""
+    from faust.types import TP
+
+    import streams.app as app_module
+    from contract.settings import Settings
+    from streams.batch_lane import LaneBatch
+    from tests.unit.test_batch_lane import FakeConsumer, record
+
+    class Brakes:
+        def __init__(self):
+            self.pulled: list = []
+
+        def submit(self, a, done):
+            self.pulled.append((a.step, done))
+
+    class Dispatcher:
+        def __init__(self):
+            self.notified: list = []
+            self.gate = asyncio.Event()
+
+        async def notify(self, a):
+            await self.gate.wait()
+            self.notified.append((a.step, a.state))
+
+    brakes, dispatcher = Brakes(), Dispatcher()
+    monkeypatch.setattr(app_module, "build_brake_thread", lambda *a: brakes)
+    monkeypatch.setattr(app_module, "build_dispatcher", lambda *a: dispatcher)
+    settings = Settings(redis="redis://127.0.0.1:1/0")
+    app = app_module.build_app(settings)
+
+    class Acks(FakeConsumer):
+        def ack_lane(self, batch, start, stop):
+            assert stop == start + 1
+            self.stops = getattr(self, "stops", []) + [start]
+
+    values = [alert("firing", step=1).to_json().encode(), b"{not json",
+              alert("resolved", step=2).to_json().encode()]
+    recs = [record(0, i, v, topic=settings.alerts_topic) for i, v in enumerate(values)]
+    consumer = Acks()
+    batch = LaneBatch(recs, consumer, settings.alerts_topic, {0: TP(settings.alerts_topic, 0)}, 1)
+
+    async def main() -> None:
+        app.consumer_generation_id = 1
+        notifier = asyncio.ensure_future(app.rlwatch_alerts_lane.notifications())
+        await app.batch_lanes[settings.alerts_topic](batch)     # returns without waiting
+        assert getattr(consumer, "stops", []) == [1]             # the foreign message only
+        assert [s for s, _ in brakes.pulled] == [1]
+        dispatcher.gate.set()
+        await settle()
+        assert dispatcher.notified == [(1, "firing"), (2, "resolved")]
+        assert consumer.stops == [1, 2]                          # the firing one: brake pending
+        brakes.pulled[0][1]()       # the brake thread: its commands landed
+        await settle()
+        assert consumer.stops == [1, 2, 0]
+        notifier.cancel()
+    asyncio.run(main())
