@@ -52,6 +52,8 @@ class AlertsLane:
         self._read, self._brake, self._notify = read, brake, notify
         self._generation = generation
         self._queue: asyncio.Queue = asyncio.Queue(queued)
+        self._busy = False      # a notification under way
+        self._progress: asyncio.Event | None = None     # set when one is done (catch_up)
         self.stale = 0          # notifications left to a later reading after a rebalance
 
     async def take(self, raw: Any, ack: Callable[[], Any], generation: int) -> None:
@@ -81,6 +83,7 @@ class AlertsLane:
             if generation != self._generation():
                 self.stale += 1
                 continue
+            self._busy = True
             try:
                 await self._notify(alert)
             except Exception:  # noqa: BLE001 - the next alerts are notified all the same
@@ -88,7 +91,36 @@ class AlertsLane:
                               "unacknowledged, so the worker that reads it again notifies it",
                               alert.state, alert.rule, alert.run_id)
                 continue
-            done()
+            else:
+                done()
+            finally:
+                self._busy = False
+                if self._progress is not None:
+                    self._progress.set()
+
+    @property
+    def behind(self) -> bool:
+        """Whether notifications are waiting or under way."""
+        return self._busy or not self._queue.empty()
+
+    async def catch_up(self, seconds: float, clock: Callable[[], float]) -> None:
+        """Let the notifications run for up to ``seconds`` (by ``clock``), or until none is
+        left. A busy events lane calls this at each of its turns: a notification takes a few
+        round trips to Redis, each a turn of the event loop, and with one turn per 10 ms of
+        events the alerts of a busy fleet waited seconds to be notified."""
+        end = clock() + seconds
+        progress = self._progress
+        if progress is None:
+            progress = self._progress = asyncio.Event()
+        while self.behind:
+            left = end - clock()
+            if left <= 0:
+                return
+            progress.clear()
+            try:
+                await asyncio.wait_for(progress.wait(), left)
+            except asyncio.TimeoutError:
+                return
 
     @property
     def waiting(self) -> int:

@@ -217,7 +217,11 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> None:
         admin.close()
 
 
-#: fast-path brakes remembered for the brake lane (see ``fast_brake``)
+#: the most a busy events lane waits at each of its turns (every ``LANE_TURN_SECONDS``) for
+#: the notifications behind it (:meth:`streams.alerts_lane.AlertsLane.catch_up`): at most a
+#: sixth of its time, while any are waiting
+NOTIFY_TURN_SECONDS = 0.002
+#: fast-path brakes remembered for the alerts lane (see ``fast_brake``)
 FAST_BRAKES = 1024
 
 
@@ -687,6 +691,8 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                     settle()
                     batch.ack(sent)
                     await asyncio.sleep(0)
+                    if alerts_lane.behind:      # (defined below; the lane runs once started)
+                        await alerts_lane.catch_up(NOTIFY_TURN_SECONDS, time.monotonic)
                     turns.taken()
             if outs:
                 await send()
@@ -879,7 +885,10 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
 
     @app.timer(interval=60.0)
     async def report():
-        log.info("rlwatch: %(events)d events, %(dlq)d dead-lettered, %(alerts)d alerts", counters)
+        waiting = alerts_lane.waiting
+        log.info("rlwatch: %d events, %d dead-lettered, %d alerts%s", counters["events"],
+                 counters["dlq"], counters["alerts"],
+                 f"; {waiting} read back and waiting for their notification" if waiting else "")
 
     @app.on_partitions_revoked.connect
     async def on_revoked(app_, revoked, **kwargs):

@@ -224,3 +224,52 @@ def test_the_workers_alerts_lane_acknowledges_each_alert_once_braked_and_notifie
         assert consumer.stops == [1, 2, 0]
         notifier.cancel()
     asyncio.run(main())
+
+
+def test_catch_up_waits_until_the_notifications_behind_are_done_or_its_time_is_up():
+    from time import monotonic
+
+    async def main() -> None:
+        lane = Lane(hold=True)
+        task = asyncio.ensure_future(lane.lane.notifications())
+        assert not lane.lane.behind
+        for n in range(3):
+            await lane.take(n, alert("resolved", step=n))
+        assert lane.lane.behind
+        await lane.lane.catch_up(0.02, monotonic)      # the receiver hangs: back after its time
+        assert lane.lane.behind and lane.notified == []
+        lane.gate.set()
+        # (a catch_up that waited out its whole minute would be cut here by wait_for, failing)
+        await asyncio.wait_for(lane.lane.catch_up(60.0, monotonic), 10.0)
+        assert not lane.lane.behind and lane.notified == [0, 1, 2] and lane.acked == [0, 1, 2]
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_a_busy_events_lane_lets_the_notifications_behind_it_catch_up_at_each_turn(monkeypatch):
+    """With notifications waiting, each of the events lane's turns gives them up to
+    NOTIFY_TURN_SECONDS; with none waiting, it gives nothing more than its turn."""
+    import streams.app as app_module
+    import streams.batch_lane as lane_module
+    from tests.unit.test_batch_lane import FakeConsumer, step, worker_lane
+
+    now = [1000.0]
+
+    def clock():
+        now[0] += 4 / 1000      # 4 ms of work per event: a turn every third event
+        return now[0]
+    monkeypatch.setattr(lane_module, "monotonic", clock)
+    run, _sent, app, _settings = worker_lane(monkeypatch)
+    caught: list = []
+
+    async def catch_up(seconds, _clock):
+        caught.append(seconds)
+    behind = [True]
+    monkeypatch.setattr(type(app.rlwatch_alerts_lane), "behind", property(lambda self: behind[0]))
+    monkeypatch.setattr(app.rlwatch_alerts_lane, "catch_up", catch_up)
+    run([step("c", s) for s in range(9)], FakeConsumer())
+    assert caught and set(caught) == {app_module.NOTIFY_TURN_SECONDS}
+    turns = len(caught)
+    behind[0] = False
+    run([step("d", s) for s in range(9)], FakeConsumer())
+    assert len(caught) == turns
