@@ -530,6 +530,20 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                 fast_brake(a)
         return landed
 
+    # (the run id, its state, its recorder's keeper) of the run whose routine rank steps take()
+    # is taking one after another: the events lane takes a batch a run at a time, so most
+    # events come in such streaks (a run's other events, its rank 0's steps, go on through the
+    # usual path without ending its streak), and each step after the first is only kept by the
+    # recorder. Valid only while nothing else runs: a streak ends with another run, a failure,
+    # and at every await (end_streak), as a flush, an eviction or a revocation may happen
+    # then. Without streaks when a local observer is given every event (the dashboard of
+    # ``rlwatch demo``, tests)
+    streak: list = [None, None, None]
+    streaks = observer is None
+
+    def end_streak() -> None:
+        streak[:] = None, None, None
+
     def take(key, raw, now: float):
         """One event through the core: None, or what must be awaited (a dead letter or the
         alerts it raised). No awaits in here: the batch lane runs this per event. A routine
@@ -537,15 +551,26 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         RunState.rank_step; any other event is read by read_event and applied."""
         event = read_routine(raw)
         if event is not None:
-            st = states.get(event.run_id)
+            run_id = event.run_id
+            keep = streak[2] if run_id == streak[0] else None
+            st = streak[1] if keep is not None else states.get(run_id)
             try:
                 alerts = st.rank_step(event, now)
             except Exception as exc:  # noqa: BLE001 - one bad event must not stop the worker
-                return failed(exc, key, event.run_id, raw, now)
+                streak[0] = None
+                return failed(exc, key, run_id, raw, now)
             if alerts is None:
                 event = None      # not routine: read and applied as any other event
+            elif keep is not None:
+                # the run's routine steps in a row: its state is the recently used one, marked
+                # changed, and noted for the fleet view already; only the step is kept
+                keep(event.step, event.rank, raw)
+                counters["events"] += 1
+                return (_ALERTS, run_id, alerts) if alerts else None
             else:
                 recorder.observe(event, raw)
+                if streaks:
+                    streak[:] = run_id, st, recorder.rank_keeper(run_id)
         if event is None:
             try:
                 event = read_event(raw, now)
@@ -558,9 +583,12 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                      "raw": body.decode("utf-8", "replace")[:100_000]}).encode()
             recorder.observe(event, raw)
             st = states.get(event.run_id)
+            if st is not streak[1]:
+                streak[:] = None, None, None     # (the streak's run goes on after its others)
             try:
                 alerts = processor.process(st, event, now)
             except Exception as exc:  # noqa: BLE001 - one bad event must not stop the worker
+                streak[0] = None
                 return failed(exc, key, event.run_id, raw, now)
         counters["events"] += 1
         states.touch(event.run_id)
@@ -655,6 +683,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         pending: deque = deque()
 
         async def send() -> None:
+            end_streak()
             batch.ack(sent)
             runs, acks = await send_out(outs)
             outs.clear()
@@ -690,16 +719,19 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                         await send()
                     settle()
                     batch.ack(sent)
+                    end_streak()
                     await asyncio.sleep(0)
                     if alerts_lane.behind:      # (defined below; the lane runs once started)
                         await alerts_lane.catch_up(NOTIFY_TURN_SECONDS, time.monotonic)
                     turns.taken()
+            end_streak()
             if outs:
                 await send()
             while pending:
                 await asyncio.wait([pending[0][1]])
                 settle()
         finally:
+            end_streak()
             batch.ack(sent)
             marks.read_records(batch, done, batch.partitions)
             for _, task in pending:     # left by a raise: landed() logs its own failure
@@ -710,6 +742,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         """Subscribes the events topic (co-partitioned with the table); with the batch lane on,
         its messages go to ``process_batch`` instead, and this agent gets none."""
         async for event in stream.events():
+            end_streak()        # (other tasks ran while this waited for the message)
             out = take(event.key, event.value, time.time())
             msg = event.message
             marks.read(msg.partition, msg.offset, msg.timestamp)
@@ -915,6 +948,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
 
     app.rlwatch_counters = counters
     app.rlwatch_states = states
+    app.rlwatch_recorder = recorder
     app.rlwatch_heap = heap         # installed by `rlwatch worker` (cli), not by tests' apps
     app.rlwatch_fleet = fleet
     app.rlwatch_alerts_lane = alerts_lane

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from typing import Any
+from typing import Any, Callable
 
 from contract.alert import Alert
 from contract.events import EventError, kept_step_values, sample_fields
@@ -123,6 +123,17 @@ class SnapshotRecorder:
         else:
             self.runs.move_to_end(run_id)
         return t
+
+    def rank_keeper(self, run_id: str) -> Callable[[int, int, bytes], None]:
+        """``keep(step, rank, raw)``: keeps a step of a rank other than 0 of ``run_id`` as
+        ``observe(event, raw)`` keeps it, without looking the run up again: for a run's steps
+        taken one after another (the worker's events lane). Valid while nothing else is
+        observed: another run's events may push this one's history out."""
+        append = self.tape(run_id).others.append
+
+        def keep(step: int, rank: int, raw: bytes) -> None:
+            append((step, rank, raw, _UNREAD))
+        return keep
 
     def observe(self, event, raw: bytes | None = None) -> None:
         """Feed one parsed event (any kind; only steps and samples are kept). Call it before the

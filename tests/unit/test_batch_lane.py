@@ -792,3 +792,47 @@ def test_the_started_producer_is_given_without_a_turn_of_the_event_loop():
         await producer.stop()
         await other.stop()
     asyncio.run(go())
+
+
+def test_a_runs_rank_steps_taken_in_a_row_are_all_recorded_and_a_commit_between_them_misses_none(
+        monkeypatch):
+    """The events lane takes a run's routine rank steps in a row without looking the run up
+    again (a streak). Each is still kept for the run's snapshots, and a commit during a turn of
+    the lane (here: the run states written at every turn) ends the streak: a step taken after
+    it marks the state changed again, so the next commit writes it."""
+    import streams.batch_lane as lane_module
+
+    writes: list = []
+    turns_after = {13}         # after step 3's rank 1: its ranks 2 and 3 come after the commit
+    taken = [0]
+
+    def due(self):
+        taken[0] += 1
+        return taken[0] - 1 in turns_after
+
+    def commit(self):        # what a commit during the turn does first
+        writes.append(app.rlwatch_states.flush())
+    import streams.app as app_module
+    table: dict = {}
+    monkeypatch.setattr(app_module.RunStates, "_write",         # (no producer here)
+                        lambda self, run_id, st: table.setdefault(run_id, []).append(st.events) or True)
+    monkeypatch.setattr(lane_module.Turns, "due", due)
+    monkeypatch.setattr(lane_module.Turns, "taken", commit)
+    run, _sent, app, _settings = worker_lane(monkeypatch)
+
+    import time
+    t0 = time.time() - 60       # (a step from too long ago is not a routine one)
+
+    def ranked(s: int, rank: int) -> bytes:
+        return json.dumps({"schema": 1, "kind": "step", "run_id": "streak", "step": s, "rank": rank,
+                           "world_size": 4, "ts": t0 + s,
+                           "metrics": {"loss/policy": 0.5, "kl/mean": 0.01}}).encode()
+
+    run([ranked(s, r) for s in range(4) for r in range(4)], FakeConsumer())
+    assert writes == [1] and table == {"streak": [14]}
+    assert app.rlwatch_states.flush() == 1, "a step taken after the commit was not marked changed"
+    assert table == {"streak": [14, 16]}
+    tape = app.rlwatch_recorder.runs["streak"]
+    assert [row[:2] for row in tape.others] == [(s, r) for s in range(4) for r in (1, 2, 3)]
+    assert [row[:2] for row in tape.steps] == [(s, 0) for s in range(4)]
+    assert app.rlwatch_states.get("streak").last_step == {0: 3, 1: 3, 2: 3, 3: 3}
