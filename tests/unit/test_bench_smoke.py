@@ -3,6 +3,7 @@ a tiny fleet through every reader, slice by slice, with the figures it promises 
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -171,3 +172,18 @@ def test_the_kafka_benchmark_times_the_worker_by_its_lane_batches():
     secs, events, cpu = lane_progress([f"{LANE_MARK} 10 100.0 1.0", f"{LANE_MARK} 20 102.0 2.5",
                                        f"{LANE_MARK} 30 104.0 4.0"])
     assert (secs, events, cpu) == (4.0, 50, 3.0)
+
+
+def test_the_events_lane_benchmark_takes_every_event_of_the_fleet_and_prints_its_rate(tmp_path):
+    text = bench("bench_events_lane.py", "--runs", "2", "--steps", "30", "--rounds", "1",
+                 "--batch", "100")
+    events = int(re.search(r"^fleet: 2 runs x 30 steps: (\d+) events", text, re.M).group(1))
+    row = re.search(r"^round 1: this tree\s+([\d,]+) events/s\s+([\d,]+) per CPU second\s+(\{.*\})$",
+                    text, re.M)
+    assert row, text
+    counters = ast.literal_eval(row.group(3))      # the worker's counters, as printed
+    assert counters["events"] == events and counters["dlq"] == 0, text
+    assert re.search(r"^  this tree\s+[\d,]+ events/s$", text, re.M), text
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_events_lane.py"), "--tree",
+                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "is not an rlwatch tree" in out.stderr
