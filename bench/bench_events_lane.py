@@ -6,8 +6,9 @@ own consumer thread and the brake thread, and one round's figure swings by sever
 a change worth 5 % of the lane can read as anything from -3 % to +5 % there. Here the lane
 runs as the worker builds it (``streams.app.build_app``: the core, the snapshot recorder, the
 fleet view, the run states, the alerts with their snapshots serialised), over the fleet in
-blocks of ``--batch`` records as its consumer hands them over, a run at a time; what needs a
-broker or Redis is answered at once (Kafka takes every send, the brake thread only counts).
+blocks of ``--batch`` records as its consumer hands them over, a run at a time, with the cycle
+collector as the worker sets it (``streams.heap``); what needs a broker or Redis is answered at
+once (Kafka takes every send, the brake thread only counts).
 
 Each measurement is a process of its own (``--tree DIR`` runs that tree's worker,
 ``PYTHONPATH=DIR``); with several trees they take turns, ``--rounds`` times, and the medians and
@@ -62,11 +63,6 @@ def child(path: str, batch: int) -> dict:
     from contract.settings import Settings
     from streams.batch_lane import LaneBatch
 
-    try:
-        from streams.processor import tune_gc
-    except ImportError:   # a tree from before tune_gc
-        tune_gc = None
-
     with open(path, "rb") as f:
         lines = pickle.load(f)
 
@@ -98,8 +94,9 @@ def child(path: str, batch: int) -> dict:
     records = [ConsumerRecord(topic, 0, i, 0, 0, json.loads(raw)["run_id"].encode(), raw, None,
                               0, len(raw), ()) for i, raw in enumerate(lines)]
     tps = {0: TP(topic, 0)}
-    if tune_gc is not None:
-        tune_gc()
+    heap = getattr(app, "rlwatch_heap", None)
+    if heap is not None:     # the collector as `rlwatch worker` sets it (streams.heap)
+        heap.install()
 
     async def run() -> tuple[float, float]:
         wall, cpu = time.perf_counter(), time.process_time()
