@@ -53,9 +53,10 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def run(test) -> None:
+def run(test, **options) -> None:
+    """``test(lane)`` on a Lane made with ``options``, its notifications running."""
     async def main() -> None:
-        lane = Lane()
+        lane = Lane(**options)
         task = asyncio.ensure_future(lane.lane.notifications())
         try:
             await test(lane)
@@ -76,9 +77,7 @@ def test_a_firing_alert_is_acknowledged_only_once_its_brake_and_its_notification
 
 
 def test_a_brake_that_lands_before_the_notification_still_waits_for_it():
-    async def main() -> None:
-        lane = Lane(hold=True)
-        task = asyncio.ensure_future(lane.lane.notifications())
+    async def test(lane: Lane) -> None:
         await lane.take(0, alert("firing", step=1))
         lane.brakes[0][1]()
         await settle()
@@ -86,8 +85,7 @@ def test_a_brake_that_lands_before_the_notification_still_waits_for_it():
         lane.gate.set()
         await settle()
         assert lane.notified == [1] and lane.acked == [0]
-        task.cancel()
-    asyncio.run(main())
+    run(test, hold=True)
 
 
 def test_a_resolved_alert_pulls_no_brake_and_is_acknowledged_once_notified():
@@ -112,23 +110,18 @@ def test_notifications_go_in_the_order_read_and_a_foreign_message_is_acknowledge
 
 
 def test_a_notification_that_fails_is_logged_left_unacknowledged_and_the_next_go_on(caplog):
-    async def main() -> None:
-        lane = Lane(fail={7})
-        task = asyncio.ensure_future(lane.lane.notifications())
+    async def test(lane: Lane) -> None:
         with caplog.at_level(logging.ERROR, logger="rlwatch.worker"):
             await lane.take(0, alert("resolved", step=7))
             await lane.take(1, alert("resolved", step=8))
             await settle()
         assert lane.notified == [8] and lane.acked == [1]
         assert "stays unacknowledged" in caplog.text and "lane-run" in caplog.text
-        task.cancel()
-    asyncio.run(main())
+    run(test, fail={7})
 
 
 def test_an_alert_read_before_a_rebalance_is_not_notified_nor_acknowledged():
-    async def main() -> None:
-        lane = Lane(hold=True)
-        task = asyncio.ensure_future(lane.lane.notifications())
+    async def test(lane: Lane) -> None:
         await lane.take(0, alert("resolved", step=1), generation=1)
         await settle()                  # being notified when the rebalance comes: goes on
         await lane.take(1, alert("resolved", step=2), generation=1)
@@ -137,14 +130,11 @@ def test_an_alert_read_before_a_rebalance_is_not_notified_nor_acknowledged():
         await lane.take(2, alert("resolved", step=2), generation=2)
         await settle()
         assert lane.notified == [1, 2] and lane.acked == [0, 2] and lane.lane.stale == 1
-        task.cancel()
-    asyncio.run(main())
+    run(test, hold=True)
 
 
 def test_a_full_queue_holds_the_reader_back_and_loses_nothing():
-    async def main() -> None:
-        lane = Lane(queued=2, hold=True)
-        task = asyncio.ensure_future(lane.lane.notifications())
+    async def test(lane: Lane) -> None:
         await lane.take(0, alert("resolved", step=0))
         await settle()                  # the notifier took it and waits
         await lane.take(1, alert("resolved", step=1))
@@ -156,8 +146,7 @@ def test_a_full_queue_holds_the_reader_back_and_loses_nothing():
         await third
         await settle()
         assert lane.notified == [0, 1, 2, 3] and lane.acked == [0, 1, 2, 3]
-        task.cancel()
-    asyncio.run(main())
+    run(test, queued=2, hold=True)
 
 
 # -- the worker's alerts lane (streams.app) -------------------------------------------------------
@@ -229,9 +218,7 @@ def test_the_workers_alerts_lane_acknowledges_each_alert_once_braked_and_notifie
 def test_catch_up_waits_until_the_notifications_behind_are_done_or_its_time_is_up():
     from time import monotonic
 
-    async def main() -> None:
-        lane = Lane(hold=True)
-        task = asyncio.ensure_future(lane.lane.notifications())
+    async def test(lane: Lane) -> None:
         assert not lane.lane.behind
         for n in range(3):
             await lane.take(n, alert("resolved", step=n))
@@ -242,8 +229,7 @@ def test_catch_up_waits_until_the_notifications_behind_are_done_or_its_time_is_u
         # (a catch_up that waited out its whole minute would be cut here by wait_for, failing)
         await asyncio.wait_for(lane.lane.catch_up(60.0, monotonic), 10.0)
         assert not lane.lane.behind and lane.notified == [0, 1, 2] and lane.acked == [0, 1, 2]
-        task.cancel()
-    asyncio.run(main())
+    run(test, hold=True)
 
 
 def test_a_busy_events_lane_lets_the_notifications_behind_it_catch_up_at_each_turn(monkeypatch):
