@@ -557,7 +557,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
             try:
                 alerts = st.rank_step(event, now)
             except Exception as exc:  # noqa: BLE001 - one bad event must not stop the worker
-                streak[0] = None
+                end_streak()
                 return failed(exc, key, run_id, raw, now)
             if alerts is None:
                 event = None      # not routine: read and applied as any other event
@@ -584,11 +584,11 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
             recorder.observe(event, raw)
             st = states.get(event.run_id)
             if st is not streak[1]:
-                streak[:] = None, None, None     # (the streak's run goes on after its others)
+                end_streak()        # (the streak's run goes on after its other events)
             try:
                 alerts = processor.process(st, event, now)
             except Exception as exc:  # noqa: BLE001 - one bad event must not stop the worker
-                streak[0] = None
+                end_streak()
                 return failed(exc, key, event.run_id, raw, now)
         counters["events"] += 1
         states.touch(event.run_id)
@@ -683,7 +683,6 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         pending: deque = deque()
 
         async def send() -> None:
-            end_streak()
             batch.ack(sent)
             runs, acks = await send_out(outs)
             outs.clear()
@@ -715,11 +714,11 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                 if not outs and not pending:
                     sent = done
                 if turns.due():
+                    end_streak()
                     if outs:
                         await send()
                     settle()
                     batch.ack(sent)
-                    end_streak()
                     await asyncio.sleep(0)
                     if alerts_lane.behind:      # (defined below; the lane runs once started)
                         await alerts_lane.catch_up(NOTIFY_TURN_SECONDS, time.monotonic)
