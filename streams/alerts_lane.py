@@ -53,7 +53,7 @@ class AlertsLane:
         self._generation = generation
         self._queue: asyncio.Queue = asyncio.Queue(queued)
         self._busy = False      # a notification under way
-        self._progress: asyncio.Event | None = None     # set when one is done (catch_up)
+        self._progress = asyncio.Event()     # set when one is done (catch_up)
         self.stale = 0          # notifications left to a later reading after a rebalance
 
     async def take(self, raw: Any, ack: Callable[[], Any], generation: int) -> None:
@@ -90,13 +90,11 @@ class AlertsLane:
                 log.exception("rlwatch: notifying the %s alert %s of run %s failed; it stays "
                               "unacknowledged, so the worker that reads it again notifies it",
                               alert.state, alert.rule, alert.run_id)
-                continue
             else:
                 done()
             finally:
                 self._busy = False
-                if self._progress is not None:
-                    self._progress.set()
+                self._progress.set()
 
     @property
     def behind(self) -> bool:
@@ -110,8 +108,6 @@ class AlertsLane:
         events the alerts of a busy fleet waited seconds to be notified."""
         end = clock() + seconds
         progress = self._progress
-        if progress is None:
-            progress = self._progress = asyncio.Event()
         while self.behind:
             left = end - clock()
             if left <= 0:
