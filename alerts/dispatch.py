@@ -43,7 +43,7 @@ from alerts.redact import redact
 from alerts.retry import RetryPolicy
 from alerts.routing import Routing
 from alerts.silences import SilenceStore
-from contract.alert import Alert
+from contract.alert import Alert, Raw
 from contract.commands import Command
 
 __all__ = ["Delivery", "Dispatcher", "delivery_key"]
@@ -165,7 +165,7 @@ class Dispatcher:
             return
         self.brakes.submit(alert.run_id, planned, on_done)
 
-    async def notify(self, alert: Alert, out: Delivery | None = None, *, snapshot: dict | None = None,
+    async def notify(self, alert: Alert, out: Delivery | None = None, *, snapshot: dict | Raw | None = None,
                      wait: bool = False, brake_done: bool | None = None) -> Delivery:
         """The notification lane: incident, outbox, then the sends (awaited with ``wait``, else
         started in the background)."""
@@ -196,7 +196,9 @@ class Dispatcher:
         out.queued = [r for r in out.queued if r not in out.delivered and r not in out.suppressed]
         return out
 
-    def _split(self, alert: Alert) -> tuple[Alert, dict | None]:
+    def _split(self, alert: Alert) -> tuple[Alert, dict | Raw | None]:
+        """The alert without its snapshot, and the snapshot: a dict, or the JSON text it came
+        in (``msgspec.Raw``: :meth:`contract.alert.Alert.from_json_keeping_snapshot`)."""
         extra = alert.model_extra or {}
         if "snapshot" not in extra:
             return alert, None
@@ -207,7 +209,7 @@ class Dispatcher:
         advisory = self.routing.policy.advisory_for(alert.run_id, alert.rule)
         return commands_for(alert, now, Enforcement(advisory), secret, key=delivery_key(alert))
 
-    async def _incident(self, alert: Alert, snapshot: dict | None, now: float, done: list[str],
+    async def _incident(self, alert: Alert, snapshot: dict | Raw | None, now: float, done: list[str],
                         out: Delivery) -> dict:
         if self.incidents is None or alert.state != "firing" or "snapshot" not in alert.actions:
             return {"actions_advisory": out.advisory} if out.advisory else {}

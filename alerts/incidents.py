@@ -14,10 +14,11 @@ import hashlib
 import json
 from typing import Any, Protocol
 
-from contract.alert import Alert, read_json
+from contract.alert import Alert, Raw, read_json, splice_json
 from contract.events import record_json
 
-__all__ = ["IncidentStore", "MemoryIncidents", "RedisIncidents", "incident_id", "make_incident"]
+__all__ = ["IncidentStore", "MemoryIncidents", "RedisIncidents", "incident_id", "incident_json",
+           "make_incident"]
 
 TTL = 30 * 24 * 3600
 
@@ -26,21 +27,46 @@ def incident_id(alert: Alert) -> str:
     return "inc-" + hashlib.sha256(f"{alert.fingerprint}:{alert.onset_step}".encode()).hexdigest()[:12]
 
 
-def make_incident(alert: Alert, snapshot: dict | None, now: float, done: list[str]) -> dict:
+#: a snapshot kept as its JSON text (msgspec.Raw) this long or shorter is read (``{}``,
+#: ``null``: "no snapshot"); a longer one holds something and is kept as it came
+_SHORT_SNAPSHOT = 16
+
+
+def make_incident(alert: Alert, snapshot: dict | Raw | None, now: float, done: list[str]) -> dict:
     """The incident record of ``alert``: plain JSON values throughout (the alert and its
     snapshot as their JSON reads back, non-finite numbers as the contract's strings), the
-    same in memory as a store reads back."""
+    same in memory as a store reads back. A snapshot that comes as its JSON text (a
+    ``msgspec.Raw``: :meth:`contract.alert.Alert.from_json_keeping_snapshot`) stays that text,
+    the same JSON value, which the stores write as it is (:func:`incident_json`)."""
     data = read_json(alert.to_json())
     data.pop("snapshot", None)
+    if isinstance(snapshot, Raw):
+        if len(snapshot) > _SHORT_SNAPSHOT:
+            return _incident(alert, data, now, done, snapshot)
+        snapshot = read_json(bytes(snapshot))
+    # through pydantic-core's writer and msgspec's reader: a tenth of the time of walking
+    # the snapshot (thousands of numbers) in Python
+    return _incident(alert, data, now, done, read_json(record_json(snapshot)) if snapshot else
+                     {"note": "no snapshot data came with this alert (the processor keeps none "
+                              "for this run)"})
+
+
+def _incident(alert: Alert, data: dict, now: float, done: list[str], snapshot) -> dict:
     return {
         "id": incident_id(alert), "created": now, "run_id": alert.run_id, "rule": alert.rule,
         "severity": alert.severity, "step": alert.step, "onset_step": alert.onset_step,
-        "summary": alert.summary, "actions_taken": done, "alert": data,
-        # through pydantic-core's writer and msgspec's reader: a tenth of the time of walking
-        # the snapshot (thousands of numbers) in Python
-        "snapshot": read_json(record_json(snapshot)) if snapshot else
-        {"note": "no snapshot data came with this alert (the processor keeps none for this run)"},
+        "summary": alert.summary, "actions_taken": done, "alert": data, "snapshot": snapshot,
     }
+
+
+def incident_json(incident: dict) -> bytes:
+    """The stored text of an incident from :func:`make_incident` (a snapshot kept as its JSON
+    text written as it is)."""
+    snapshot = incident.get("snapshot")
+    if not isinstance(snapshot, Raw):
+        return record_json(incident)
+    return splice_json(record_json({k: v for k, v in incident.items() if k != "snapshot"}),
+                       "snapshot", snapshot)
 
 
 def summary_of(inc: dict) -> dict:
@@ -61,6 +87,8 @@ class MemoryIncidents:
     async def save(self, incident: dict) -> bool:
         if incident["id"] in self.items:
             return False
+        if isinstance(incident.get("snapshot"), Raw):     # kept as a store reads it back
+            incident = {**incident, "snapshot": read_json(bytes(incident["snapshot"]))}
         self.items[incident["id"]] = incident
         return True
 
@@ -94,7 +122,7 @@ class RedisIncidents:
     async def save(self, incident: dict) -> bool:
         """Store the incident and index it, at once (one script); False if it was there."""
         return bool(await self._save(keys=[f"{self.p}{incident['id']}", self.index],
-                                     args=[record_json(incident), TTL, incident["id"], incident["created"]]))
+                                     args=[incident_json(incident), TTL, incident["id"], incident["created"]]))
 
     async def list(self, run_id: str | None = None, limit: int = 50) -> list[dict]:
         ids = [i.decode() if isinstance(i, bytes) else i

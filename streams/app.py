@@ -749,9 +749,10 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                 await after([out])
 
     def read_alert(raw) -> Alert | None:
-        """The alert of a message on the alerts topic, or None (logged)."""
+        """The alert of a message on the alerts topic, or None (logged). Its snapshot, if it
+        has one, is not read: the incident stores it as the JSON text it came in."""
         try:
-            return Alert.from_json(raw)
+            return Alert.from_json_keeping_snapshot(raw)
         except Exception as exc:  # noqa: BLE001 - a foreign message on the topic
             log.error("rlwatch: unreadable alert on %s: %s", settings.alerts_topic, exc)
             return None

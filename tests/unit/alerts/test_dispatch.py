@@ -306,6 +306,37 @@ def test_an_incident_holds_its_snapshot_as_the_store_reads_it_back():
     assert make_incident(alert(), None, T0, [])["snapshot"]["note"].startswith("no snapshot data")
 
 
+def test_a_snapshot_read_as_its_text_gives_the_incident_a_snapshot_read_in_full_gives():
+    # the worker's alerts lane reads an alert keeping its snapshot as the JSON text it came
+    # in; the incident stored (Redis's text, the memory store's dict) is the same
+    import json
+    import math
+
+    from alerts.incidents import incident_json, make_incident
+    from contract.alert import Alert, Raw
+    from contract.events import record_json
+
+    snap = {"window": {"steps": [{"step": 7, "metrics": {"kl/mean": math.nan, "z": 0.1 + 0.2}}]},
+            "ranks": {"3": {"value": -math.inf}}, "note": "żółw ✓"}
+    line = alert().model_copy(update={"snapshot": snap}).to_json()
+    d, *_ = rig()
+    full, text = d._split(Alert.from_json(line)), d._split(Alert.from_json_keeping_snapshot(line))
+    assert isinstance(text[1], Raw) and isinstance(full[1], dict)
+    by_text, by_dict = (make_incident(a, s, T0, ["pause"]) for a, s in (text, full))
+    assert json.loads(incident_json(by_text)) == json.loads(record_json(by_dict))
+    assert json.loads(incident_json(by_dict)) == json.loads(record_json(by_dict))
+    assert json.loads(incident_json(by_text))["snapshot"]["ranks"]["3"]["value"] == "-Infinity"
+    # the memory store keeps what a store reads back
+    for a, s in (text, full):
+        d, *_ = rig()
+        stored = run(d.incidents.get(run(d.notify(a, snapshot=s)).incident))
+        want = json.loads(record_json(by_dict))
+        assert (stored["snapshot"], stored["alert"]) == (want["snapshot"], want["alert"])
+    # an empty snapshot's text is no snapshot, as an empty dict is
+    empty = make_incident(text[0], Raw(b"{}"), T0, [])["snapshot"]
+    assert empty == make_incident(text[0], {}, T0, [])["snapshot"] and "note" in empty
+
+
 def test_an_unacknowledged_pause_escalates_one_tier_up_once():
     control = MemoryControl()
     d, clock, n, _ = rig(control=control, acks=MemoryAcks(control))
