@@ -166,35 +166,52 @@ class Dispatcher:
         self.brakes.submit(alert.run_id, planned, on_done)
 
     async def notify(self, alert: Alert, out: Delivery | None = None, *, snapshot: dict | Raw | None = None,
-                     wait: bool = False, brake_done: bool | None = None) -> Delivery:
-        """The notification lane: incident, outbox, then the sends (awaited with ``wait``, else
-        started in the background)."""
-        alert, snap = self._split(alert)
-        snapshot = snapshot if snapshot is not None else snap
-        out = out or Delivery(alert)
+                     wait: bool = False) -> Delivery:
+        """The notification lane of one alert: incident, outbox, then the sends (awaited with
+        ``wait``, else started in the background)."""
+        return (await self._notify_all([(alert, out, snapshot)], wait))[0]
+
+    async def notify_all(self, alerts: list[Alert]) -> list[Delivery]:
+        """:meth:`notify` each alert, in order, the sends in the background: the worker's
+        notification lane, with the alerts waiting for it. The stores see them together:
+        their incidents in one round trip to Redis, their admission in one, their items in
+        one (each alert's took five, about 0.1 ms of CPU each)."""
+        return await self._notify_all([(a, None, None) for a in alerts], False)
+
+    async def _notify_all(self, entries: list[tuple[Alert, Delivery | None, dict | Raw | None]],
+                          wait: bool) -> list[Delivery]:
         now = self.clock()
-        key = delivery_key(alert)
-        advisory = self.routing.policy.advisory_for(alert.run_id, alert.rule)
-        out.advisory = [a for a in alert.actions if a in COMMAND_ACTIONS and a in advisory]
-        done = [c.action for c in self._planned(alert, now, None)] if self.control is not None else []
+        todo: list[tuple[Alert, Delivery, dict | Raw | None, list[str]]] = []
+        for alert, out, snapshot in entries:
+            alert, snap = self._split(alert)
+            out = out or Delivery(alert)
+            advisory = self.routing.policy.advisory_for(alert.run_id, alert.rule)
+            out.advisory = [a for a in alert.actions if a in COMMAND_ACTIONS and a in advisory]
+            done = [c.action for c in self._planned(alert, now, None)] if self.control is not None else []
+            todo.append((alert, out, snapshot if snapshot is not None else snap, done))
+        outs = [out for _, out, _, _ in todo]
         try:
-            note = await self._incident(alert, snapshot, now, done, out)
-            touched, new = await self._enqueue(alert.model_copy(update=note), key, now, done, out)
+            notes = await self._incidents(todo, now)
+            touched, new = await self._enqueue([(alert.model_copy(update=note) if note else alert, out, done)
+                                                for (alert, out, _, done), note in zip(todo, notes)], now)
             self.health.ok(now)
         except Exception as exc:  # noqa: BLE001 - Redis is down: page anyway, straight to the receivers
-            await self._direct(alert, done, out, exc, wait)
-            return out
-        out.duplicate = not new and not out.commands
+            for alert, out, _, done in todo:
+                await self._direct(alert, done, out, exc, wait)
+            return outs
+        for out, fresh in zip(outs, new):
+            out.duplicate = not fresh and not out.commands
         if wait:
             try:
-                await self.drainer.drain(now, touched, out)
+                await self.drainer.drain(now, touched, outs[0] if len(outs) == 1 else None)
             except Exception as exc:  # noqa: BLE001 - queued already: the timer's drain retries
                 log.error("rlwatch: outbox drain failed (the timer retries): %s",
                           self._safe(f"{type(exc).__name__}: {exc}"))
         elif touched:
             self.drainer.kick(touched)
-        out.queued = [r for r in out.queued if r not in out.delivered and r not in out.suppressed]
-        return out
+        for out in outs:
+            out.queued = [r for r in out.queued if r not in out.delivered and r not in out.suppressed]
+        return outs
 
     def _split(self, alert: Alert) -> tuple[Alert, dict | Raw | None]:
         """The alert without its snapshot, and the snapshot: a dict, or the JSON text it came
@@ -209,47 +226,66 @@ class Dispatcher:
         advisory = self.routing.policy.advisory_for(alert.run_id, alert.rule)
         return commands_for(alert, now, Enforcement(advisory), secret, key=delivery_key(alert))
 
-    async def _incident(self, alert: Alert, snapshot: dict | Raw | None, now: float, done: list[str],
-                        out: Delivery) -> dict:
-        if self.incidents is None or alert.state != "firing" or "snapshot" not in alert.actions:
-            return {"actions_advisory": out.advisory} if out.advisory else {}
-        inc = make_incident(alert, snapshot, now, done)
-        await self.incidents.save(inc)
-        out.incident = inc["id"]
-        return {"incident": inc["id"], **({"actions_advisory": out.advisory} if out.advisory else {})}
+    async def _incidents(self, todo: list[tuple[Alert, Delivery, dict | Raw | None, list[str]]],
+                         now: float) -> list[dict]:
+        """The incidents of the firing alerts with ``snapshot``, stored together; what each
+        alert's notification says of them (and of its advisory actions)."""
+        notes: list[dict] = []
+        incidents = []
+        for alert, out, snapshot, done in todo:
+            note = {"actions_advisory": out.advisory} if out.advisory else {}
+            if self.incidents is not None and alert.state == "firing" and "snapshot" in alert.actions:
+                inc = make_incident(alert, snapshot, now, done)
+                incidents.append(inc)
+                out.incident = inc["id"]
+                note = {"incident": inc["id"], **note}
+            notes.append(note)
+        if incidents:
+            await self.incidents.save_all(incidents)
+        return notes
 
-    async def _enqueue(self, alert: Alert, key: str, now: float, done: list[str],
-                       out: Delivery) -> tuple[set[str], bool]:
-        """Queue one notification per routed receiver; (receivers to drain, anything new).
-        Two round trips to the outbox: the alert tracked and its groups' clocks read, then
-        the new clocks, the items and the release of the run's held items written."""
-        targets = list(self.routing.targets(alert))
-        groups = [group_key(route, alert) for route, _ in targets]
-        clocks = await self.outbox.admit(alert, now, groups)
+    async def _enqueue(self, todo: list[tuple[Alert, Delivery, list[str]]],
+                       now: float) -> tuple[set[str], list[bool]]:
+        """Queue one notification per routed receiver of each alert; (receivers to drain,
+        whether each alert queued anything new). Two round trips to the outbox for all: the
+        alerts tracked and their groups' clocks read, then the new clocks, the items and the
+        release of the runs' held items written. A group's clock started by an alert holds for
+        the alerts after it, as if each had been queued alone."""
+        targets = [list(self.routing.targets(alert)) for alert, _, _ in todo]
+        groups = [[group_key(route, alert) for route, _ in t] for (alert, _, _), t in zip(todo, targets)]
+        clocks = await self.outbox.admit_all([(alert, g) for (alert, _, _), g in zip(todo, groups)], now)
         started: dict[str, GroupClock] = {}
         items: list[OutboxItem] = []
-        body = alert.to_json()
-        for (route, receiver), group in zip(targets, groups):
-            clock = clocks.get(group)
-            if clock is None:
-                clock = started.get(group)
-            if clock is None:
-                clock = started[group] = GroupClock(route.id, alert.run_id, now, alert.step)
-            due_ts, due_step = due(clock, route)
-            if due_step is not None and alert.step >= due_step:
-                due_ts, due_step = now, None
-            next_try = max(now, due_ts) if due_ts is not None else now + self.step_hold
-            items.append(OutboxItem(item_id(receiver, key), receiver, group, key, alert.run_id, body,
-                                    done, enqueued=now, next_try=next_try, due_step=due_step))
-        new_items, released = await self.outbox.enqueue_all(items, started, alert.run_id, alert.step, now)
+        owners: list[int] = []
+        steps: dict[str, int] = {}
+        for k, ((alert, _, done), tg, gs, cl) in enumerate(zip(todo, targets, groups, clocks)):
+            key = delivery_key(alert)
+            body = alert.to_json()
+            for (route, receiver), group in zip(tg, gs):
+                clock = cl.get(group)
+                if clock is None:
+                    clock = started.get(group)
+                if clock is None:
+                    clock = started[group] = GroupClock(route.id, alert.run_id, now, alert.step)
+                due_ts, due_step = due(clock, route)
+                if due_step is not None and alert.step >= due_step:
+                    due_ts, due_step = now, None
+                next_try = max(now, due_ts) if due_ts is not None else now + self.step_hold
+                items.append(OutboxItem(item_id(receiver, key), receiver, group, key, alert.run_id, body,
+                                        done, enqueued=now, next_try=next_try, due_step=due_step))
+                owners.append(k)
+            steps[alert.run_id] = max(alert.step, steps.get(alert.run_id, alert.step))
+        new_items, released = await self.outbox.enqueue_all(items, started, steps, now)
         touched: set[str] = set()
-        for item, new in zip(items, new_items):
-            if new:
-                out.queued.append(item.receiver)
+        new = [False] * len(todo)
+        for item, k, fresh in zip(items, owners, new_items):
+            if fresh:
+                todo[k][1].queued.append(item.receiver)
                 touched.add(item.receiver)
+                new[k] = True
         if released:
             touched.update(self.notifiers)
-        return touched, any(new_items)
+        return touched, new
 
     # -- straight to the receivers, when Redis is down ----------------------------------------
     async def _direct(self, alert: Alert, done: list[str], out: Delivery | None, exc: Exception | None,

@@ -76,6 +76,8 @@ def summary_of(inc: dict) -> dict:
 
 class IncidentStore(Protocol):
     async def save(self, incident: dict) -> bool: ...
+    async def save_all(self, incidents: list[dict]) -> list[bool]:
+        """:meth:`save` each (one round trip for all): whether each was new."""
     async def list(self, run_id: str | None = None, limit: int = 50) -> list[dict]: ...
     async def get(self, incident_id: str) -> dict | None: ...
 
@@ -91,6 +93,9 @@ class MemoryIncidents:
             incident = {**incident, "snapshot": read_json(bytes(incident["snapshot"]))}
         self.items[incident["id"]] = incident
         return True
+
+    async def save_all(self, incidents: list[dict]) -> list[bool]:
+        return [await self.save(inc) for inc in incidents]
 
     async def list(self, run_id: str | None = None, limit: int = 50) -> list[dict]:
         out = sorted(self.items.values(), key=lambda i: i["created"], reverse=True)
@@ -121,8 +126,28 @@ class RedisIncidents:
 
     async def save(self, incident: dict) -> bool:
         """Store the incident and index it, at once (one script); False if it was there."""
-        return bool(await self._save(keys=[f"{self.p}{incident['id']}", self.index],
-                                     args=[incident_json(incident), TTL, incident["id"], incident["created"]]))
+        return (await self.save_all([incident]))[0]
+
+    async def save_all(self, incidents: list[dict]) -> list[bool]:
+        """Each incident stored and indexed at once (one script each, all in one round trip);
+        whether each was new. The script is called by its SHA: a Redis that does not know it
+        (restarted, flushed) refuses it, and it is loaded and the whole pipeline sent again
+        (saving an incident twice stores it once)."""
+        from redis.exceptions import NoScriptError    # (redis: only with RedisIncidents)
+        if not incidents:
+            return []
+        for attempt in (1, 2):
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for inc in incidents:
+                        pipe.evalsha(self._save.sha, 2, f"{self.p}{inc['id']}", self.index,
+                                     incident_json(inc), TTL, inc["id"], inc["created"])
+                    return [bool(x) for x in await pipe.execute()]
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                self._save.sha = await self.redis.script_load(self._save.script)
+        raise AssertionError("unreachable")
 
     async def list(self, run_id: str | None = None, limit: int = 50) -> list[dict]:
         ids = [i.decode() if isinstance(i, bytes) else i

@@ -96,16 +96,17 @@ class Outbox(Protocol):
         """The firing alerts (of these ``runs`` only, when given); those older than
         ``ACTIVE_MAX_AGE`` are dropped."""
     async def run_step(self, run_id: str) -> int | None: ...
-    async def admit(self, alert: Alert, now: float, groups: list[str]) -> dict[str, GroupClock | None]:
-        """:meth:`track` the alert, then the clocks of ``groups`` (one round trip)."""
+    async def admit_all(self, alerts: list[tuple[Alert, list[str]]], now: float) -> list[dict[str, GroupClock | None]]:
+        """:meth:`track` each alert, then read the clocks of its groups, as they were before
+        this call (one round trip for all)."""
     async def sent(self, items: list[OutboxItem], now: float) -> None:
         """:meth:`finish` ``items`` as sent and note the flush on their groups' clocks (last
         flush ``now``, at the newest step of the group's items): two round trips."""
-    async def enqueue_all(self, items: list[OutboxItem], clocks: dict[str, GroupClock], run_id: str,
-                          step: int, now: float) -> tuple[list[bool], int]:
-        """Set ``clocks``, :meth:`enqueue` each item, then :meth:`release_steps` of the run:
-        (whether each item was new, how many held items were released). One round trip
-        unless something is released."""
+    async def enqueue_all(self, items: list[OutboxItem], clocks: dict[str, GroupClock],
+                          steps: dict[str, int], now: float) -> tuple[list[bool], int]:
+        """Set ``clocks``, :meth:`enqueue` each item, then :meth:`release_steps` of each run of
+        ``steps`` (run id -> the step it reached): (whether each item was new, how many held
+        items were released). One round trip unless something is released."""
 
 
 def flush_steps(items: list[OutboxItem]) -> dict[str, int]:
@@ -225,15 +226,20 @@ class MemoryOutbox:
             self.firing.pop(alert.fingerprint, None)
         self.run_steps[alert.run_id] = max(alert.step, self.run_steps.get(alert.run_id, alert.step))
 
-    async def admit(self, alert: Alert, now: float, groups: list[str]) -> dict[str, GroupClock | None]:
-        await self.track(alert, now)
-        return {g: self.groups.get(g) for g in groups}
+    async def admit_all(self, alerts: list[tuple[Alert, list[str]]], now: float) -> list[dict[str, GroupClock | None]]:
+        clocks = [{g: self.groups.get(g) for g in groups} for _, groups in alerts]
+        for alert, _ in alerts:
+            await self.track(alert, now)
+        return clocks
 
-    async def enqueue_all(self, items: list[OutboxItem], clocks: dict[str, GroupClock], run_id: str,
-                          step: int, now: float) -> tuple[list[bool], int]:
+    async def enqueue_all(self, items: list[OutboxItem], clocks: dict[str, GroupClock],
+                          steps: dict[str, int], now: float) -> tuple[list[bool], int]:
         self.groups.update(clocks)
         new = [await self.enqueue(it) for it in items]
-        return new, await self.release_steps(run_id, step, now)
+        released = 0
+        for run_id, step in steps.items():
+            released += await self.release_steps(run_id, step, now)
+        return new, released
 
     async def active(self, now: float, runs: Iterable[str] | None = None) -> list[Alert]:
         for fp, (at, _) in list(self.firing.items()):
@@ -444,20 +450,21 @@ class RedisOutbox:
         return [alert.fingerprint, json.dumps({"at": now, "alert": alert.to_json()}) if firing else "",
                 alert.run_id, alert.step]
 
-    async def admit(self, alert: Alert, now: float, groups: list[str]) -> dict[str, GroupClock | None]:
-        keys, args = self._track_keys(alert), self._track_args(alert, now)
-
+    async def admit_all(self, alerts: list[tuple[Alert, list[str]]], now: float) -> list[dict[str, GroupClock | None]]:
         def queue(pipe) -> None:
-            pipe.evalsha(self._track.sha, len(keys), *keys, *args)
-            for g in groups:
-                pipe.hget(self.p + "groups", g)
-        got = await self._pipelined(queue)
-        return {g: None if raw is None else GroupClock.from_dict(json.loads(raw))
-                for g, raw in zip(groups, got[1:])}
+            for _, groups in alerts:       # the clocks first: as they were before this call
+                for g in groups:
+                    pipe.hget(self.p + "groups", g)
+            for alert, _ in alerts:
+                keys = self._track_keys(alert)
+                pipe.evalsha(self._track.sha, len(keys), *keys, *self._track_args(alert, now))
+        got = iter(await self._pipelined(queue))
+        return [{g: None if raw is None else GroupClock.from_dict(json.loads(raw))
+                 for g, raw in zip(groups, got)} for _, groups in alerts]
 
-    async def enqueue_all(self, items: list[OutboxItem], clocks: dict[str, GroupClock], run_id: str,
-                          step: int, now: float) -> tuple[list[bool], int]:
-        steps = self.p + "steps:" + run_id
+    async def enqueue_all(self, items: list[OutboxItem], clocks: dict[str, GroupClock],
+                          steps: dict[str, int], now: float) -> tuple[list[bool], int]:
+        held = {run_id: self.p + "steps:" + run_id for run_id in steps}
 
         def queue(pipe) -> None:
             for g, clock in clocks.items():
@@ -465,10 +472,14 @@ class RedisOutbox:
             for it in items:
                 keys, args = self._enqueue_call(it)
                 pipe.evalsha(self._enqueue.sha, len(keys), *keys, *args)
-            pipe.zrangebyscore(steps, "-inf", step)
+            for run_id, step in steps.items():
+                pipe.zrangebyscore(held[run_id], "-inf", step)
         got = await self._pipelined(queue)
         new = [bool(x) for x in got[len(clocks):len(clocks) + len(items)]]
-        return new, await self._release(steps, [_s(i) for i in got[-1]], now)
+        released = 0
+        for run_id, ids in zip(steps, got[len(clocks) + len(items):]):
+            released += await self._release(held[run_id], [_s(i) for i in ids], now)
+        return new, released
 
     async def _pipelined(self, queue) -> list:
         """The replies of the commands ``queue(pipe)`` puts on a pipeline (not a transaction),

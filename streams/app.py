@@ -795,9 +795,9 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         loop = asyncio.get_running_loop()
         brakes().submit(alert, lambda: loop.call_soon_threadsafe(braked))   # on the brake thread
 
-    async def notify(alert: Alert) -> None:
-        """Incident and outbox; the sends run in the background, one lane per receiver."""
-        await dispatcher().notify(alert)
+    async def notify(alerts: list[Alert]) -> None:
+        """Incidents and outbox; the sends run in the background, one lane per receiver."""
+        await dispatcher().notify_all(alerts)
         _crash_point("notified")
 
     alerts_lane = AlertsLane(read_alert, brake, notify, lambda: app.consumer_generation_id)

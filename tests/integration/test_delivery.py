@@ -353,6 +353,36 @@ route:
 """
 
 
+@pytest.mark.parametrize("grouped", ["seconds", "steps"])
+def test_alerts_notified_together_on_redis_get_what_one_at_a_time_got(redis_url, grouped):
+    """The worker notifies the alerts waiting together, in one round trip to each store:
+    on Redis (its scripts flushed first, as by a restart) the receivers get what they got
+    with the alerts notified one at a time, and the incident holds the snapshot."""
+    from alerts.control import MemoryControl, redis_client
+    from alerts.dispatch import Dispatcher
+    from alerts.incidents import RedisIncidents
+    from alerts.routes_file import load_routes_text
+    from alerts.silences import MemorySilences
+    from tests.unit.alerts._helpers import Clock, Recording
+    from tests.unit.alerts.test_dispatch import GROUPED, STEP_GROUPED, notified_together_and_alone
+
+    async def make_rig(routes: str):
+        r = redis_client(redis_url)
+        await r.script_flush()
+        ns = f"rlwatch:together-{uuid.uuid4().hex[:8]}"
+        clock, notifiers = Clock(), [Recording("slack", batch=True), Recording("hook")]
+        d = Dispatcher(notifiers, MemoryControl(), clock=clock,
+                       routing=load_routes_text(routes, ["slack", "hook"]), outbox=RedisOutbox(r, ns),
+                       silences=MemorySilences(), incidents=RedisIncidents(r, ns))
+        return d, clock, {n.name: n for n in notifiers}
+
+    routes = GROUPED if grouped == "seconds" else STEP_GROUPED
+    alone, together = asyncio.run(notified_together_and_alone(make_rig, routes))
+    assert alone == together
+    assert together[1][-1]["slack"] and together[1][-1]["hook"], "nothing was sent"
+    assert '"step": 7' in together[2]
+
+
 def test_routes_group_inhibit_and_silence(redis_url, recorders, tmp_path):
     rec = recorders()
     routes = tmp_path / "routes.yaml"

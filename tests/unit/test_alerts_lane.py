@@ -25,9 +25,11 @@ class Lane:
     """An AlertsLane whose brakes wait for the test (``land(i)``) and whose notifications are
     recorded, optionally failing or waiting for the test too."""
 
-    def __init__(self, *, queued: int = 16, fail: set | None = None, hold: bool = False):
+    def __init__(self, *, queued: int = 16, fail: set | None = None, hold: bool = False,
+                 batch: int = 64):
         self.brakes: list = []          # (alert, done) in the order pulled
         self.notified: list[int] = []   # steps notified, in order
+        self.calls: list[list[int]] = []  # the steps of each call of notify
         self.acked: list[int] = []      # message numbers acknowledged, in order
         self.generation = 1
         self.fail = fail or set()
@@ -36,13 +38,14 @@ class Lane:
             self.gate.set()
         self.lane = AlertsLane(lambda raw: raw if isinstance(raw, Alert) else None,
                                lambda a, done: self.brakes.append((a, done)), self.notify,
-                               lambda: self.generation, queued=queued)
+                               lambda: self.generation, queued=queued, batch=batch)
 
-    async def notify(self, a: Alert) -> None:
+    async def notify(self, alerts: list[Alert]) -> None:
         await self.gate.wait()
-        if a.step in self.fail:
+        self.calls.append([a.step for a in alerts])
+        if any(a.step in self.fail for a in alerts):
             raise RuntimeError("receiver exploded")
-        self.notified.append(a.step)
+        self.notified += [a.step for a in alerts]
 
     async def take(self, n: int, raw, generation: int = 1) -> None:
         await self.lane.take(raw, lambda: self.acked.append(n), generation)
@@ -113,11 +116,26 @@ def test_a_notification_that_fails_is_logged_left_unacknowledged_and_the_next_go
     async def test(lane: Lane) -> None:
         with caplog.at_level(logging.ERROR, logger="rlwatch.worker"):
             await lane.take(0, alert("resolved", step=7))
+            await settle()
             await lane.take(1, alert("resolved", step=8))
             await settle()
         assert lane.notified == [8] and lane.acked == [1]
-        assert "stays unacknowledged" in caplog.text and "lane-run" in caplog.text
+        assert "stay unacknowledged" in caplog.text and "lane-run" in caplog.text
     run(test, fail={7})
+
+
+def test_the_alerts_waiting_are_notified_together_in_order_and_a_failure_leaves_them_all():
+    async def test(lane: Lane) -> None:
+        await lane.take(0, alert("resolved", step=0))
+        await settle()                  # the notifier took it alone and waits
+        for n in range(1, 6):
+            await lane.take(n, alert("resolved", step=n))
+        lane.gate.set()
+        await settle()
+        # those waiting went together, at most three at a time, in the order read
+        assert lane.calls == [[0], [1, 2, 3], [4, 5]] and lane.acked == [0, 4, 5]
+        assert lane.notified == [0, 4, 5]     # the call with 2 failed: 1, 2 and 3 wait
+    run(test, hold=True, batch=3, fail={2})
 
 
 def test_an_alert_read_before_a_rebalance_is_not_notified_nor_acknowledged():
@@ -177,9 +195,9 @@ def test_the_workers_alerts_lane_acknowledges_each_alert_once_braked_and_notifie
             self.notified: list = []
             self.gate = asyncio.Event()
 
-        async def notify(self, a):
+        async def notify_all(self, alerts):
             await self.gate.wait()
-            self.notified.append((a.step, a.state))
+            self.notified += [(a.step, a.state) for a in alerts]
 
     brakes, dispatcher = Brakes(), Dispatcher()
     monkeypatch.setattr(app_module, "build_brake_thread", lambda *a: brakes)

@@ -155,6 +155,60 @@ def test_group_wait_in_steps_is_released_by_the_runs_later_alerts():
     assert [[a.rule for a in b] for b in n["slack"].batches] == [["a", "b", "c"]]
 
 
+STEP_GROUPED = "route:\n  receiver: [slack, hook]\n  group_by: [run]\n  group_wait: 10 steps\ninhibit_rules: []\n"
+
+
+async def notified_together_and_alone(make_rig, routes: str) -> list:
+    """What the receivers get of a few alerts (two groups, a group's later alert, a step
+    that releases held items, a snapshot, a resolved alert) notified one at a time and
+    together (``make_rig(routes)``: a dispatcher, its clock, its recording notifiers)."""
+    import json
+
+    alerts = [alert(rule="a", step=100, onset_step=100),
+              alert(rule="b", step=105, onset_step=105, actions=[]),
+              alert(rule="a", run_id="ppo-other", step=7, onset_step=7, actions=["snapshot"],
+                    snapshot={"window": {"steps": [{"step": 7}]}}),
+              alert(rule="c", step=111, onset_step=111, actions=[]),
+              alert(rule="b", step=112, onset_step=105, state="resolved", actions=[])]
+    seen = []
+    for together in (False, True):
+        d, clock, n = await make_rig(routes)
+        try:
+            if together:
+                outs = await d.notify_all(alerts)
+            else:       # (each alone: its receivers' passes over before the next comes)
+                outs = []
+                for a in alerts:
+                    outs.append(await d.notify(a))
+                    await d.idle()
+            await d.idle()
+            sent = []
+            for _ in range(4):
+                await d.tick(clock.advance(31))
+                sent.append({r: [[(x.rule, x.run_id, x.state) for x in b] for b in n[r].batches] for r in n})
+            inc = await d.incidents.get(outs[2].incident)
+            seen.append(([(sorted(o.queued), o.incident, o.duplicate) for o in outs], sent,
+                         json.dumps(inc["snapshot"]), await d.outbox.pending()))
+            assert await d.notify_all([]) == []
+        finally:
+            await d.close()
+    return seen
+
+
+@pytest.mark.parametrize("routes", [GROUPED, STEP_GROUPED])
+def test_alerts_notified_together_are_queued_grouped_and_sent_as_one_at_a_time(routes):
+    # the worker notifies the alerts waiting together (one round trip to each store for all):
+    # groups started by one alert hold for the next, held items are released by a later
+    # step of their run, incidents are kept, and the receivers get what they got before
+    async def make_rig(routes: str):
+        d, clock, n, _ = rig(routes, batch=("slack",))
+        return d, clock, n
+
+    alone, together = run(notified_together_and_alone(make_rig, routes))
+    assert alone == together
+    assert together[1][-1]["slack"] and together[1][-1]["hook"], "nothing was sent"
+
+
 def test_group_wait_in_steps_does_not_hold_forever():
     d, clock, n, _ = rig("route:\n  receiver: slack\n  group_wait: 10 steps\n", names=("slack",),
                          step_hold=120)
