@@ -35,11 +35,23 @@ __all__ = ["Drainer", "StoreHealth", "delivery_key"]
 log = logging.getLogger("rlwatch.alerts")
 
 NOT_NOTIFIED = (None, "silenced", "inhibited", "skipped", "dead")
+#: items a receiver's pass takes from the outbox, at most; a receiver's lane that took a full
+#: pass goes on with another (the worker notifies many alerts at once, and only the timer's
+#: next tick took the rest)
+PASS_ITEMS = 100
 
 
 def delivery_key(alert: Alert) -> str:
     """The identity of one notification-worthy event: (fingerprint, state, onset step)."""
     return f"{alert.fingerprint}:{alert.state}:{alert.onset_step}"
+
+
+_FIRING, _RESOLVED = ":firing:", ":resolved:"
+
+
+def _firing_key(key: str) -> str:
+    """The delivery key of the firing notice a resolved notice's ``key`` follows."""
+    return key.replace(_RESOLVED, _FIRING, 1)
 
 
 class StoreHealth:
@@ -130,7 +142,10 @@ class Drainer:
         now = self.clock() if now is None else now
         names = [n for n in (receivers if receivers is not None else self.notifiers)
                  if n in self.notifiers and self.down_until.get(n, 0.0) <= now]
-        taken = [(n, await self.outbox.take_due(n, now, limit=100, lease=self.lease)) for n in names]
+        taken = [(n, await self.outbox.take_due(n, now, limit=PASS_ITEMS, lease=self.lease)) for n in names]
+        for n, items in taken:      # a full pass: more may be due (the lane takes them next)
+            if len(items) >= PASS_ITEMS:
+                self._again.add(n)
         taken = [(n, items) for n, items in taken if items]
         if not taken:
             return 0
@@ -147,14 +162,16 @@ class Drainer:
         notifier = self.notifiers[name]
         mine_key = delivery_key(out.alert) if out is not None else None
         groups: OrderedDict[str, list[OutboxItem]] = OrderedDict()
-        for it in sorted(items, key=lambda i: (i.enqueued, i.step, i.id)):
+        # (a firing notice before the resolved one of the same step: it may go first)
+        for it in sorted(items, key=lambda i: (i.enqueued, i.step, _RESOLVED in i.key, i.id)):
             groups.setdefault(it.group, []).append(it)
         settled = 0
         units: list[list[OutboxItem]] = []
+        going: set[str] = set()      # the firing notices this pass sends (delivery keys)
         for batch in groups.values():
             ready = []
             for it in batch:
-                why = await self._suppressed(name, it, it.alert_obj(), active, silences, now)
+                why = await self._suppressed(name, it, it.alert_obj(), active, silences, now, going)
                 if why == "wait":
                     await self.outbox.retry(it, now + 1.0, "waiting for its firing notice to go first", count=False)
                 elif why:
@@ -164,9 +181,19 @@ class Drainer:
                         out.suppressed[name] = why
                 else:
                     ready.append(it)
+                    if _FIRING in it.key:
+                        going.add(it.key)
             if ready:
                 units.extend([ready] if hasattr(notifier, "send_batch") else [[it] for it in ready])
+        refused: set[str] = set()    # firing notices refused for good in this pass
         for n, unit in enumerate(units):
+            if refused:    # a resolved notice goes only where its firing one went
+                for it in [it for it in unit if _firing_key(it.key) in refused]:
+                    await self.outbox.finish(it, "skipped")
+                    settled += 1
+                    unit.remove(it)
+                if not unit:
+                    continue
             mine = any(it.key == mine_key for it in unit)
             try:
                 alerts = [it.alert_obj() for it in unit]
@@ -179,6 +206,7 @@ class Drainer:
                 msg = self.safe(exc)
                 for it in unit:
                     await self.outbox.bury(it, msg)
+                refused.update(it.key for it in unit)
                 log.error("rlwatch: %s refused %d notification(s) for good (dead-lettered): %s",
                           name, len(unit), msg)
                 if mine:
@@ -210,7 +238,10 @@ class Drainer:
             await self.outbox.sent(unit, now)
 
     async def _suppressed(self, receiver: str, it: OutboxItem, alert: Alert, active: list[Alert],
-                          silences: list, now: float) -> str | None:
+                          silences: list, now: float, going: set[str]) -> str | None:
+        """Why ``it`` is not sent now (None: it is). A resolved notice waits for its firing
+        one: it goes when that was sent, or goes first in this pass (``going``), and not
+        at all where that was not notified."""
         if alert.state == "firing":
             if silenced_by(alert, silences, now) is not None:
                 return "silenced"
@@ -218,6 +249,8 @@ class Drainer:
                 return "inhibited"
             return None
         firing = f"{alert.fingerprint}:firing:{alert.onset_step}"
+        if firing in going:
+            return None
         was = await self.outbox.outcome(receiver, firing)
         if was == "queued":
             return "wait" if not self.retry.exhausted(it.enqueued, now) else None

@@ -174,8 +174,10 @@ async def notified_together_and_alone(make_rig, routes: str) -> list:
     for together in (False, True):
         d, clock, n = await make_rig(routes)
         try:
-            if together:
-                outs = await d.notify_all(alerts)
+            if together:    # (the resolved one later: it would go with its firing one)
+                outs = await d.notify_all(alerts[:4])
+                await d.idle()
+                outs += await d.notify_all(alerts[4:])
             else:       # (each alone: its receivers' passes over before the next comes)
                 outs = []
                 for a in alerts:
@@ -207,6 +209,54 @@ def test_alerts_notified_together_are_queued_grouped_and_sent_as_one_at_a_time(r
     alone, together = run(notified_together_and_alone(make_rig, routes))
     assert alone == together
     assert together[1][-1]["slack"] and together[1][-1]["hook"], "nothing was sent"
+
+
+def test_a_resolved_notice_in_the_pass_of_its_firing_one_goes_after_it_not_a_second_later():
+    # alerts notified together put an alert's firing and resolved notices in one pass: the
+    # resolved one goes right after the firing one (it waited for the next pass before)
+    d, clock, n, _ = rig("route:\n  receiver: [slack, hook]\n  group_by: [run]\n  group_wait: 10 steps\n"
+                         "inhibit_rules: []\n", batch=("slack",))
+    fired = alert(rule="b", step=105, onset_step=105, actions=[])
+    gone = alert(rule="b", step=106, onset_step=105, state="resolved", actions=[])
+    async def go():
+        await d.notify_all([fired, gone, alert(rule="c", step=120, onset_step=120, actions=[])])
+        await d.idle()      # (the receivers' lanes, started by the notification)
+    run(go())
+    assert [[(a.rule, a.state) for a in b] for b in n["slack"].batches] == [
+        [("b", "firing"), ("b", "resolved"), ("c", "firing")]]
+    assert [(a.rule, a.state) for a, _ in n["hook"].sent] == [("b", "firing"), ("b", "resolved"), ("c", "firing")]
+    assert run(d.outbox.pending()) == 0
+
+
+def test_a_receivers_lane_goes_on_after_a_full_pass_until_nothing_is_due():
+    # a pass takes at most PASS_ITEMS items: alerts notified together (more than that) all go
+    # out from the one kick, not the rest only at the timer's next tick
+    from alerts.delivery import PASS_ITEMS
+
+    d, clock, n, _ = rig("route:\n  receiver: hook\ninhibit_rules: []\n", names=("hook",))
+    many = [alert(rule=f"r{i}", actions=[]) for i in range(PASS_ITEMS + PASS_ITEMS // 2)]
+
+    async def go():
+        await d.notify_all(many)
+        await d.idle()
+    run(go())
+    assert len(n["hook"].sent) == len(many) and run(d.outbox.pending()) == 0
+
+
+def test_a_resolved_notice_is_skipped_where_its_firing_one_was_refused_in_the_same_pass():
+    from alerts.notifiers import PermanentDeliveryError
+
+    d, clock, n, _ = rig("route:\n  receiver: hook\ninhibit_rules: []\n", names=("hook",))
+    n["hook"].fail = PermanentDeliveryError("HTTP 400: bad payload")
+    fired = alert(rule="b", step=105, onset_step=105, actions=[])
+    gone = alert(rule="b", step=106, onset_step=105, state="resolved", actions=[])
+    async def go():
+        await d.notify_all([fired, gone])
+        await d.idle()
+    run(go())
+    assert n["hook"].attempts == 1 and not n["hook"].sent
+    assert run(d.outbox.outcome("hook", "%s:resolved:105" % gone.fingerprint)) == "skipped"
+    assert len(run(d.outbox.dead("hook"))) == 1 and run(d.outbox.pending()) == 0
 
 
 def test_group_wait_in_steps_does_not_hold_forever():
