@@ -98,16 +98,28 @@ class AlertsLane:
             try:
                 await self._notify([alert for alert, _, _ in fresh])
             except Exception:  # noqa: BLE001 - the next alerts are notified all the same
-                log.exception("rlwatch: notifying %d alert(s) failed (the first: the %s alert %s "
-                              "of run %s); they stay unacknowledged, so the worker that reads "
-                              "them again notifies them", len(fresh), fresh[0][0].state,
-                              fresh[0][0].rule, fresh[0][0].run_id)
+                if len(fresh) == 1:
+                    self._failed(fresh[0][0])
+                else:       # each again alone: one bad alert holds back only itself
+                    for alert, done, _ in fresh:
+                        try:
+                            await self._notify([alert])
+                        except Exception:  # noqa: BLE001
+                            self._failed(alert)
+                        else:
+                            done()
             else:
                 for _, done, _ in fresh:
                     done()
             finally:
                 self._busy = False
                 self._progress.set()
+
+    @staticmethod
+    def _failed(alert: Alert) -> None:
+        log.exception("rlwatch: notifying the %s alert %s of run %s failed; it stays "
+                      "unacknowledged, so the worker that reads it again notifies it",
+                      alert.state, alert.rule, alert.run_id)
 
     @property
     def behind(self) -> bool:
