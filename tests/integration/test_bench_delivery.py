@@ -25,6 +25,7 @@ def test_the_delivery_benchmark_counts_round_trips_and_cpu_per_alert(services):
                     + re.escape(str(ROOT)) + "$", out.stdout, re.M)
     assert row, out.stdout
     notify_trips, notify_cpu, brake_trips, brake_cpu, tick_trips, tick_cpu = map(float, row.groups())
-    # every alert costs the outbox at least its queueing; a firing one's brake at least one script
-    assert notify_trips >= 1 and brake_trips >= 1 and notify_cpu > 0 and brake_cpu > 0
+    # the alerts cost the outbox round trips (those notified together share theirs); a firing
+    # alert's brake at least one script
+    assert notify_trips > 0 and brake_trips >= 1 and notify_cpu > 0 and brake_cpu > 0
     assert tick_trips >= 1 and tick_cpu > 0      # at least the unacknowledged brakes are read
