@@ -33,7 +33,7 @@ from contract.commands import (
     state_key,
 )
 
-__all__ = ["ControlChannel", "MemoryControl", "RedisControl", "redis_client"]
+__all__ = ["ControlChannel", "MemoryControl", "RedisControl", "pipelined", "redis_client"]
 
 log = logging.getLogger("rlwatch.alerts")
 
@@ -121,6 +121,26 @@ def redis_client(url: str):
     return aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=3, health_check_interval=10,
                                    retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
                                    retry_on_error=[RedisConnectionError, RedisTimeoutError, OSError])
+
+
+async def pipelined(redis, queue, scripts) -> list:
+    """The replies of the commands ``queue(pipe)`` puts on a pipeline (not a transaction) of
+    ``redis``, sent in one round trip. The ``scripts`` (redis-py ``Script`` objects) are called
+    on it by their SHA (``pipe.evalsha``: redis-py's own script calls on a pipeline cost a
+    second round trip, to ask whether Redis knows them): a Redis that does not know them
+    (restarted, or flushed) refuses them, so they are loaded and the whole pipeline sent
+    again. Only for commands that may run twice."""
+    from redis.exceptions import NoScriptError
+    try:
+        async with redis.pipeline(transaction=False) as pipe:
+            queue(pipe)
+            return await pipe.execute()
+    except NoScriptError:
+        for script in scripts:
+            script.sha = await redis.script_load(script.script)
+    async with redis.pipeline(transaction=False) as pipe:
+        queue(pipe)
+        return await pipe.execute()
 
 
 class RedisControl:

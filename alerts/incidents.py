@@ -14,6 +14,7 @@ import hashlib
 import json
 from typing import Any, Protocol
 
+from alerts.control import pipelined
 from contract.alert import Alert, Raw, read_json, splice_json
 from contract.events import record_json
 
@@ -129,25 +130,14 @@ class RedisIncidents:
         return (await self.save_all([incident]))[0]
 
     async def save_all(self, incidents: list[dict]) -> list[bool]:
-        """Each incident stored and indexed at once (one script each, all in one round trip);
-        whether each was new. The script is called by its SHA: a Redis that does not know it
-        (restarted, flushed) refuses it, and it is loaded and the whole pipeline sent again
-        (saving an incident twice stores it once)."""
-        from redis.exceptions import NoScriptError    # (redis: only with RedisIncidents)
-        if not incidents:
-            return []
-        for attempt in (1, 2):
-            try:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for inc in incidents:
-                        pipe.evalsha(self._save.sha, 2, f"{self.p}{inc['id']}", self.index,
-                                     incident_json(inc), TTL, inc["id"], inc["created"])
-                    return [bool(x) for x in await pipe.execute()]
-            except NoScriptError:
-                if attempt == 2:
-                    raise
-                self._save.sha = await self.redis.script_load(self._save.script)
-        raise AssertionError("unreachable")
+        """Each incident stored and indexed at once (one script each, all in one round trip,
+        :func:`alerts.control.pipelined`); whether each was new (saving one twice stores it
+        once)."""
+        def queue(pipe) -> None:
+            for inc in incidents:
+                pipe.evalsha(self._save.sha, 2, f"{self.p}{inc['id']}", self.index,
+                             incident_json(inc), TTL, inc["id"], inc["created"])
+        return [bool(x) for x in await pipelined(self.redis, queue, (self._save,))] if incidents else []
 
     async def list(self, run_id: str | None = None, limit: int = 50) -> list[dict]:
         ids = [i.decode() if isinstance(i, bytes) else i

@@ -29,6 +29,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Protocol
 
+from alerts.control import pipelined
 from alerts.grouping import GroupClock
 from contract.alert import Alert
 
@@ -482,22 +483,9 @@ class RedisOutbox:
         return new, released
 
     async def _pipelined(self, queue) -> list:
-        """The replies of the commands ``queue(pipe)`` puts on a pipeline (not a transaction),
-        sent in one round trip. The scripts are called by their SHA: a Redis that does not
-        know them (restarted, or flushed) refuses them, and nothing the commands do is harmed
-        by doing it again, so the scripts are loaded and the whole pipeline sent again."""
-        from redis.exceptions import NoScriptError    # (redis: only with a RedisOutbox)
-        for attempt in (1, 2):
-            try:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    queue(pipe)
-                    return await pipe.execute()
-            except NoScriptError:
-                if attempt == 2:
-                    raise
-                for script in (self._track, self._enqueue):
-                    script.sha = await self.redis.script_load(script.script)
-        raise AssertionError("unreachable")
+        """One round trip of the commands ``queue(pipe)`` puts on a pipeline, the outbox's
+        scripts called by their SHA (:func:`alerts.control.pipelined`)."""
+        return await pipelined(self.redis, queue, (self._track, self._enqueue))
 
     async def active(self, now: float, runs: Iterable[str] | None = None) -> list[Alert]:
         """The firing alerts, of the whole fleet or of ``runs`` only (each run's own hash: a
