@@ -111,15 +111,40 @@ class BrakeLane:
         sends it)."""
         fresh = []
         taken = self._taken
-        for cmd in commands:
-            if cmd.id in taken:
-                continue
-            if await self._until_taken(cmd):
+        todo = [cmd for cmd in commands if cmd.id not in taken]
+        for cmd, first in zip(todo, await self._at_once(todo)):
+            if first is None:
+                first = await self._until_taken(cmd)
+            if first:
                 fresh.append(cmd)
             taken[cmd.id] = None
             if len(taken) > TAKEN_MEMORY:
                 taken.popitem(last=False)
         return fresh
+
+    async def _at_once(self, cmds: list[Command]) -> list[bool | None]:
+        """``cmds`` sent in one round trip with their acknowledgement tracking, where the
+        control channel and the tracker share a Redis client (``RedisControl.send_all``): a
+        pause and its snapshot took four round trips one by one. For each command whether it
+        was applied now, or None where it must go the one-by-one way (:meth:`_until_taken`):
+        the run's state had changed under it, or the round trip failed (that way retries it,
+        says so and raises the alarm)."""
+        send_all = getattr(self.control, "send_all", None)
+        acks = self.acks
+        if send_all is None or not cmds or (acks is not None and (
+                getattr(acks, "redis", None) is not getattr(self.control, "redis", None)
+                or not hasattr(acks, "expect_on"))):
+            return [None] * len(cmds)
+
+        def expect(pipe) -> None:
+            for cmd in cmds:
+                acks.expect_on(pipe, cmd)
+        try:
+            if acks is None:
+                return await send_all(cmds)
+            return await send_all(cmds, then=expect, scripts=acks.scripts)
+        except Exception:  # noqa: BLE001 - the one-by-one way retries, logs and alarms
+            return [None] * len(cmds)
 
     async def _until_taken(self, cmd: Command) -> bool:
         attempts, since, alarmed, err = 0, None, False, ""

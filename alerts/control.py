@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from contract.commands import (
     Command,
@@ -143,6 +143,12 @@ async def pipelined(redis, queue, scripts) -> list:
         return await pipe.execute()
 
 
+def _reply(reply) -> tuple[str, bytes | None]:
+    """(status, the state Redis has) of an :data:`_APPLY` reply."""
+    status, *rest = reply
+    return (status.decode() if isinstance(status, bytes) else status), (rest[0] if rest else None)
+
+
 class RedisControl:
     """Control state in Redis (redis.asyncio). ``url`` may carry AUTH and ``rediss://`` TLS.
     ``secret``: the control secret, to tell signed state records from planted ones."""
@@ -171,22 +177,10 @@ class RedisControl:
         command applied before is only published again. The state's signature is checked here,
         never in Redis, so the script takes the new state ready-made."""
         run_id = cmd.run_id
-        keys = [state_key(run_id), applied_key(cmd.id), runs_key(), audit_key(run_id), pending_key(run_id)]
-        body = cmd.model_dump_json()
-        entry = json.dumps({"type": "command", **cmd.model_dump(exclude_none=True)})
-        # a command that sets no state is also kept in a list for workers disconnected right now
-        # (pub/sub is fire and forget); they read it when they connect
-        pending = body if implied_state(cmd.action) is None else ""
         raw = self._seen.get(run_id)
         for _ in range(_STALE_TRIES):
-            current = trusted(run_id, raw, self.secret)
-            new = _transition(current, cmd)
-            new_raw = new.model_dump_json().encode() if new is not current else b""
-            status, *rest = await self._script(keys=keys, args=[
-                b"0" if raw is None else b"1", raw or b"", new_raw, APPLIED_TTL, run_id, entry,
-                pending, channel(run_id), body])
-            got = rest[0] if rest else None
-            status = status.decode() if isinstance(status, bytes) else status
+            keys, args, new, new_raw = self._apply_call(cmd, raw)
+            status, got = _reply(await self._script(keys=keys, args=args))
             if status == "ok":
                 self._remember(run_id, new_raw or raw)
                 return new, True
@@ -196,6 +190,52 @@ class RedisControl:
             raw = got     # stale: another writer changed the state since
         raise RuntimeError(f"the control state of run {run_id} kept changing under "
                            f"{_STALE_TRIES} attempts to apply {cmd.action}")
+
+    async def send_all(self, cmds: list[Command], then: Callable[[Any], None] | None = None,
+                       scripts: tuple = ()) -> list[bool | None]:
+        """Apply ``cmds`` in order in one round trip: a pipeline of :data:`_APPLY` scripts, each
+        expecting the state the commands before it leave (from the state this client last saw),
+        then what ``then(pipe)`` queues on it (calling ``scripts`` by their SHA). For each
+        command: True (applied now), False (applied before: published again) or None (its
+        run's state was not the one expected, so it was not applied: :meth:`send` it, which
+        works the transition out again; a command after it of the same run is then None too,
+        as it expected a state that did not come)."""
+        calls = []
+        guess: dict[str, bytes | None] = {}
+        for cmd in cmds:
+            raw = guess[cmd.run_id] if cmd.run_id in guess else self._seen.get(cmd.run_id)
+            keys, args, _, new_raw = self._apply_call(cmd, raw)
+            calls.append((keys, args, raw, new_raw))
+            guess[cmd.run_id] = new_raw or raw
+
+        def queue(pipe) -> None:
+            for keys, args, _, _ in calls:
+                pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+            if then is not None:
+                then(pipe)
+        replies = await pipelined(self.redis, queue, (self._script, *scripts))
+        out: list[bool | None] = []
+        for cmd, (_, _, raw, new_raw), reply in zip(cmds, calls, replies):
+            status, got = _reply(reply)
+            self._remember(cmd.run_id, (new_raw or raw) if status == "ok" else got)
+            out.append(True if status == "ok" else False if status == "applied" else None)
+        return out
+
+    def _apply_call(self, cmd: Command, raw: bytes | None) -> tuple[list, list, RunControl, bytes]:
+        """The keys and arguments of :data:`_APPLY` for ``cmd`` on a run whose state is
+        expected to be ``raw``; the state it leaves, and its record (b"" when unchanged)."""
+        run_id = cmd.run_id
+        keys = [state_key(run_id), applied_key(cmd.id), runs_key(), audit_key(run_id), pending_key(run_id)]
+        body = cmd.model_dump_json()
+        entry = json.dumps({"type": "command", **cmd.model_dump(exclude_none=True)})
+        # a command that sets no state is also kept in a list for workers disconnected right now
+        # (pub/sub is fire and forget); they read it when they connect
+        pending = body if implied_state(cmd.action) is None else ""
+        current = trusted(run_id, raw, self.secret)
+        new = _transition(current, cmd)
+        new_raw = new.model_dump_json().encode() if new is not current else b""
+        return keys, [b"0" if raw is None else b"1", raw or b"", new_raw, APPLIED_TTL, run_id, entry,
+                      pending, channel(run_id), body], new, new_raw
 
     def _remember(self, run_id: str, raw: bytes | None) -> None:
         seen = self._seen

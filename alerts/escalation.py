@@ -201,6 +201,16 @@ class RedisAcks:
             return
         await self._expect(keys=[self.pending, self.sent], args=[cmd.id, cmd.model_dump_json(), cmd.ts])
 
+    def expect_on(self, pipe, cmd: Command) -> None:
+        """:meth:`expect` queued on a pipeline of this tracker's Redis client (its script by
+        SHA: :data:`scripts`, for :func:`alerts.control.pipelined`)."""
+        if cmd.action in BRAKES:
+            pipe.evalsha(self._expect.sha, 2, self.pending, self.sent, cmd.id, cmd.model_dump_json(), cmd.ts)
+
+    @property
+    def scripts(self) -> tuple:
+        return (self._expect,)
+
     async def _load(self, key: str, ids: list[str] | None = None) -> list[Command]:
         if ids is None:
             raw = list((await self.redis.hgetall(key)).values())

@@ -150,3 +150,85 @@ def test_a_state_changed_by_another_client_is_read_again_before_the_next_brake(s
     assert last.state == "paused" and last.command.id == pause3.id
     with redis_sync.Redis.from_url(services["redis"]) as r:
         assert [e["id"] for e in audit(r, rid)] == [pause.id, stop.id, pause2.id, resume.id, pause3.id]
+
+
+def test_a_lanes_brake_of_several_commands_lands_in_one_round_trip_in_order_and_tracked(services, rid):
+    """The brake lane sends an alert's commands and their acknowledgement tracking together
+    (RedisControl.send_all): one round trip for a stop, a rollback and a snapshot, applied in
+    order, the stop waiting for its acknowledgement; sent again by a successor, nothing is
+    applied twice."""
+    from redis.asyncio.connection import AbstractConnection
+
+    from alerts.brake import BrakeLane
+    from alerts.escalation import RedisAcks
+
+    r = redis_sync.Redis.from_url(services["redis"])
+    now = time.time()
+    cmds = [Command(run_id=rid, action=a, ts=now, reason="test", step=7).signed(SECRET)
+            for a in ("stop", "rollback", "snapshot")]
+    trips = [0]
+    send = AbstractConnection.send_packed_command
+
+    async def counted(self, command, check_health=True):
+        trips[0] += 1
+        return await send(self, command, check_health)
+
+    async def go():
+        control = RedisControl(services["redis"], SECRET)
+        acks = RedisAcks(control.redis, f"rlwatch:{rid}", SECRET)
+        lane = BrakeLane(control, acks, clock=time.time, secret=SECRET)
+        try:
+            await control.redis.ping()          # connected before counting
+            AbstractConnection.send_packed_command = counted
+            try:
+                first = await lane.pull(cmds)
+            finally:
+                AbstractConnection.send_packed_command = send
+            again = await BrakeLane(control, acks, clock=time.time, secret=SECRET).pull(cmds)
+            return first, again, await control.status(rid), await acks.outstanding()
+        finally:
+            await control.close()
+
+    first, again, status, waiting = run(go())
+    assert [c.action for c in first] == ["stop", "rollback", "snapshot"] and again == []
+    assert trips[0] == 1
+    assert status.state == "stopped" and status.command.id == cmds[0].id
+    assert [e["action"] for e in audit(r, rid)] == ["stop", "rollback", "snapshot"]
+    assert [c.id for c in waiting] == [cmds[0].id]           # the stop waits for its ack
+
+
+def test_a_lanes_brake_on_a_state_changed_under_it_goes_one_by_one_and_keeps_its_order(services, rid):
+    """Another writer resumed the run since this client last saw it paused: the commands sent
+    together expected the wrong state, were not applied, and go one by one after, in order."""
+    from alerts.brake import BrakeLane
+
+    r = redis_sync.Redis.from_url(services["redis"])
+    now = time.time()
+    pause = Command(run_id=rid, action="pause", ts=now, reason="test").signed(SECRET)
+    resume = Command(run_id=rid, action="resume", ts=now + 1, reason="operator").signed(SECRET)
+    later = [Command(run_id=rid, action=a, ts=now + 2, reason="test", step=9).signed(SECRET)
+             for a in ("pause", "snapshot")]
+
+    async def go():
+        control, other = RedisControl(services["redis"], SECRET), RedisControl(services["redis"], SECRET)
+        try:
+            await control.send(pause)              # this client saw the run paused
+            await other.send(resume)               # another resumed it since
+            together = control.send_all
+            answers = []
+
+            async def send_all(*a, **kw):
+                answers.append(await together(*a, **kw))
+                return answers[-1]
+            control.send_all = send_all
+            fresh = await BrakeLane(control, clock=time.time, secret=SECRET).pull(later)
+            assert answers == [[None, None]]       # both expected "paused": not applied
+            return fresh, await control.status(rid)
+        finally:
+            await control.close()
+            await other.close()
+
+    fresh, status = run(go())
+    assert [c.action for c in fresh] == ["pause", "snapshot"]
+    assert status.state == "paused" and status.command.id == later[0].id
+    assert [e["action"] for e in audit(r, rid)] == ["pause", "resume", "pause", "snapshot"]
