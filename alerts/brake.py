@@ -67,6 +67,7 @@ class BrakeLane:
         self._resent: dict[str, float] = {}
         self._tails: dict[str, asyncio.Task] = {}      # run id -> its latest brake in progress
         self._taken: OrderedDict[str, None] = OrderedDict()   # ids the channel took from this lane
+        self._one_by_one = False     # said that sending commands together failed
 
     def submit(self, run_id: str, commands: list[Command], on_done: Callable[[], None] | None = None) -> None:
         """Pull these brakes in the background, after any earlier ones of the same run; call
@@ -143,7 +144,11 @@ class BrakeLane:
             if acks is None:
                 return await send_all(cmds)
             return await send_all(cmds, then=expect, scripts=acks.scripts)
-        except Exception:  # noqa: BLE001 - the one-by-one way retries, logs and alarms
+        except Exception as exc:  # noqa: BLE001 - the one-by-one way retries, logs and alarms
+            if not self._one_by_one:      # (said once: Redis away is said by that way too)
+                self._one_by_one = True
+                log.warning("rlwatch: sending the commands of a brake together failed (%s); "
+                            "they go one by one", self.safe(f"{type(exc).__name__}: {exc}"))
             return [None] * len(cmds)
 
     async def _until_taken(self, cmd: Command) -> bool:
