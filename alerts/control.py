@@ -123,22 +123,23 @@ def redis_client(url: str):
                                    retry_on_error=[RedisConnectionError, RedisTimeoutError, OSError])
 
 
-async def pipelined(redis, queue, scripts) -> list:
-    """The replies of the commands ``queue(pipe)`` puts on a pipeline (not a transaction) of
-    ``redis``, sent in one round trip. The ``scripts`` (redis-py ``Script`` objects) are called
-    on it by their SHA (``pipe.evalsha``: redis-py's own script calls on a pipeline cost a
-    second round trip, to ask whether Redis knows them): a Redis that does not know them
-    (restarted, or flushed) refuses them, so they are loaded and the whole pipeline sent
-    again. Only for commands that may run twice."""
+async def pipelined(redis, queue, scripts, transaction: bool = False) -> list:
+    """The replies of the commands ``queue(pipe)`` puts on a pipeline of ``redis`` (with
+    ``transaction``, in MULTI/EXEC: no other client's command runs between them), sent in one
+    round trip. The ``scripts`` (redis-py ``Script`` objects) are called on it by their SHA
+    (``pipe.evalsha``: redis-py's own script calls on a pipeline cost a second round trip, to
+    ask whether Redis knows them): a Redis that does not know them (restarted, or flushed)
+    refuses them, so they are loaded and the whole pipeline sent again. Only for commands
+    that may run twice."""
     from redis.exceptions import NoScriptError
     try:
-        async with redis.pipeline(transaction=False) as pipe:
+        async with redis.pipeline(transaction=transaction) as pipe:
             queue(pipe)
             return await pipe.execute()
     except NoScriptError:
         for script in scripts:
             script.sha = await redis.script_load(script.script)
-    async with redis.pipeline(transaction=False) as pipe:
+    async with redis.pipeline(transaction=transaction) as pipe:
         queue(pipe)
         return await pipe.execute()
 

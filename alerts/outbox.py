@@ -294,6 +294,23 @@ return 0
 #: RedisOutbox.take_due: KEYS a receiver's due set, the items; ARGV now, the lease's end, the
 #: limit. The items due (each leased: due again at the lease's end); ids whose item is gone
 #: leave the due set.
+#: RedisOutbox.enqueue_all / release_steps: KEYS a run's held items (its steps zset), the
+#: items; ARGV the step the run reached, now, the due sets' prefix. Every item held until that
+#: step or an earlier one becomes due now (only brought forward: never re-opened under a
+#: lease) and is held no longer. How many were held. (It writes the due set of each item's
+#: receiver, a key named by its item: the outbox lives in one Redis, not a cluster.)
+_RELEASE = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+for _, id in ipairs(ids) do
+  local raw = redis.call('HGET', KEYS[2], id)
+  if raw then
+    redis.call('ZADD', ARGV[3] .. cjson.decode(raw)['receiver'], 'XX', 'LT', ARGV[2], id)
+  end
+  redis.call('ZREM', KEYS[1], id)
+end
+return #ids
+"""
+
 _TAKE = """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
 local out = {}
@@ -322,6 +339,7 @@ class RedisOutbox:
         self.p = f"{namespace}:outbox:"
         self._enqueue = redis.register_script(_ENQUEUE)
         self._take = redis.register_script(_TAKE)
+        self._release = redis.register_script(_RELEASE)
         self._track = redis.register_script(_TRACK)
         self._index = redis.register_script(_INDEX)
         self._indexed = False
@@ -401,22 +419,10 @@ class RedisOutbox:
         return None if raw is None else _s(raw)
 
     async def release_steps(self, run_id: str, step: int, now: float) -> int:
-        key = self.p + "steps:" + run_id
-        return await self._release(key, [_s(i) for i in await self.redis.zrangebyscore(key, "-inf", step)], now)
+        return int(await self._release(keys=self._release_keys(run_id), args=[step, now, self.p + "due:"]))
 
-    async def _release(self, key: str, ids: list[str], now: float) -> int:
-        """Bring the items ``ids`` held in the steps zset ``key`` forward: due ``now``."""
-        if not ids:
-            return 0
-        raws = await self.redis.hmget(self.p + "items", ids)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for i, raw in zip(ids, raws):
-                if raw is not None:
-                    # lt: only bring a waiting item forward (never re-open one under a lease)
-                    pipe.zadd(self.p + "due:" + OutboxItem.from_json(raw).receiver, {i: now}, xx=True, lt=True)
-            pipe.zrem(key, *ids)
-            await pipe.execute()
-        return len(ids)
+    def _release_keys(self, run_id: str) -> list[str]:
+        return [self.p + "steps:" + run_id, self.p + "items"]
 
     async def pending(self, receiver: str | None = None) -> int:
         if receiver is not None:
@@ -465,8 +471,9 @@ class RedisOutbox:
 
     async def enqueue_all(self, items: list[OutboxItem], clocks: dict[str, GroupClock],
                           steps: dict[str, int], now: float) -> tuple[list[bool], int]:
-        held = {run_id: self.p + "steps:" + run_id for run_id in steps}
-
+        """In one transaction: a drain running meanwhile takes an alert's items together with
+        the held items it releases, or neither (with the release a round trip later, a pass
+        could take the alert's own items first, and a grouped receiver got two messages)."""
         def queue(pipe) -> None:
             for g, clock in clocks.items():
                 pipe.hset(self.p + "groups", g, json.dumps(clock.to_dict()))
@@ -474,18 +481,17 @@ class RedisOutbox:
                 keys, args = self._enqueue_call(it)
                 pipe.evalsha(self._enqueue.sha, len(keys), *keys, *args)
             for run_id, step in steps.items():
-                pipe.zrangebyscore(held[run_id], "-inf", step)
-        got = await self._pipelined(queue)
+                keys = self._release_keys(run_id)
+                pipe.evalsha(self._release.sha, len(keys), *keys, step, now, self.p + "due:")
+        got = await self._pipelined(queue, transaction=True)
         new = [bool(x) for x in got[len(clocks):len(clocks) + len(items)]]
-        released = 0
-        for run_id, ids in zip(steps, got[len(clocks) + len(items):]):
-            released += await self._release(held[run_id], [_s(i) for i in ids], now)
-        return new, released
+        return new, sum(int(n) for n in got[len(clocks) + len(items):])
 
-    async def _pipelined(self, queue) -> list:
+    async def _pipelined(self, queue, transaction: bool = False) -> list:
         """One round trip of the commands ``queue(pipe)`` puts on a pipeline, the outbox's
         scripts called by their SHA (:func:`alerts.control.pipelined`)."""
-        return await pipelined(self.redis, queue, (self._track, self._enqueue))
+        return await pipelined(self.redis, queue, (self._track, self._enqueue, self._release),
+                               transaction=transaction)
 
     async def active(self, now: float, runs: Iterable[str] | None = None) -> list[Alert]:
         """The firing alerts, of the whole fleet or of ``runs`` only (each run's own hash: a

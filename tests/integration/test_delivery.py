@@ -383,6 +383,49 @@ def test_alerts_notified_together_on_redis_get_what_one_at_a_time_got(redis_url,
     assert '"step": 7' in together[2]
 
 
+def test_a_drain_meanwhile_takes_an_alerts_items_with_the_held_items_they_release_or_neither(redis_url):
+    """An alert whose step releases its run's held items queues its own and releases those in
+    one transaction: a receiver's pass running meanwhile on another connection takes them all
+    together, never the alert's own alone first (a grouped receiver got two messages)."""
+    from alerts.control import redis_client
+    from alerts.outbox import OutboxItem
+
+    async def go() -> list:
+        ns = f"rlwatch:release-{uuid.uuid4().hex[:8]}"
+        ours, theirs = redis_client(redis_url), redis_client(redis_url)
+        outbox, drain = RedisOutbox(ours, ns), RedisOutbox(theirs, ns)
+        firsts = []
+        try:
+            for k in range(60):
+                now, run_id = time.time(), f"run-{k}"
+                held = OutboxItem(f"held-{k}", "slack", "g", f"a-{k}", run_id, "{}", [], enqueued=now,
+                                  next_try=now + 600, due_step=110)
+                await outbox.enqueue_all([held], {}, {run_id: 100}, now)
+                mine = OutboxItem(f"mine-{k}", "slack", "g", f"b-{k}", run_id, "{}", [], enqueued=now,
+                                  next_try=now)
+                took: list = []
+
+                async def taking() -> None:      # a receiver's passes, as fast as they come
+                    while not took:
+                        got = await drain.take_due("slack", now + 1, lease=30.0)
+                        if got:
+                            took.append(sorted(i.id for i in got))
+                        await asyncio.sleep(0)
+                passes = asyncio.ensure_future(taking())
+                await asyncio.sleep(0)
+                await outbox.enqueue_all([mine], {}, {run_id: 111}, now)
+                await asyncio.wait_for(passes, 10)
+                firsts.append(took[0])
+        finally:
+            await ours.aclose()
+            await theirs.aclose()
+        return firsts
+
+    firsts = asyncio.run(go())
+    assert all(f == [f"held-{k}", f"mine-{k}"] for k, f in enumerate(firsts)), \
+        [f for f in firsts if len(f) != 2]
+
+
 def test_routes_group_inhibit_and_silence(redis_url, recorders, tmp_path):
     rec = recorders()
     routes = tmp_path / "routes.yaml"
