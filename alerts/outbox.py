@@ -107,7 +107,8 @@ class Outbox(Protocol):
                           steps: dict[str, int], now: float) -> tuple[list[bool], int]:
         """Set ``clocks``, :meth:`enqueue` each item, then :meth:`release_steps` of each run of
         ``steps`` (run id -> the step it reached): (whether each item was new, how many held
-        items were released). One round trip unless something is released."""
+        items were released). One round trip, in one transaction: a receiver's pass running
+        meanwhile takes an alert's items with the held items they release, or neither."""
 
 
 def flush_steps(items: list[OutboxItem]) -> dict[str, int]:
