@@ -49,20 +49,22 @@ fn py_min(xs: &[f64]) -> f64 {
 /// The rank of each value: its place in a stable sort (ties in order of appearance), as
 /// `sorted(range(n), key=x.__getitem__)` gives them. The values are finite.
 fn ranks(x: &[f64]) -> Vec<i64> {
-    let mut order: Vec<usize> = (0..x.len()).collect();
-    order.sort_by(|&a, &b| {
-        // Python's sort asks `b < a` (is it smaller): equal values keep their order
-        if x[a] < x[b] {
+    // sorted by (value, place): the order a stable sort of the values gives, found by the
+    // quicker unstable sort (no two pairs are equal). Finite values: `<` orders them, and -0.0
+    // and 0.0 are equal to it as to Python, so they keep their order of appearance too.
+    let mut order: Vec<(f64, u32)> = x.iter().enumerate().map(|(i, &v)| (v, i as u32)).collect();
+    order.sort_unstable_by(|a, b| {
+        if a.0 < b.0 {
             Ordering::Less
-        } else if x[b] < x[a] {
+        } else if b.0 < a.0 {
             Ordering::Greater
         } else {
-            Ordering::Equal
+            a.1.cmp(&b.1)
         }
     });
     let mut r = vec![0i64; x.len()];
-    for (rank, &i) in order.iter().enumerate() {
-        r[i] = rank as i64;
+    for (rank, &(_, i)) in order.iter().enumerate() {
+        r[i as usize] = rank as i64;
     }
     r
 }

@@ -24,6 +24,30 @@ const MAX_EVENT_BYTES: usize = 1_000_000;
 
 type Span = (u32, u32);
 
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// Whether a byte of `v` is zero (exact as a yes or no: a borrow only ever spreads above a byte
+/// that is zero).
+#[inline]
+fn has_zero(v: u64) -> bool {
+    v.wrapping_sub(ONES) & !v & HIGHS != 0
+}
+
+/// Whether the eight bytes of `v` are all printable ASCII other than `"` and `\\`: bytes that
+/// `Reader::text` takes without a second look.
+#[inline]
+fn plain8(v: u64) -> bool {
+    // a byte under 0x20: subtracting 0x20 borrows into its high bit (bytes of 0x80 and over
+    // are refused by the high-bit test anyway)
+    let low = v.wrapping_sub(0x20 * ONES) & !v & HIGHS;
+    v & HIGHS == 0
+        && low == 0
+        && !has_zero(v ^ (0x7f * ONES))
+        && !has_zero(v ^ (b'"' as u64 * ONES))
+        && !has_zero(v ^ (b'\\' as u64 * ONES))
+}
+
 struct Reader<'a> {
     b: &'a [u8],
     i: usize,
@@ -62,6 +86,13 @@ impl<'a> Reader<'a> {
     fn text(&mut self) -> Option<Span> {
         self.eat(b'"')?;
         let start = self.i;
+        // eight bytes at a time while none of them ends the text or is refused
+        while let Some(chunk) = self.b.get(self.i..self.i + 8) {
+            if !plain8(u64::from_le_bytes(chunk.try_into().unwrap())) {
+                break;
+            }
+            self.i += 8;
+        }
         while let Some(&c) = self.b.get(self.i) {
             if c == b'"' {
                 self.i += 1;
@@ -224,15 +255,18 @@ impl<'a> Reader<'a> {
 }
 
 fn has_repeats(b: &[u8], names: impl Iterator<Item = Span> + Clone) -> bool {
-    let all: Vec<&[u8]> = names.map(|s| &b[s.0 as usize..s.1 as usize]).collect();
-    if all.len() <= 24 {
-        for i in 1..all.len() {
-            if all[..i].contains(&all[i]) {
+    let n = names.clone().count();
+    if n <= 24 {
+        // (no vector for the few names of a usual step)
+        let text = |s: Span| &b[s.0 as usize..s.1 as usize];
+        for (i, a) in names.clone().enumerate() {
+            if names.clone().take(i).any(|x| text(x) == text(a)) {
                 return true;
             }
         }
         false
     } else {
+        let all: Vec<&[u8]> = names.map(|s| &b[s.0 as usize..s.1 as usize]).collect();
         let mut seen = std::collections::HashSet::with_capacity(all.len());
         !all.iter().all(|n| seen.insert(*n))
     }

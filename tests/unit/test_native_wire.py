@@ -171,6 +171,26 @@ def test_byte_level_damage_never_makes_the_reader_disagree():
     assert outcomes == {"taken", "declined", "refused"}
 
 
+def test_every_byte_anywhere_in_a_long_text_is_judged_as_read_event_judges_it():
+    # the reader takes a text's plain bytes eight at a time: any one byte at any place of such a
+    # chunk (in a run id, a tag value, a hash, a metric's name) must stop it where it should
+    raw = json.dumps(dict(BASE, run_id="run-" + "r" * 20, tags={"algo": "p" * 19},
+                          hashes={"actor": "sha256:" + "9" * 24},
+                          metrics={"m" * 21: 1.5})).encode()
+    outcomes = {}
+    for text in (b'"run-', b'"ppppp', b'"sha256:', b'"mmmmm'):
+        start = raw.index(text) + 1
+        for offset in range(17):
+            for byte in range(256):
+                b = bytearray(raw)
+                b[start + offset] = byte
+                got = _same_as_read_event(bytes(b))
+                outcomes[got] = outcomes.get(got, 0) + 1
+    # printable bytes other than the quote and the backslash are taken, the rest are not
+    assert outcomes.get("taken", 0) >= 4 * 17 * 90, outcomes
+    assert outcomes.get("declined", 0) + outcomes.get("refused", 0) >= 4 * 17 * 150, outcomes
+
+
 # -- the path it feeds -------------------------------------------------------------------------
 
 def _fleet() -> list[bytes]:
