@@ -539,6 +539,7 @@ class RunState:
         self.dists: dict[str, list[float]] = {}
         self.samples: list = []
         self._group_cache: dict[str, tuple] = {}
+        self._dists_plan: tuple | None = None     # (_dists_work)
         self._tags_seen: dict = {}
         self._tags_obj: dict | None = None
         #: (the bytes of a tags object known to read as _tags_seen, without a "generation"
@@ -965,13 +966,30 @@ class RunState:
     def moments(self, name: str) -> "Moments | None":
         return self.view.moments(name)
 
+    def _dists_work(self) -> tuple:
+        """What :meth:`_update_dists` goes through at each step, its keys split once: the
+        baselines still being made, the rank correlations, the groups (made again when one of
+        those tables is replaced or gains a key, and when a baseline is complete)."""
+        bases, corrs, groups = self.dist_bases, self.corr_ema, self.groups
+        work = self._dists_plan
+        if work is None or work[0] is not bases or work[1] is not corrs or work[2] is not groups \
+                or work[3] != (len(bases), len(corrs), len(groups)):
+            work = self._dists_plan = (
+                bases, corrs, groups, (len(bases), len(corrs), len(groups)),
+                [(key, *_split_key(key)) for key, base in bases.items()
+                 if not (base and isinstance(base[0], tuple))],
+                [(key, *_split_corr_key(key)) for key in corrs],
+                [(key, *_split_key(key)) for key in groups])
+        return work
+
     def _update_dists(self, event: StepEvent) -> None:
-        step = event.step
-        for key, base in self.dist_bases.items():
+        step, dists = event.step, event.dists
+        bases, corrs, groups, _, making, pairs, grouped = self._dists_work()
+        for key, name, window in making:
+            base = bases[key]
             if base and isinstance(base[0], tuple):
                 continue    # the baseline is complete
-            name, window = _split_key(key)
-            if name not in event.dists:
+            if name not in dists:
                 continue
             m = self.moments(name)
             if m is None or m.n == 0:
@@ -983,24 +1001,27 @@ class RunState:
             else:
                 vals = base[1:]
                 base[:] = [(sum(vals) / len(vals),)]
-        for key, ema in self.corr_ema.items():
-            x, y, window = _split_corr_key(key)
-            if x in event.dists and y in event.dists:
-                r = spearman(event.dists[x], event.dists[y])
+                self._dists_plan = None     # (one baseline fewer to go through)
+        for key, x, y, window in pairs:
+            if x in dists and y in dists:
+                r = spearman(dists[x], dists[y])
                 if r == r:
+                    ema = corrs[key]
                     gap = 1 if ema[2] is None else max(1, step - ema[2])
                     decay = (1.0 - 2.0 / (window + 1.0)) ** gap
                     ema[0] = decay * ema[0] + (1 - decay) * r
                     ema[1] = decay * ema[1] + (1 - decay)
                     ema[2] = step
-        for key, g in self.groups.items():
-            metric, window = _split_key(key)
-            cats = event.groups.get(metric)
-            if cats is None:
-                continue
-            if cats:
-                update_group(g["points"], g["gap"], cats, step, step - window, MAX_CATEGORIES)
-            self.view.set_group(key, self.group_trends(key, window))   # what the rules read
+        if grouped:
+            by_metric = event.groups
+            for key, metric, window in grouped:
+                cats = by_metric.get(metric)
+                if cats is None:
+                    continue
+                g = groups[key]
+                if cats:
+                    update_group(g["points"], g["gap"], cats, step, step - window, MAX_CATEGORIES)
+                self.view.set_group(key, self.group_trends(key, window))   # what the rules read
 
     def group_trends(self, key: str, window: int) -> tuple:
         """(per-category slopes, the gap's slope, the gap, the smallest and the largest finite

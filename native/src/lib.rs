@@ -227,26 +227,24 @@ fn bisect_left(a: &[f64], x: f64, mut lo: usize) -> usize {
     lo
 }
 
-/// The sorted values `srt` without those of `gone` (sorted, each among them), in one pass:
-/// what removing each of `gone` at `bisect_left` gives (the first of the values equal to it),
-/// or None if one of `gone` is not there.
-fn without(srt: &[f64], gone: &[f64]) -> Option<Vec<f64>> {
-    let mut out = Vec::with_capacity(srt.len().saturating_sub(gone.len()));
-    let mut j = 0;
-    for &v in srt {
-        if j < gone.len() && v == gone[j] {
-            j += 1;
-        } else {
-            if j < gone.len() && gone[j] < v {
-                return None;
-            }
-            out.push(v);
+/// The sorted values `srt` without those of `gone` (sorted, each among them), into `out`
+/// (emptied first): what removing each of `gone` at `bisect_left` gives (the first of the
+/// values equal to it); false, `out` then unspecified, if one of `gone` is not there. Each of
+/// `gone` is found by bisection and the values between copied in runs.
+fn without_into(srt: &[f64], gone: &[f64], out: &mut Vec<f64>) -> bool {
+    out.clear();
+    out.reserve(srt.len().saturating_sub(gone.len()));
+    let mut lo = 0;
+    for &g in gone {
+        let p = bisect_left(srt, g, lo);
+        if p >= srt.len() || srt[p] != g {
+            return false;
         }
+        out.extend_from_slice(&srt[lo..p]);
+        lo = p + 1;
     }
-    if j < gone.len() {
-        return None;
-    }
-    Some(out)
+    out.extend_from_slice(&srt[lo..]);
+    true
 }
 
 /// `srt.remove(lo)` then `srt.insert(bisect_right(srt, x, 0), x)`, with one shift of the
@@ -1542,7 +1540,14 @@ impl Core {
             let lastv: Vec<f64> = (0..k).map(|i| win.xs[(n - 1 - i) as usize]).collect();
             let last_sorted = sorted(py, lastv)?;
             // (the last values are among the window's: the window holds what its track does)
-            let reference = without(win.srt(), &last_sorted).ok_or_else(index_error)?;
+            // the reference vector of the split before, filled again (no allocation per step)
+            let mut reference = match win.cache_split.take() {
+                Some((_, Split { reference: Some(v), .. })) => v,
+                _ => Vec::new(),
+            };
+            if !without_into(win.srt(), &last_sorted, &mut reference) {
+                return Err(index_error());
+            }
             let level = median_of(&last_sorted);
             let med = median_of(&reference);
             Split { level, med, reference: Some(reference), k, scale: None }
