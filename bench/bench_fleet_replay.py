@@ -329,17 +329,24 @@ def main() -> None:
                 "_native_join": None, "_native_scan": None, "_native_compare_call": None,
                 "read_rank_step": None}
         saved = {k: getattr(streams.run, k) for k in pure if hasattr(streams.run, k)}
+        import streams.processor
+        # the native reader, called straight by feed_raw (a tree from before: through streams.run)
+        reader = getattr(streams.processor, "read_routine", None)
         inner, done = rlwatch()
 
         def feed(chunk):
             for k in saved:
                 if pure[k] is not None or k.startswith("_native") or k == "read_rank_step":
                     setattr(streams.run, k, pure[k])
+            if reader is not None:
+                streams.processor.read_routine = lambda raw: None
             try:
                 inner(chunk)
             finally:
                 for k, v in saved.items():
                     setattr(streams.run, k, v)
+                if reader is not None:
+                    streams.processor.read_routine = reader
         return feed, done
 
     size = max(1, -(-n // max(1, args.slices)))

@@ -138,6 +138,9 @@ class Program:
     #: whether a rule reads a metric's signals (set by the source's owner, which then feeds
     #: them each step)
     reads_signals: bool = True
+    #: a rank's routine steps may skip its rules (set by the source's owner with
+    #: ``reads_signals``: streams.run.RunState.program)
+    routine: bool = False
     _memo: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -30,13 +30,16 @@ __all__ = ["MAX_LATEST_METRICS", "Pipeline", "Processor", "TARGET_TAG_PREFIX", "
            "tune_gc"]
 
 
-def read_routine(raw):
-    """The commonest event of a fleet, a step of a rank other than 0, read from its bytes by
-    the native core (``streams._native.read_rank_step``) when it is plainly valid and has
-    nothing unusual, for :meth:`RunState.rank_step`; None for any other event (and with the
-    pure core): read that one with :func:`contract.events.read_event`."""
-    read = _run.read_rank_step
-    return None if read is None or type(raw) is not bytes else read(raw)
+def _no_routine(raw):
+    return None
+
+
+#: ``read_routine(raw)``: the commonest event of a fleet, a step of a rank other than 0, read
+#: from its bytes by the native core (``streams._native.read_rank_step``, called straight: it
+#: is called for every event) when it is plainly valid and has nothing unusual, for
+#: :meth:`RunState.rank_step`; None for any other event or object (and always with the pure
+#: core): read that one with :func:`contract.events.read_event`.
+read_routine = _run.read_rank_step if _run.read_rank_step is not None else _no_routine
 
 MAX_CACHED_RULES = 10_000
 

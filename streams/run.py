@@ -589,6 +589,9 @@ class RunState:
                                                          every_rule if rank == 0 else _each_rank)
             p.finite_gate = p.finite_gate or quiet_when_finite(p)
             p.reads_signals = bool(self.banks[rank].by_metric)
+            # whether rank_step may take this rank's steps (with no alert open on the rank,
+            # when its rules are read on every step)
+            p.routine = not (p.reads_signals or p.by_input) and (p.finite_gate or not p.every_step)
         return p
 
     # -- one event -----------------------------------------------------------------------------
@@ -682,8 +685,7 @@ class RunState:
         if last is not None and step <= last:
             return None
         program = self.programs.get(rank)
-        if program is None or program.reads_signals or program.by_input or (
-                program.every_step and not (program.finite_gate and rank not in self._ranks_open)):
+        if program is None or not program.routine or (program.every_step and rank in self._ranks_open):
             return None    # (read_rank_step reads finite values only)
         # as apply() and _rank_step() do (_seen, then the step, then _take_rank_values)
         self.now = ts

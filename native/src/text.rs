@@ -21,6 +21,8 @@
 use pyo3::exceptions::PyZeroDivisionError;
 use pyo3::prelude::*;
 use pyo3::types::{PyLong, PyString, PyStringData};
+use std::cell::RefCell;
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 
@@ -157,6 +159,138 @@ fn score<T: Copy + Eq + Hash + Into<u32>>(s: &[T], n: i64) -> Option<f64> {
     Some(1.0 - distinct as f64 / total as f64)
 }
 
+/// What [`score_fast`] keeps from one text to the next (emptied, never shrunk but for a text of
+/// an unusual size): no allocation per text.
+#[derive(Default)]
+struct Scratch {
+    /// each word: its span and the Fx hash of its code points
+    words: Vec<(u32, u32, u64)>,
+    /// the id of each word, then the spans of each id's first word
+    ids: Vec<u32>,
+    first: Vec<(u32, u32)>,
+    by_hash: HashMap<u64, u32, FxBuild>,
+    grams: HashSet<u64, FxBuild>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// The Fx hash of a word's code points.
+#[inline]
+fn word_hash<T: Copy + Into<u32>>(w: &[T]) -> u64 {
+    let mut h = Fx::default();
+    for &c in w {
+        h.add(c.into() as u64);
+    }
+    h.add(w.len() as u64);
+    h.finish()
+}
+
+/// [`score`] without a map keyed by slices: each word is known by the hash of its code points,
+/// checked against the first word of that hash. `None` where it cannot say (two different
+/// words of one hash, more than 2**21 distinct words, n-grams of more than three words): then
+/// [`score`] decides. Gives what [`score`] gives otherwise.
+fn score_fast<T: Copy + Eq + Into<u32>>(s: &[T], n: i64, sc: &mut Scratch) -> Option<Option<f64>> {
+    if s.len() >= u32::MAX as usize {
+        return None;
+    }
+    let nn = n as i128;
+    let words = &mut sc.words;
+    words.clear();
+    let mut start: Option<usize> = None;
+    let mut h = Fx::default();
+    for (i, &c) in s.iter().enumerate() {
+        let c = c.into();
+        if is_py_space(c) {
+            if let Some(b) = start.take() {
+                h.add((i - b) as u64);
+                words.push((b as u32, i as u32, h.finish()));
+            }
+        } else {
+            if start.is_none() {
+                start = Some(i);
+                h = Fx::default();
+            }
+            h.add(c as u64);
+        }
+    }
+    if let Some(b) = start {
+        h.add((s.len() - b) as u64);
+        words.push((b as u32, s.len() as u32, h.finish()));
+    }
+    if (words.len() as i128) < nn + 2 && s.len() >= 40 {
+        words.clear();
+        for i in (0..s.len()).step_by(4) {
+            let e = (i + 4).min(s.len());
+            words.push((i as u32, e as u32, word_hash(&s[i..e])));
+        }
+    }
+    if (words.len() as i128) < nn + 1 {
+        return Some(Some(0.0));
+    }
+    if n <= 0 {
+        return Some(None);
+    }
+    let n = n as usize;
+    if n > 3 {
+        return None;
+    }
+    sc.by_hash.clear();
+    sc.first.clear();
+    sc.ids.clear();
+    for &(a, b, h) in words.iter() {
+        let id = match sc.by_hash.entry(h) {
+            Entry::Occupied(e) => {
+                let id = *e.get();
+                let (fa, fb) = sc.first[id as usize];
+                if s[fa as usize..fb as usize] != s[a as usize..b as usize] {
+                    return None;
+                }
+                id
+            }
+            Entry::Vacant(e) => {
+                let id = sc.first.len() as u32;
+                sc.first.push((a, b));
+                e.insert(id);
+                id
+            }
+        };
+        sc.ids.push(id);
+    }
+    let distinct_words = sc.first.len();
+    let total = sc.ids.len() - n + 1;
+    let distinct = if n == 1 {
+        distinct_words
+    } else if distinct_words < (1 << 21) {
+        sc.grams.clear();
+        for w in sc.ids.windows(n) {
+            sc.grams.insert(w.iter().fold(0u64, |k, &id| (k << 21) | id as u64));
+        }
+        sc.grams.len()
+    } else {
+        return None;
+    };
+    // (a table grown for an unusual text goes, rather than be emptied at every text after it)
+    if sc.by_hash.capacity() > 1 << 16 {
+        sc.by_hash = HashMap::default();
+        sc.grams = HashSet::default();
+    }
+    Some(Some(1.0 - distinct as f64 / total as f64))
+}
+
+/// [`score_fast`], else [`score`].
+fn score_any<T: Copy + Eq + Hash + Into<u32>>(s: &[T], n: i64) -> Option<f64> {
+    let fast = SCRATCH.with(|sc| match sc.try_borrow_mut() {
+        Ok(mut sc) => score_fast(s, n, &mut sc),
+        Err(_) => None,
+    });
+    match fast {
+        Some(r) => r,
+        None => score(s, n),
+    }
+}
+
 /// `n`: an exact int within 64 bits (the fast path), or anything else (the Python decides).
 pub enum GramSize<'py> {
     Int(i64),
@@ -187,9 +321,9 @@ pub fn repetition_score(
         // SAFETY: a str is immutable; the slice is read while `text` holds it alive.
         let r = unsafe {
             match s.data()? {
-                PyStringData::Ucs1(d) => score(d, *k),
-                PyStringData::Ucs2(d) => score(d, *k),
-                PyStringData::Ucs4(d) => score(d, *k),
+                PyStringData::Ucs1(d) => score_any(d, *k),
+                PyStringData::Ucs2(d) => score_any(d, *k),
+                PyStringData::Ucs4(d) => score_any(d, *k),
             }
         };
         return match r {

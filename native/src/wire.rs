@@ -567,9 +567,13 @@ impl RankStep {
 }
 
 /// A plainly valid step of a rank other than 0 with nothing unusual, read from its JSON bytes;
-/// None for anything else (`contract.events.read_event` then decides, and words any reason).
+/// None for anything else, an object other than `bytes` included (`contract.events.read_event`
+/// then decides, and words any reason).
 #[pyfunction]
-pub fn read_rank_step(py: Python<'_>, raw: &Bound<'_, PyBytes>) -> PyResult<Option<RankStep>> {
+pub fn read_rank_step(py: Python<'_>, raw: &Bound<'_, PyAny>) -> PyResult<Option<RankStep>> {
+    let Ok(raw) = raw.downcast_exact::<PyBytes>() else {
+        return Ok(None);
+    };
     let b = raw.as_bytes();
     let p = match parse(b) {
         Some(p) => p,

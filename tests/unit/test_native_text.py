@@ -195,3 +195,26 @@ def test_words_between_any_whitespace(words, seps, n):
        st.integers(min_value=1, max_value=5))
 def test_arbitrary_gibberish_without_spaces(text, n):
     check(text, n)
+
+
+def test_long_texts_and_a_text_after_a_very_large_one():
+    # samples' responses run to hundreds of words, loops and all: the words are known by a
+    # hash of their characters, checked against the first word of that hash, and the tables
+    # are kept from one text to the next (one grown by a very large text is let go)
+    import random
+
+    rng = random.Random(7)
+    vocab = ["the", "cat", "sat", "é", "𝄞", "中文", "go", "Go", "og", "a", "aa", "\u00a0x"]
+    for _ in range(60):
+        words = [rng.choice(vocab) + rng.choice(["", "", str(rng.randrange(50))])
+                 for _ in range(rng.randrange(100, 1500))]
+        if rng.random() < 0.3:          # a degenerate loop at the end
+            words += words[-7:] * rng.randrange(5, 40)
+        text = rng.choice([" ", "\n", " \t "]).join(words)
+        for n in (1, 2, 3, 4):
+            check(text, n)
+    huge = " ".join(f"w{i}" for i in range(120_000))     # more distinct words than kept
+    check(huge)
+    check(huge, 2)
+    check("loop loop loop loop loop loop")
+    check("x" * 4000)                  # no spaces: chunks of four characters
