@@ -77,9 +77,22 @@ pub struct Floats(Vec<f64>);
 impl<'py> FromPyObject<'py> for Floats {
     fn extract_bound(obj: &Bound<'py, PyAny>) -> PyResult<Self> {
         if let Ok(list) = obj.downcast::<PyList>() {
-            let mut v = Vec::with_capacity(list.len());
-            for item in list.iter() {
-                v.push(item.extract::<f64>()?);
+            // the items in order, as long as the list is as long as it was at first (as PyO3's
+            // iterator reads it: an item's `__float__` may shorten it); an exact float's
+            // value read straight, what its extraction gives, any other item extracted
+            let first = list.len();
+            let mut v = Vec::with_capacity(first);
+            let mut i = 0;
+            while i < first.min(list.len()) {
+                // SAFETY: `i` is within the list's current length, and the borrowed item is
+                // read before anything else runs
+                let item = unsafe { pyo3::ffi::PyList_GET_ITEM(list.as_ptr(), i as pyo3::ffi::Py_ssize_t) };
+                if unsafe { pyo3::ffi::PyFloat_CheckExact(item) } != 0 {
+                    v.push(unsafe { pyo3::ffi::PyFloat_AS_DOUBLE(item) });
+                } else {
+                    v.push(list.get_item(i)?.extract::<f64>()?);
+                }
+                i += 1;
             }
             Ok(Floats(v))
         } else {

@@ -111,6 +111,37 @@ def test_per_sample_arrays_are_read_from_lists_and_other_sequences_alike():
         native.spearman([1.0, "a", 2.0], y[:3])
 
 
+def test_items_other_than_floats_are_read_as_their_float():
+    # exact floats are read straight; anything else as its float() (a subclass, an object with
+    # __float__, a bool), in the same place
+    class Sub(float):
+        pass
+
+    class Number:
+        def __init__(self, v):
+            self.v = v
+
+        def __float__(self):
+            return self.v
+
+    y = [1.0, 0.0, 2.0, 5.0, 4.0]
+    odd = [Sub(0.5), True, Number(-1.0), 3.25, Number(7.0)]
+    plain = [0.5, 1.0, -1.0, 3.25, 7.0]
+    assert native.spearman(odd, y) == native.spearman(plain, y)
+    assert native.Moments(odd).value("mean", None) == native.Moments(plain).value("mean", None)
+
+    # an item's __float__ that shortens the list: what is left of it is read, as PyO3 reads it
+    xs: list = []
+
+    class Shrinks:
+        def __float__(self):
+            del xs[3:]
+            return 2.0
+
+    xs.extend([1.0, Shrinks(), 3.0, 4.0, 5.0])
+    assert native.Moments(xs).value("mean", None) == 2.0
+
+
 # -- compiled conditions ------------------------------------------------------------------------
 
 def _python_and_native(kind, thr, stream):
