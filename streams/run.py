@@ -656,17 +656,15 @@ class RunState:
         is not routine (a new incarnation or new tags, a timestamp to replace, a duplicate, a
         rank whose rules must be read, a run not compiled yet...): :meth:`apply` then takes
         the event as ``read_event`` reads it. Most events of a fleet take this path."""
-        # (the path most events take, kept short: each check reads what it needs once)
-        ts = event.ts
+        # (the path most events take, kept short: each check reads what it needs once, and the
+        # step's fields come in one call)
+        ts, rank, step, world, inc, tags, has_metrics = event.routine()
         if ts is None:
             ts = now
         elif not now - MAX_TS_AGE <= ts <= now + MAX_TS_AHEAD:
             return None
-        rank = event.rank
-        inc = event.incarnation
         if rank >= MAX_RANKS or self.news_on_every_event or (inc is not None and inc != self.incarnation):
             return None
-        tags = event.tags_json
         if tags:
             known = self._tags_raw
             if known is None or known[1] is not self._tags_seen or known[0] != tags:
@@ -674,11 +672,10 @@ class RunState:
                 if "generation" in seen or seen != self._tags_seen:
                     return None
                 self._tags_raw = (tags, self._tags_seen)
-        step = event.step
         newest = self.newest
         if newest >= 0 and step - newest > MAX_STEP_JUMP:
             return None
-        if self._renamer is not None or (self._preset_tries < PRESET_TRIES and event.has_metrics):
+        if self._renamer is not None or (self._preset_tries < PRESET_TRIES and has_metrics):
             return None
         last_step = self.last_step
         last = last_step.get(rank)
@@ -698,7 +695,6 @@ class RunState:
         if step > newest:
             self.newest = step
         if self.cross_rank:
-            world = event.world_size
             if (world or self.world_size) > 1:     # _take_rank_values of a RankStep, inline
                 if world and world > self.world_size:
                     self.world_size = min(world, MAX_RANKS)

@@ -516,6 +516,23 @@ impl RankStep {
 
 #[pymethods]
 impl RankStep {
+    /// `(ts, rank, step, world_size, incarnation, tags_json, has_metrics)` in one call: what
+    /// `RunState.rank_step` reads of every routine step (seven getters cost seven calls)
+    fn routine<'py>(&self, py: Python<'py>) -> Bound<'py, pyo3::types::PyTuple> {
+        pyo3::types::PyTuple::new_bound(
+            py,
+            [
+                self.ts.into_py(py),
+                self.rank.into_py(py),
+                self.step.into_py(py),
+                self.world_size.into_py(py),
+                self.incarnation.as_ref().map(|i| i.clone_ref(py)).into_py(py),
+                self.tags_json.clone_ref(py).into_any(),
+                self.has_metrics.into_py(py),
+            ],
+        )
+    }
+
     /// "step": the step reads as a step event wherever one is read (the recorder, the
     /// fleet view); the fields below are made on each read, as read_event gives them
     #[getter]

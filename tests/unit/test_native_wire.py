@@ -71,6 +71,9 @@ def _same_as_read_event(raw: bytes) -> str:
     assert all(math.copysign(1, a) == math.copysign(1, b)
                for a, b in zip(got["metrics"].values(), want["metrics"].values()))
     assert rs.rank > 0
+    # what RunState.rank_step reads in one call: the same as the getters give
+    assert rs.routine() == (rs.ts, rs.rank, rs.step, rs.world_size, rs.incarnation, rs.tags_json,
+                            rs.has_metrics)
     return "taken"
 
 
