@@ -168,10 +168,14 @@ class Drainer:
         settled = 0
         units: list[list[OutboxItem]] = []
         going: set[str] = set()      # the firing notices this pass sends (delivery keys)
+        # what became of the firing notices the pass's resolved ones follow, read at once
+        marks = await self.outbox.outcomes(
+            name, sorted({_firing_key(it.key) for it in items if _RESOLVED in it.key}))
         for batch in groups.values():
             ready = []
             for it in batch:
-                why = await self._suppressed(name, it, it.alert_obj(), active, silences, now, going)
+                why = await self._suppressed(name, it, it.alert_obj(), active, silences, now, going,
+                                             marks)
                 if why == "wait":
                     await self.outbox.retry(it, now + 1.0, "waiting for its firing notice to go first", count=False)
                 elif why:
@@ -238,10 +242,12 @@ class Drainer:
             await self.outbox.sent(unit, now)
 
     async def _suppressed(self, receiver: str, it: OutboxItem, alert: Alert, active: list[Alert],
-                          silences: list, now: float, going: set[str]) -> str | None:
+                          silences: list, now: float, going: set[str],
+                          marks: dict[str, str | None]) -> str | None:
         """Why ``it`` is not sent now (None: it is). A resolved notice waits for its firing
         one: it goes when that was sent, or goes first in this pass (``going``), and not
-        at all where that was not notified."""
+        at all where that was not notified (``marks``: the outcomes of firing notices, read
+        for the pass)."""
         if alert.state == "firing":
             if silenced_by(alert, silences, now) is not None:
                 return "silenced"
@@ -251,7 +257,7 @@ class Drainer:
         firing = f"{alert.fingerprint}:firing:{alert.onset_step}"
         if firing in going:
             return None
-        was = await self.outbox.outcome(receiver, firing)
+        was = marks[firing] if firing in marks else await self.outbox.outcome(receiver, firing)
         if was == "queued":
             return "wait" if not self.retry.exhausted(it.enqueued, now) else None
         return "skipped" if was in NOT_NOTIFIED else None

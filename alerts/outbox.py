@@ -83,6 +83,8 @@ class Outbox(Protocol):
     async def retry(self, item: OutboxItem, next_try: float, error: str, count: bool = True) -> None: ...
     async def bury(self, item: OutboxItem, error: str) -> None: ...
     async def outcome(self, receiver: str, key: str, variant: str = "") -> str | None: ...
+    async def outcomes(self, receiver: str, keys: list[str]) -> dict[str, str | None]:
+        """:meth:`outcome` of each of ``keys`` (no variant), in one round trip."""
     async def release_steps(self, run_id: str, step: int, now: float) -> int: ...
     async def pending(self, receiver: str | None = None) -> int: ...
     async def dead(self, receiver: str) -> list[OutboxItem]: ...
@@ -102,7 +104,8 @@ class Outbox(Protocol):
         this call (one round trip for all)."""
     async def sent(self, items: list[OutboxItem], now: float) -> None:
         """:meth:`finish` ``items`` as sent and note the flush on their groups' clocks (last
-        flush ``now``, at the newest step of the group's items): two round trips."""
+        flush ``now``, at the newest step of the group's items): one round trip, in one
+        transaction (a clock changed meanwhile by another writer keeps its change)."""
     async def enqueue_all(self, items: list[OutboxItem], clocks: dict[str, GroupClock],
                           steps: dict[str, int], now: float) -> tuple[list[bool], int]:
         """Set ``clocks``, :meth:`enqueue` each item, then :meth:`release_steps` of each run of
@@ -190,6 +193,9 @@ class MemoryOutbox:
 
     async def outcome(self, receiver: str, key: str, variant: str = "") -> str | None:
         return self.marks.get(item_id(receiver, key, variant))
+
+    async def outcomes(self, receiver: str, keys: list[str]) -> dict[str, str | None]:
+        return {k: self.marks.get(item_id(receiver, k)) for k in keys}
 
     async def release_steps(self, run_id: str, step: int, now: float) -> int:
         waiting = self.steps.get(run_id, {})
@@ -312,6 +318,29 @@ end
 return #ids
 """
 
+#: RedisOutbox.sent: KEYS the group clocks; ARGV now (as JSON writes it), then (group, the
+#: step flushed at) pairs. Each group's clock notes the flush: its JSON (as GroupClock.to_dict
+#: and json.dumps write it, "last_flush_ts" and "last_flush_step" its last two fields) has
+#: those two fields written anew, its other fields left as they are (cjson would write their
+#: floats with 14 digits). A group without a clock is left alone; the groups whose clock is
+#: written otherwise are returned (the caller notes their flush itself).
+_FLUSH = """
+local others = {}
+for i = 2, #ARGV, 2 do
+  local raw = redis.call('HGET', KEYS[1], ARGV[i])
+  if raw then
+    local at = string.find(raw, '"last_flush_ts": ', 1, true)
+    if at and string.sub(raw, -1) == '}' then
+      redis.call('HSET', KEYS[1], ARGV[i], string.sub(raw, 1, at - 1) .. '"last_flush_ts": '
+                 .. ARGV[1] .. ', "last_flush_step": ' .. ARGV[i + 1] .. '}')
+    else
+      others[#others + 1] = ARGV[i]
+    end
+  end
+end
+return others
+"""
+
 _TAKE = """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
 local out = {}
@@ -341,6 +370,7 @@ class RedisOutbox:
         self._enqueue = redis.register_script(_ENQUEUE)
         self._take = redis.register_script(_TAKE)
         self._release = redis.register_script(_RELEASE)
+        self._flush = redis.register_script(_FLUSH)
         self._track = redis.register_script(_TRACK)
         self._index = redis.register_script(_INDEX)
         self._indexed = False
@@ -368,31 +398,43 @@ class RedisOutbox:
                 await pipe.execute()
         return out
 
-    async def _drop(self, pipe, item: OutboxItem) -> None:
+    def _drop(self, pipe, item: OutboxItem) -> None:
+        """Queue on ``pipe`` what takes ``item`` out of the outbox."""
         pipe.hdel(self.p + "items", item.id)
         pipe.zrem(self.p + "due:" + item.receiver, item.id)
         pipe.zrem(self.p + "steps:" + item.run_id, item.id)
 
     async def finish(self, item: OutboxItem, outcome: str) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
-            await self._drop(pipe, item)
+            self._drop(pipe, item)
             pipe.set(self.p + "mark:" + item.id, outcome, ex=MARK_TTL)
             await pipe.execute()
 
     async def sent(self, items: list[OutboxItem], now: float) -> None:
         steps = flush_steps(items)
-        async with self.redis.pipeline(transaction=True) as pipe:
+
+        def queue(pipe) -> None:
             for it in items:
-                await self._drop(pipe, it)
+                self._drop(pipe, it)
                 pipe.set(self.p + "mark:" + it.id, "sent", ex=MARK_TTL)
-            for group in steps:
-                pipe.hget(self.p + "groups", group)
-            got = await pipe.execute()
+            if steps:
+                args = [json.dumps(now)]
+                for group, step in steps.items():
+                    args += [group, step]
+                pipe.evalsha(self._flush.sha, 1, self.p + "groups", *args)
+        got = await self._pipelined(queue, transaction=True)
+        others = [_s(g) for g in got[-1]] if steps else []
+        if others:     # clocks written otherwise than GroupClock writes them (none, so far)
+            await self._flush_slowly(others, steps, now)
+
+    async def _flush_slowly(self, groups: list[str], steps: dict[str, int], now: float) -> None:
+        """Note a flush on ``groups``' clocks read and written whole (two round trips)."""
+        raws = await self.redis.hmget(self.p + "groups", groups)
         flushed = {}
-        for (group, step), raw in zip(steps.items(), got[len(got) - len(steps):]):
+        for group, raw in zip(groups, raws):
             if raw is not None:
                 clock = GroupClock.from_dict(json.loads(raw))
-                clock.last_flush_ts, clock.last_flush_step = now, step
+                clock.last_flush_ts, clock.last_flush_step = now, steps[group]
                 flushed[group] = json.dumps(clock.to_dict())
         if flushed:
             await self.redis.hset(self.p + "groups", mapping=flushed)
@@ -409,7 +451,7 @@ class RedisOutbox:
     async def bury(self, item: OutboxItem, error: str) -> None:
         item.last_error = error
         async with self.redis.pipeline(transaction=True) as pipe:
-            await self._drop(pipe, item)
+            self._drop(pipe, item)
             pipe.set(self.p + "mark:" + item.id, "dead", ex=MARK_TTL)
             pipe.lpush(self.p + "dead:" + item.receiver, item.to_json())
             pipe.ltrim(self.p + "dead:" + item.receiver, 0, 9999)
@@ -418,6 +460,12 @@ class RedisOutbox:
     async def outcome(self, receiver: str, key: str, variant: str = "") -> str | None:
         raw = await self.redis.get(self.p + "mark:" + item_id(receiver, key, variant))
         return None if raw is None else _s(raw)
+
+    async def outcomes(self, receiver: str, keys: list[str]) -> dict[str, str | None]:
+        if not keys:
+            return {}
+        raws = await self.redis.mget([self.p + "mark:" + item_id(receiver, k) for k in keys])
+        return {k: None if raw is None else _s(raw) for k, raw in zip(keys, raws)}
 
     async def release_steps(self, run_id: str, step: int, now: float) -> int:
         return int(await self._release(keys=self._release_keys(run_id), args=[step, now, self.p + "due:"]))
@@ -491,8 +539,8 @@ class RedisOutbox:
     async def _pipelined(self, queue, transaction: bool = False) -> list:
         """One round trip of the commands ``queue(pipe)`` puts on a pipeline, the outbox's
         scripts called by their SHA (:func:`alerts.control.pipelined`)."""
-        return await pipelined(self.redis, queue, (self._track, self._enqueue, self._release),
-                               transaction=transaction)
+        return await pipelined(self.redis, queue, (self._track, self._enqueue, self._release,
+                                                   self._flush), transaction=transaction)
 
     async def active(self, now: float, runs: Iterable[str] | None = None) -> list[Alert]:
         """The firing alerts, of the whole fleet or of ``runs`` only (each run's own hash: a

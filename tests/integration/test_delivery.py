@@ -426,6 +426,69 @@ def test_a_drain_meanwhile_takes_an_alerts_items_with_the_held_items_they_releas
         [f for f in firsts if len(f) != 2]
 
 
+def test_items_sent_are_settled_and_their_groups_flush_noted_in_one_round_trip(redis_url):
+    """Settling a sent unit takes one transaction: its items leave the outbox, their marks say
+    "sent", and each group's clock notes the flush (the time exactly, the newest step of the
+    group's items) with its other fields as they are in Redis, even when another writer changed
+    them since this worker read the clock; a group without a clock gets none. A clock written
+    in another layout is still noted (read and written whole)."""
+    from redis.asyncio.connection import AbstractConnection
+
+    from alerts.control import redis_client
+    from alerts.grouping import GroupClock
+    from alerts.outbox import OutboxItem, item_id
+
+    async def go():
+        ns = f"rlwatch:sent-{uuid.uuid4().hex[:8]}"
+        r = redis_client(redis_url)
+        outbox = RedisOutbox(r, ns)
+        now = 1_764_500_123.456789
+        try:
+            await r.script_flush()            # (as after a restart: the scripts load again)
+            items = [OutboxItem(item_id("slack", f"a{k}"), "slack", g, f"a{k}", "run-1",
+                                json.dumps({"step": s}), [], enqueued=now, next_try=now)
+                     for k, (g, s) in enumerate([("g1", 5), ("g1", 9), ("g2", 4), ("none", 3)])]
+            await outbox.enqueue_all(items, {"g1": GroupClock("route-a", "run-1", 100.25, 1),
+                                             "g2": GroupClock("route-b", "run-1", 101.5, 2)},
+                                     {}, now)
+            # another writer changes g2's clock after this worker queued the items
+            await outbox.set_clock("g2", GroupClock("route-b", "run-1", 7.125, 3))
+            trips = [0]
+            send = AbstractConnection.send_packed_command
+
+            async def counted(self, command, check_health=True):
+                trips[0] += 1
+                return await send(self, command, check_health)
+
+            await outbox.sent(items[:1], now)   # (the scripts loaded: count the next one)
+            AbstractConnection.send_packed_command = counted
+            try:
+                await outbox.sent(items, now + 1)
+            finally:
+                AbstractConnection.send_packed_command = send
+            clocks = await outbox.clocks()
+            marks = [await outbox.outcome("slack", f"a{k}") for k in range(4)]
+            pending = await outbox.pending()
+            # a clock in another layout (compact JSON, its keys in another order)
+            odd = {"last_flush_step": None, "created_step": 1, "last_flush_ts": None,
+                   "run_id": "run-2", "created_ts": 50.5, "route": "route-c"}
+            await r.hset(outbox.p + "groups", "g3", json.dumps(odd, separators=(",", ":")))
+            other = OutboxItem(item_id("slack", "a9"), "slack", "g3", "a9", "run-2",
+                               json.dumps({"step": 12}), [], enqueued=now, next_try=now)
+            await outbox.sent([other], now + 2)
+            return trips[0], clocks, marks, pending, await outbox.clock("g3")
+        finally:
+            await r.aclose()
+
+    trips, clocks, marks, pending, g3 = asyncio.run(go())
+    assert trips == 1
+    assert clocks["g1"] == GroupClock("route-a", "run-1", 100.25, 1, 1_764_500_124.456789, 9)
+    assert clocks["g2"] == GroupClock("route-b", "run-1", 7.125, 3, 1_764_500_124.456789, 4)
+    assert "none" not in clocks
+    assert marks == ["sent"] * 4 and pending == 0
+    assert g3 == GroupClock("route-c", "run-2", 50.5, 1, 1_764_500_125.456789, 12)
+
+
 def test_routes_group_inhibit_and_silence(redis_url, recorders, tmp_path):
     rec = recorders()
     routes = tmp_path / "routes.yaml"

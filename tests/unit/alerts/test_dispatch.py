@@ -259,6 +259,40 @@ def test_a_resolved_notice_is_skipped_where_its_firing_one_was_refused_in_the_sa
     assert len(run(d.outbox.dead("hook"))) == 1 and run(d.outbox.pending()) == 0
 
 
+def test_a_pass_reads_what_became_of_its_resolved_notices_firing_ones_at_once():
+    # resolved notices whose firing ones went out in an earlier pass: one read for the pass,
+    # not one per notice; one whose firing notice was never notified is skipped, one whose
+    # firing notice is still queued waits
+    asked: list = []
+
+    class Counting(MemoryOutbox):
+        async def outcome(self, receiver, key, variant=""):
+            asked.append(("outcome", key))
+            return await super().outcome(receiver, key, variant)
+
+        async def outcomes(self, receiver, keys):
+            asked.append(("outcomes", len(keys)))
+            return await super().outcomes(receiver, keys)
+
+    d, clock, n, _ = rig("route:\n  receiver: hook\ninhibit_rules: []\n", names=("hook",),
+                         outbox=Counting())
+    fired = [alert(rule=f"r{i}", step=100, onset_step=100, actions=[]) for i in range(5)]
+    gone = [alert(rule=f"r{i}", step=110, onset_step=100, state="resolved", actions=[])
+            for i in range(5)]
+    never = alert(rule="quiet", step=110, onset_step=90, state="resolved", actions=[])
+
+    async def go():
+        await d.notify_all(fired)
+        await d.idle()
+        asked.clear()
+        await d.notify_all([*gone, never])
+        await d.idle()
+    run(go())
+    assert ("outcomes", 6) in asked and not [a for a in asked if a[0] == "outcome"], asked
+    assert len([a for a, _ in n["hook"].sent if a.state == "resolved"]) == 5
+    assert run(d.outbox.outcome("hook", "%s:resolved:90" % never.fingerprint)) == "skipped"
+
+
 def test_group_wait_in_steps_does_not_hold_forever():
     d, clock, n, _ = rig("route:\n  receiver: slack\n  group_wait: 10 steps\n", names=("slack",),
                          step_hold=120)
