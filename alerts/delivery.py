@@ -181,6 +181,8 @@ class Drainer:
                 elif why:
                     await self.outbox.finish(it, why)
                     settled += 1
+                    if _FIRING in it.key:
+                        marks[it.key] = why     # (as a resolved notice after it would read it)
                     if it.key == mine_key:
                         out.suppressed[name] = why
                 else:

@@ -363,11 +363,14 @@ class Dispatcher:
         if not any(not r.repeat_interval.zero for r in routes.values()):
             return
         clocks = await self.outbox.clocks()
-        for alert in await self.outbox.active(now):
+        active = await self.outbox.active(now)
+        # the runs' newest steps, read at once (a repeat interval in steps counts on them)
+        steps = await self.outbox.run_steps(sorted({a.run_id for a in active}))
+        for alert in active:
             for route, receiver in self.routing.targets(alert):
                 group = group_key(route, alert)
                 clock = clocks.get(group)
-                if clock is None or not repeat_due(clock, route, now, await self.outbox.run_step(alert.run_id)):
+                if clock is None or not repeat_due(clock, route, now, steps.get(alert.run_id)):
                     continue
                 key = delivery_key(alert)
                 if await self.outbox.outcome(receiver, key) != "sent":

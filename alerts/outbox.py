@@ -99,6 +99,8 @@ class Outbox(Protocol):
         """The firing alerts (of these ``runs`` only, when given); those older than
         ``ACTIVE_MAX_AGE`` are dropped."""
     async def run_step(self, run_id: str) -> int | None: ...
+    async def run_steps(self, run_ids: list[str]) -> dict[str, int | None]:
+        """:meth:`run_step` of each of ``run_ids``, in one round trip."""
     async def admit_all(self, alerts: list[tuple[Alert, list[str]]], now: float) -> list[dict[str, GroupClock | None]]:
         """:meth:`track` each alert, then read the clocks of its groups, as they were before
         this call (one round trip for all)."""
@@ -135,7 +137,7 @@ class MemoryOutbox:
         self.dead_items: dict[str, list[OutboxItem]] = {}
         self.groups: dict[str, GroupClock] = {}
         self.firing: dict[str, tuple[float, Alert]] = {}
-        self.run_steps: dict[str, int] = {}
+        self.run_steps_seen: dict[str, int] = {}   # run -> its newest step
 
     async def enqueue(self, item: OutboxItem) -> bool:
         if item.id in self.marks:
@@ -232,7 +234,7 @@ class MemoryOutbox:
             self.firing[alert.fingerprint] = (now, alert)
         else:
             self.firing.pop(alert.fingerprint, None)
-        self.run_steps[alert.run_id] = max(alert.step, self.run_steps.get(alert.run_id, alert.step))
+        self.run_steps_seen[alert.run_id] = max(alert.step, self.run_steps_seen.get(alert.run_id, alert.step))
 
     async def admit_all(self, alerts: list[tuple[Alert, list[str]]], now: float) -> list[dict[str, GroupClock | None]]:
         clocks = [{g: self.groups.get(g) for g in groups} for _, groups in alerts]
@@ -257,7 +259,10 @@ class MemoryOutbox:
         return [a for _, a in self.firing.values() if wanted is None or a.run_id in wanted]
 
     async def run_step(self, run_id: str) -> int | None:
-        return self.run_steps.get(run_id)
+        return self.run_steps_seen.get(run_id)
+
+    async def run_steps(self, run_ids: list[str]) -> dict[str, int | None]:
+        return {r: self.run_steps_seen.get(r) for r in run_ids}
 
 
 _ENQUEUE = """
@@ -602,3 +607,9 @@ class RedisOutbox:
     async def run_step(self, run_id: str) -> int | None:
         raw = await self.redis.hget(self.p + "runstep", run_id)
         return None if raw is None else int(raw)
+
+    async def run_steps(self, run_ids: list[str]) -> dict[str, int | None]:
+        if not run_ids:
+            return {}
+        raws = await self.redis.hmget(self.p + "runstep", run_ids)
+        return {r: None if raw is None else int(raw) for r, raw in zip(run_ids, raws)}

@@ -159,8 +159,8 @@ fn score<T: Copy + Eq + Hash + Into<u32>>(s: &[T], n: i64) -> Option<f64> {
     Some(1.0 - distinct as f64 / total as f64)
 }
 
-/// What [`score_fast`] keeps from one text to the next (emptied, never shrunk but for a text of
-/// an unusual size): no allocation per text.
+/// What [`score_fast`] keeps from one text to the next (emptied, and let go after a text of an
+/// unusual size: [`Scratch::trim`]): no allocation per text.
 #[derive(Default)]
 struct Scratch {
     /// each word: its span and the Fx hash of its code points
@@ -271,18 +271,26 @@ fn score_fast<T: Copy + Eq + Into<u32>>(s: &[T], n: i64, sc: &mut Scratch) -> Op
     } else {
         return None;
     };
-    // (a table grown for an unusual text goes, rather than be emptied at every text after it)
-    if sc.by_hash.capacity() > 1 << 16 {
-        sc.by_hash = HashMap::default();
-        sc.grams = HashSet::default();
-    }
     Some(Some(1.0 - distinct as f64 / total as f64))
+}
+
+impl Scratch {
+    /// Let go of what an unusual text grew (rather than keep it, and empty it at every text).
+    fn trim(&mut self) {
+        if self.words.capacity() > 1 << 16 || self.by_hash.capacity() > 1 << 16 {
+            *self = Scratch::default();
+        }
+    }
 }
 
 /// [`score_fast`], else [`score`].
 fn score_any<T: Copy + Eq + Hash + Into<u32>>(s: &[T], n: i64) -> Option<f64> {
     let fast = SCRATCH.with(|sc| match sc.try_borrow_mut() {
-        Ok(mut sc) => score_fast(s, n, &mut sc),
+        Ok(mut sc) => {
+            let got = score_fast(s, n, &mut sc);
+            sc.trim();
+            got
+        }
         Err(_) => None,
     });
     match fast {

@@ -232,3 +232,71 @@ def test_a_lanes_brake_on_a_state_changed_under_it_goes_one_by_one_and_keeps_its
     assert [c.action for c in fresh] == ["pause", "snapshot"]
     assert status.state == "paused" and status.command.id == later[0].id
     assert [e["action"] for e in audit(r, rid)] == ["pause", "resume", "pause", "snapshot"]
+
+
+def test_a_tick_checks_the_brakes_of_many_runs_in_as_many_round_trips_as_of_one(services):
+    """RedisAcks.check reads every run's acknowledgements and control state in one round trip:
+    a fleet with brakes outstanding on many runs costs a tick no more trips than one run. An
+    acknowledged brake (signed) and one a later command overtook are settled; a brake past
+    the timeout without either is escalated, once."""
+    from redis.asyncio.connection import AbstractConnection
+
+    from alerts.escalation import RedisAcks
+    from contract.commands import ack_signature, acks_key
+
+    ns = "rlwatch:acks-" + uuid.uuid4().hex[:8]
+    r = redis_sync.Redis.from_url(services["redis"])
+    trips = [0]
+    send = AbstractConnection.send_packed_command
+
+    async def counted(self, command, check_health=True):
+        trips[0] += 1
+        return await send(self, command, check_health)
+
+    async def pauses(control, acks, runs, now):
+        out = []
+        for rid in runs:
+            cmd = Command(run_id=rid, action="pause", ts=now, reason="test", step=3).signed(SECRET)
+            await control.send(cmd)
+            await acks.expect(cmd)
+            out.append(cmd)
+        return out
+
+    async def tick(acks, now) -> tuple[int, tuple]:
+        trips[0] = 0
+        AbstractConnection.send_packed_command = counted
+        try:
+            got = await acks.check(now, timeout=60)
+        finally:
+            AbstractConnection.send_packed_command = send
+        return trips[0], got
+
+    async def go():
+        control = RedisControl(services["redis"], SECRET)
+        acks = RedisAcks(control.redis, ns, SECRET)
+        now = time.time()
+        try:
+            await control.redis.ping()
+            one = await pauses(control, acks, ["acks-a-" + uuid.uuid4().hex[:6]], now)
+            alone = (await tick(acks, now + 1))[0]
+            many = await pauses(control, acks, [f"acks-{k}-" + uuid.uuid4().hex[:6] for k in range(12)],
+                                now)
+            fleet = (await tick(acks, now + 1))[0]
+            # the first of the fleet acknowledges (signed), the second is resumed by an operator
+            ack = {"type": "ack", "command_id": many[0].id, "run_id": many[0].run_id, "ts": now + 2}
+            ack["signature"] = ack_signature(ack, SECRET)
+            r.hset(acks_key(many[0].run_id), many[0].id, json.dumps(ack))
+            await control.send(Command(run_id=many[1].run_id, action="resume", ts=now + 2,
+                                       reason="operator").signed(SECRET))
+            _, (overdue, _) = await tick(acks, now + 61)
+            _, (again, _) = await tick(acks, now + 62)
+            left = {c.id for c in await acks.outstanding()}
+            return alone, fleet, overdue, again, left, one, many
+        finally:
+            await control.close()
+
+    alone, fleet, overdue, again, left, one, many = run(go())
+    assert fleet == alone, (alone, fleet)
+    assert sorted(s.command_id for s in overdue) == sorted(c.id for c in [*one, *many[2:]])
+    assert again == []                                   # escalated once
+    assert many[0].id not in left and many[1].id not in left

@@ -317,6 +317,35 @@ def test_repeat_interval_resends_what_still_fires():
     assert len(n["slack"].sent) == 4                                     # not again before an hour
 
 
+def test_a_tick_reads_the_active_runs_steps_once_for_repeats_counted_in_steps():
+    # a fleet's tick asks the store for every active run's newest step in one read, not one per
+    # alert and receiver; each run's repeat is counted on its own step
+    reads: list = []
+
+    class Counting(MemoryOutbox):
+        async def run_step(self, run_id):
+            reads.append(("run_step", run_id))
+            return await super().run_step(run_id)
+
+        async def run_steps(self, run_ids):
+            reads.append(("run_steps", tuple(run_ids)))
+            return await super().run_steps(run_ids)
+
+    d, clock, n, _ = rig("route:\n  receiver: [slack, hook]\n  repeat_interval: 50 steps\n"
+                         "inhibit_rules: []\n", outbox=Counting())
+    for r in ("run-a", "run-b", "run-c"):
+        run(d.handle(alert(run_id=r, step=100, onset_step=100, actions=[])))
+    # run-b goes on to step 160, the others only to step 120
+    for r, step in (("run-a", 120), ("run-b", 160), ("run-c", 120)):
+        run(d.handle(alert(rule="other", run_id=r, step=step, onset_step=step, actions=[])))
+    sent = len(n["slack"].sent)
+    reads.clear()
+    run(d.tick(clock.advance(5)))
+    assert reads == [("run_steps", ("run-a", "run-b", "run-c"))], reads
+    again = [a.run_id for a, _ in n["slack"].sent[sent:]]
+    assert again == ["run-b"]                 # 60 steps on since its notice; the others 20
+
+
 INHIBIT = "route: {receiver: [slack, hook]}\n"   # a file without inhibit_rules: the defaults
 
 
