@@ -185,15 +185,28 @@ class BrakeLane:
         """Publish again the brakes still unacknowledged (each at most every ``resend_every``)."""
         if self.acks is None:
             return 0
-        n = 0
         waiting = await self.acks.outstanding()
+        due = []
         for cmd in waiting:
             last = self._resent.get(cmd.id, cmd.sent if cmd.sent is not None else cmd.ts)
             if now - last < self.resend_every:
                 continue
             self._resent[cmd.id] = now
-            await self.control.send(cmd.signed(self.secret, sent=now))
-            n += 1
+            due.append(cmd.signed(self.secret, sent=now))
+        # all in one round trip where the channel can (a fleet's brakes no worker acknowledges,
+        # of runs without a listener or gone, took one each, every few seconds); one by one
+        # those whose run's state changed under them, and all of them if that trip fails
+        send_all = getattr(self.control, "send_all", None)
+        got: list[bool | None] = [None] * len(due)
+        if send_all is not None and due:
+            try:
+                got = await send_all(due)
+            except Exception:  # noqa: BLE001 - the one-by-one way below says what fails
+                pass
+        for cmd, sent in zip(due, got):
+            if sent is None:
+                await self.control.send(cmd)
+        n = len(due)
         alive = {c.id for c in waiting}
         for cid in [c for c in self._resent if c not in alive]:
             del self._resent[cid]

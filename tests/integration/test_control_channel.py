@@ -300,3 +300,61 @@ def test_a_tick_checks_the_brakes_of_many_runs_in_as_many_round_trips_as_of_one(
     assert sorted(s.command_id for s in overdue) == sorted(c.id for c in [*one, *many[2:]])
     assert again == []                                   # escalated once
     assert many[0].id not in left and many[1].id not in left
+
+
+def test_unacknowledged_brakes_of_many_runs_are_published_again_in_one_round_trip(services):
+    """BrakeLane.resend re-signs every brake no worker acknowledged and publishes them again
+    together: a fleet's outstanding brakes (runs without a listener, or gone) cost one round
+    trip, not one each, every few seconds, and each run's listener gets its command again."""
+    from redis.asyncio.connection import AbstractConnection
+
+    from alerts.brake import BrakeLane
+    from alerts.escalation import RedisAcks
+
+    ns = "rlwatch:resend-" + uuid.uuid4().hex[:8]
+    runs = [f"resend-{k}-" + uuid.uuid4().hex[:6] for k in range(12)]
+    r = redis_sync.Redis.from_url(services["redis"])
+    sub = r.pubsub()
+    sub.subscribe(*[channel(rid) for rid in runs])
+    trips = [0]
+    send = AbstractConnection.send_packed_command
+
+    async def counted(self, command, check_health=True):
+        trips[0] += 1
+        return await send(self, command, check_health)
+
+    async def go():
+        control = RedisControl(services["redis"], SECRET)
+        acks = RedisAcks(control.redis, ns, SECRET)
+        lane = BrakeLane(control, acks, clock=time.time, secret=SECRET, resend_every=5)
+        now = time.time()
+        try:
+            cmds = [Command(run_id=rid, action="pause", ts=now, reason="test", step=3).signed(SECRET)
+                    for rid in runs]
+            for cmd in cmds:
+                await lane.pull([cmd])
+            await acks.outstanding()           # (connected; what the tick reads is counted below)
+            trips[0] = 0
+            AbstractConnection.send_packed_command = counted
+            try:
+                n = await lane.resend(now + 6)
+            finally:
+                AbstractConnection.send_packed_command = send
+            return n, trips[0], cmds
+        finally:
+            await control.close()
+
+    n, trips_taken, cmds = run(go())
+    got: dict[str, list] = {}
+    deadline = time.time() + 5
+    while time.time() < deadline and sum(len(v) for v in got.values()) < 2 * len(runs):
+        m = sub.get_message(timeout=0.2)
+        if m and m["type"] == "message":
+            c = Command.model_validate_json(m["data"])
+            got.setdefault(c.run_id, []).append(c)
+    sub.close()
+    assert n == len(runs)
+    assert trips_taken <= 3, trips_taken          # the outstanding brakes read, then one trip
+    for cmd in cmds:
+        first, again = got[cmd.run_id]
+        assert again.id == cmd.id and again.sent is not None and again.verify(SECRET)
