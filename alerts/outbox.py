@@ -328,14 +328,15 @@ return #ids
 #: and json.dumps write it, "last_flush_ts" and "last_flush_step" its last two fields) has
 #: those two fields written anew, its other fields left as they are (cjson would write their
 #: floats with 14 digits). A group without a clock is left alone; the groups whose clock is
-#: written otherwise are returned (the caller notes their flush itself).
+#: written otherwise (those two fields not last, other separators) are returned (the caller
+#: notes their flush itself).
 _FLUSH = """
 local others = {}
 for i = 2, #ARGV, 2 do
   local raw = redis.call('HGET', KEYS[1], ARGV[i])
   if raw then
     local at = string.find(raw, '"last_flush_ts": ', 1, true)
-    if at and string.sub(raw, -1) == '}' then
+    if at and string.find(raw, '^"last_flush_ts": [^,}]*, "last_flush_step": [^,}]*}$', at) then
       redis.call('HSET', KEYS[1], ARGV[i], string.sub(raw, 1, at - 1) .. '"last_flush_ts": '
                  .. ARGV[1] .. ', "last_flush_step": ' .. ARGV[i + 1] .. '}')
     else

@@ -476,17 +476,26 @@ def test_items_sent_are_settled_and_their_groups_flush_noted_in_one_round_trip(r
             other = OutboxItem(item_id("slack", "a9"), "slack", "g3", "a9", "run-2",
                                json.dumps({"step": 12}), [], enqueued=now, next_try=now)
             await outbox.sent([other], now + 2)
-            return trips[0], clocks, marks, pending, await outbox.clock("g3")
+            # and one whose flush fields are not its last (the usual separators)
+            odd = {"route": "route-d", "last_flush_ts": None, "last_flush_step": None,
+                   "run_id": "run-3", "created_ts": 60.5, "created_step": 2}
+            await r.hset(outbox.p + "groups", "g4", json.dumps(odd))
+            fourth = OutboxItem(item_id("slack", "a10"), "slack", "g4", "a10", "run-3",
+                                json.dumps({"step": 14}), [], enqueued=now, next_try=now)
+            await outbox.sent([fourth], now + 3)
+            return (trips[0], clocks, marks, pending, await outbox.clock("g3"),
+                    await outbox.clock("g4"))
         finally:
             await r.aclose()
 
-    trips, clocks, marks, pending, g3 = asyncio.run(go())
+    trips, clocks, marks, pending, g3, g4 = asyncio.run(go())
     assert trips == 1
     assert clocks["g1"] == GroupClock("route-a", "run-1", 100.25, 1, 1_764_500_124.456789, 9)
     assert clocks["g2"] == GroupClock("route-b", "run-1", 7.125, 3, 1_764_500_124.456789, 4)
     assert "none" not in clocks
     assert marks == ["sent"] * 4 and pending == 0
     assert g3 == GroupClock("route-c", "run-2", 50.5, 1, 1_764_500_125.456789, 12)
+    assert g4 == GroupClock("route-d", "run-3", 60.5, 2, 1_764_500_126.456789, 14)
 
 
 def test_routes_group_inhibit_and_silence(redis_url, recorders, tmp_path):
