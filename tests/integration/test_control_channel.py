@@ -16,6 +16,7 @@ import redis as redis_sync
 
 from alerts.control import RedisControl
 from contract.commands import Command, applied_key, audit_key, channel, state_key
+from tests.support.redis_trips import counting_round_trips
 
 pytestmark = pytest.mark.integration
 
@@ -157,8 +158,6 @@ def test_a_lanes_brake_of_several_commands_lands_in_one_round_trip_in_order_and_
     (RedisControl.send_all): one round trip for a stop, a rollback and a snapshot, applied in
     order, the stop waiting for its acknowledgement; sent again by a successor, nothing is
     applied twice."""
-    from redis.asyncio.connection import AbstractConnection
-
     from alerts.brake import BrakeLane
     from alerts.escalation import RedisAcks
 
@@ -167,11 +166,6 @@ def test_a_lanes_brake_of_several_commands_lands_in_one_round_trip_in_order_and_
     cmds = [Command(run_id=rid, action=a, ts=now, reason="test", step=7).signed(SECRET)
             for a in ("stop", "rollback", "snapshot")]
     trips = [0]
-    send = AbstractConnection.send_packed_command
-
-    async def counted(self, command, check_health=True):
-        trips[0] += 1
-        return await send(self, command, check_health)
 
     async def go():
         control = RedisControl(services["redis"], SECRET)
@@ -179,11 +173,9 @@ def test_a_lanes_brake_of_several_commands_lands_in_one_round_trip_in_order_and_
         lane = BrakeLane(control, acks, clock=time.time, secret=SECRET)
         try:
             await control.redis.ping()          # connected before counting
-            AbstractConnection.send_packed_command = counted
-            try:
+            with counting_round_trips() as count:
                 first = await lane.pull(cmds)
-            finally:
-                AbstractConnection.send_packed_command = send
+            trips[0] = count[0]
             again = await BrakeLane(control, acks, clock=time.time, secret=SECRET).pull(cmds)
             return first, again, await control.status(rid), await acks.outstanding()
         finally:
@@ -239,19 +231,11 @@ def test_a_tick_checks_the_brakes_of_many_runs_in_as_many_round_trips_as_of_one(
     a fleet with brakes outstanding on many runs costs a tick no more trips than one run. An
     acknowledged brake (signed) and one a later command overtook are settled; a brake past
     the timeout without either is escalated, once."""
-    from redis.asyncio.connection import AbstractConnection
-
     from alerts.escalation import RedisAcks
     from contract.commands import ack_signature, acks_key
 
     ns = "rlwatch:acks-" + uuid.uuid4().hex[:8]
     r = redis_sync.Redis.from_url(services["redis"])
-    trips = [0]
-    send = AbstractConnection.send_packed_command
-
-    async def counted(self, command, check_health=True):
-        trips[0] += 1
-        return await send(self, command, check_health)
 
     async def pauses(control, acks, runs, now):
         out = []
@@ -263,13 +247,9 @@ def test_a_tick_checks_the_brakes_of_many_runs_in_as_many_round_trips_as_of_one(
         return out
 
     async def tick(acks, now) -> tuple[int, tuple]:
-        trips[0] = 0
-        AbstractConnection.send_packed_command = counted
-        try:
+        with counting_round_trips() as count:
             got = await acks.check(now, timeout=60)
-        finally:
-            AbstractConnection.send_packed_command = send
-        return trips[0], got
+        return count[0], got
 
     async def go():
         control = RedisControl(services["redis"], SECRET)
@@ -306,8 +286,6 @@ def test_unacknowledged_brakes_of_many_runs_are_published_again_in_one_round_tri
     """BrakeLane.resend re-signs every brake no worker acknowledged and publishes them again
     together: a fleet's outstanding brakes (runs without a listener, or gone) cost one round
     trip, not one each, every few seconds, and each run's listener gets its command again."""
-    from redis.asyncio.connection import AbstractConnection
-
     from alerts.brake import BrakeLane
     from alerts.escalation import RedisAcks
 
@@ -316,12 +294,6 @@ def test_unacknowledged_brakes_of_many_runs_are_published_again_in_one_round_tri
     r = redis_sync.Redis.from_url(services["redis"])
     sub = r.pubsub()
     sub.subscribe(*[channel(rid) for rid in runs])
-    trips = [0]
-    send = AbstractConnection.send_packed_command
-
-    async def counted(self, command, check_health=True):
-        trips[0] += 1
-        return await send(self, command, check_health)
 
     async def go():
         control = RedisControl(services["redis"], SECRET)
@@ -334,13 +306,9 @@ def test_unacknowledged_brakes_of_many_runs_are_published_again_in_one_round_tri
             for cmd in cmds:
                 await lane.pull([cmd])
             await acks.outstanding()           # (connected; what the tick reads is counted below)
-            trips[0] = 0
-            AbstractConnection.send_packed_command = counted
-            try:
+            with counting_round_trips() as count:
                 n = await lane.resend(now + 6)
-            finally:
-                AbstractConnection.send_packed_command = send
-            return n, trips[0], cmds
+            return n, count[0], cmds
         finally:
             await control.close()
 

@@ -432,11 +432,10 @@ def test_items_sent_are_settled_and_their_groups_flush_noted_in_one_round_trip(r
     group's items) with its other fields as they are in Redis, even when another writer changed
     them since this worker read the clock; a group without a clock gets none. A clock written
     in another layout is still noted (read and written whole)."""
-    from redis.asyncio.connection import AbstractConnection
-
     from alerts.control import redis_client
     from alerts.grouping import GroupClock
     from alerts.outbox import OutboxItem, item_id
+    from tests.support.redis_trips import counting_round_trips
 
     async def go():
         ns = f"rlwatch:sent-{uuid.uuid4().hex[:8]}"
@@ -453,19 +452,9 @@ def test_items_sent_are_settled_and_their_groups_flush_noted_in_one_round_trip(r
                                      {}, now)
             # another writer changes g2's clock after this worker queued the items
             await outbox.set_clock("g2", GroupClock("route-b", "run-1", 7.125, 3))
-            trips = [0]
-            send = AbstractConnection.send_packed_command
-
-            async def counted(self, command, check_health=True):
-                trips[0] += 1
-                return await send(self, command, check_health)
-
             await outbox.sent(items[:1], now)   # (the scripts loaded: count the next one)
-            AbstractConnection.send_packed_command = counted
-            try:
+            with counting_round_trips() as trips:
                 await outbox.sent(items, now + 1)
-            finally:
-                AbstractConnection.send_packed_command = send
             clocks = await outbox.clocks()
             marks = [await outbox.outcome("slack", f"a{k}") for k in range(4)]
             pending = await outbox.pending()
