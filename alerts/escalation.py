@@ -173,6 +173,9 @@ class MemoryAcks:
         return [*self.pending.values(), *self.escalated.values()]
 
 
+#: stored commands RedisAcks keeps parsed, at most (then it parses afresh)
+PARSED_MEMORY = 20_000
+
 #: RedisAcks.expect: KEYS the pending brakes, their times sent; ARGV the command's id, the
 #: command, its time. A brake already waiting keeps its first record and time.
 _EXPECT = """
@@ -195,6 +198,7 @@ class RedisAcks:
         self.pending, self.sent = f"{namespace}:brakes:pending", f"{namespace}:brakes:sent"
         self.escalated = f"{namespace}:brakes:escalated"
         self._expect = redis.register_script(_EXPECT)
+        self._parsed: dict[bytes, Command] = {}     # stored text -> the command (_load)
 
     async def expect(self, cmd: Command) -> None:
         if cmd.action not in BRAKES:
@@ -212,11 +216,23 @@ class RedisAcks:
         return (self._expect,)
 
     async def _load(self, key: str, ids: list[str] | None = None) -> list[Command]:
+        """The commands stored under ``key`` (those of ``ids`` only, when given). Each stored
+        text is parsed once (every tick reads every brake still outstanding, for a day when no
+        worker answers): the commands returned are shared with later calls, read them only."""
         if ids is None:
             raw = list((await self.redis.hgetall(key)).values())
         else:
             raw = [r for r in (await self.redis.hmget(key, ids) if ids else []) if r is not None]
-        return [Command.model_validate_json(r) for r in raw]
+        parsed = self._parsed
+        out = []
+        for r in raw:
+            cmd = parsed.get(r)
+            if cmd is None:
+                if len(parsed) >= PARSED_MEMORY:
+                    parsed.clear()
+                cmd = parsed[r] = Command.model_validate_json(r)
+            out.append(cmd)
+        return out
 
     async def _context(self, cmds: list[Command]):
         """(the commands among ``cmds`` acknowledged, each of their runs' control state), read

@@ -326,3 +326,36 @@ def test_unacknowledged_brakes_of_many_runs_are_published_again_in_one_round_tri
     for cmd in cmds:
         first, again = got[cmd.run_id]
         assert again.id == cmd.id and again.sent is not None and again.verify(SECRET)
+
+
+def test_brakes_outstanding_are_parsed_once_per_stored_text(services):
+    """Every tick reads every brake still outstanding (for a day when nobody answers): a stored
+    command is parsed once and the same command given back while its text is unchanged, a
+    new text read afresh."""
+    from alerts.escalation import RedisAcks
+
+    ns = "rlwatch:parsed-" + uuid.uuid4().hex[:8]
+    runs = [f"parsed-{k}-" + uuid.uuid4().hex[:6] for k in range(3)]
+
+    async def go():
+        control = RedisControl(services["redis"], SECRET)
+        acks = RedisAcks(control.redis, ns, SECRET)
+        try:
+            cmds = [Command(run_id=rid, action="pause", ts=time.time(), reason="test").signed(SECRET)
+                    for rid in runs]
+            for cmd in cmds:
+                await acks.expect(cmd)
+            first, second = await acks.outstanding(), await acks.outstanding()
+            changed = cmds[0].model_copy(update={"reason": "changed"})
+            await control.redis.hset(acks.pending, changed.id, changed.model_dump_json())
+            third = await acks.outstanding()
+            return cmds, first, second, third
+        finally:
+            await control.close()
+
+    cmds, first, second, third = run(go())
+    assert sorted(c.id for c in first) == sorted(c.id for c in cmds)
+    assert all(a is b for a, b in zip(first, second))
+    by_id = {c.id: c for c in third}
+    assert by_id[cmds[0].id].reason == "changed"
+    assert by_id[cmds[1].id] is {c.id: c for c in first}[cmds[1].id]
