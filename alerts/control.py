@@ -130,18 +130,23 @@ async def pipelined(redis, queue, scripts, transaction: bool = False) -> list:
     (``pipe.evalsha``: redis-py's own script calls on a pipeline cost a second round trip, to
     ask whether Redis knows them): a Redis that does not know them (restarted, or flushed)
     refuses them, so they are loaded and the whole pipeline sent again. Only for commands
-    that may run twice."""
+    that may run twice. A command that ran the first time keeps its first reply (the second
+    time it would find its own work done: a brake applied then reads "applied before")."""
     from redis.exceptions import NoScriptError
-    try:
-        async with redis.pipeline(transaction=transaction) as pipe:
-            queue(pipe)
-            return await pipe.execute()
-    except NoScriptError:
-        for script in scripts:
-            script.sha = await redis.script_load(script.script)
     async with redis.pipeline(transaction=transaction) as pipe:
         queue(pipe)
-        return await pipe.execute()
+        first = await pipe.execute(raise_on_error=False)
+    if not any(isinstance(r, NoScriptError) for r in first):
+        for r in first:
+            if isinstance(r, Exception):
+                raise r
+        return first
+    for script in scripts:
+        script.sha = await redis.script_load(script.script)
+    async with redis.pipeline(transaction=transaction) as pipe:
+        queue(pipe)
+        again = await pipe.execute()
+    return [a if isinstance(f, Exception) else f for f, a in zip(first, again)]
 
 
 def _reply(reply) -> tuple[str, bytes | None]:

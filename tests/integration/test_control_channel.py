@@ -172,7 +172,8 @@ def test_a_lanes_brake_of_several_commands_lands_in_one_round_trip_in_order_and_
         acks = RedisAcks(control.redis, f"rlwatch:{rid}", SECRET)
         lane = BrakeLane(control, acks, clock=time.time, secret=SECRET)
         try:
-            await control.redis.ping()          # connected before counting
+            # connected, and the scripts known to Redis, before counting (a brake of another run)
+            await lane.pull([Command(run_id=rid + "-warm", action="snapshot", ts=now).signed(SECRET)])
             with counting_round_trips() as count:
                 first = await lane.pull(cmds)
             trips[0] = count[0]
@@ -359,3 +360,39 @@ def test_brakes_outstanding_are_parsed_once_per_stored_text(services):
     by_id = {c.id: c for c in third}
     assert by_id[cmds[0].id].reason == "changed"
     assert by_id[cmds[1].id] is {c.id: c for c in first}[cmds[1].id]
+
+
+def test_a_brake_sent_as_redis_forgot_its_scripts_is_applied_once_and_said_to_be_applied_now(
+        services, rid):
+    """After a Redis restart (its scripts gone), the first brake's round trip is refused in
+    part, the scripts are loaded and it is sent again: the commands that ran the first time
+    keep their first answer, so the lane reports them applied now (not "applied before"),
+    once each, tracked."""
+    from alerts.brake import BrakeLane
+    from alerts.escalation import RedisAcks
+
+    r = redis_sync.Redis.from_url(services["redis"])
+    now = time.time()
+    cmds = [Command(run_id=rid, action=a, ts=now, reason="test", step=9).signed(SECRET)
+            for a in ("pause", "snapshot")]
+
+    async def go():
+        control = RedisControl(services["redis"], SECRET)
+        acks = RedisAcks(control.redis, f"rlwatch:{rid}", SECRET)
+        lane = BrakeLane(control, acks, clock=time.time, secret=SECRET)
+        try:
+            # the control script known, the tracker's not: the first trip applies the commands
+            # and is refused the tracking
+            await lane.pull([Command(run_id=rid + "-warm", action="snapshot", ts=now).signed(SECRET)])
+            await control.redis.script_flush()
+            await control.redis.script_load(control._script.script)
+            first = await lane.pull(cmds)
+            return first, await control.status(rid), await acks.outstanding()
+        finally:
+            await control.close()
+
+    first, status, waiting = run(go())
+    assert [c.action for c in first] == ["pause", "snapshot"]
+    assert status.state == "paused"
+    assert [e["action"] for e in audit(r, rid)] == ["pause", "snapshot"]
+    assert [c.id for c in waiting] == [cmds[0].id]
