@@ -36,6 +36,21 @@ def rid(services) -> str:
     return "ctl-" + uuid.uuid4().hex[:8]
 
 
+async def warm_lane(services, rid: str):
+    """(control channel, acknowledgement tracker, brake lane) on the shared Redis, connected
+    and their scripts known to Redis (a snapshot of another run pulled first)."""
+    from alerts.brake import BrakeLane
+    from alerts.escalation import RedisAcks
+
+    control = RedisControl(services["redis"], SECRET)
+    acks = RedisAcks(control.redis, f"rlwatch:{rid}", SECRET)
+    lane = BrakeLane(control, acks, clock=time.time, secret=SECRET)
+    await lane.pull([Command(run_id=rid + "-warm", action="snapshot", ts=time.time()).signed(SECRET)])
+    for script in acks.scripts:      # (a snapshot is not tracked: the tracker's script too)
+        script.sha = await control.redis.script_load(script.script)
+    return control, acks, lane
+
+
 def test_a_command_is_applied_once_and_published_every_time_it_is_sent(services, rid):
     r = redis_sync.Redis.from_url(services["redis"])
     sub = r.pubsub(ignore_subscribe_messages=True)
@@ -159,7 +174,6 @@ def test_a_lanes_brake_of_several_commands_lands_in_one_round_trip_in_order_and_
     order, the stop waiting for its acknowledgement; sent again by a successor, nothing is
     applied twice."""
     from alerts.brake import BrakeLane
-    from alerts.escalation import RedisAcks
 
     r = redis_sync.Redis.from_url(services["redis"])
     now = time.time()
@@ -168,12 +182,8 @@ def test_a_lanes_brake_of_several_commands_lands_in_one_round_trip_in_order_and_
     trips = [0]
 
     async def go():
-        control = RedisControl(services["redis"], SECRET)
-        acks = RedisAcks(control.redis, f"rlwatch:{rid}", SECRET)
-        lane = BrakeLane(control, acks, clock=time.time, secret=SECRET)
+        control, acks, lane = await warm_lane(services, rid)     # (nothing of it counted)
         try:
-            # connected, and the scripts known to Redis, before counting (a brake of another run)
-            await lane.pull([Command(run_id=rid + "-warm", action="snapshot", ts=now).signed(SECRET)])
             with counting_round_trips() as count:
                 first = await lane.pull(cmds)
             trips[0] = count[0]
@@ -368,22 +378,16 @@ def test_a_brake_sent_as_redis_forgot_its_scripts_is_applied_once_and_said_to_be
     part, the scripts are loaded and it is sent again: the commands that ran the first time
     keep their first answer, so the lane reports them applied now (not "applied before"),
     once each, tracked."""
-    from alerts.brake import BrakeLane
-    from alerts.escalation import RedisAcks
-
     r = redis_sync.Redis.from_url(services["redis"])
     now = time.time()
     cmds = [Command(run_id=rid, action=a, ts=now, reason="test", step=9).signed(SECRET)
             for a in ("pause", "snapshot")]
 
     async def go():
-        control = RedisControl(services["redis"], SECRET)
-        acks = RedisAcks(control.redis, f"rlwatch:{rid}", SECRET)
-        lane = BrakeLane(control, acks, clock=time.time, secret=SECRET)
+        control, acks, lane = await warm_lane(services, rid)
         try:
             # the control script known, the tracker's not: the first trip applies the commands
             # and is refused the tracking
-            await lane.pull([Command(run_id=rid + "-warm", action="snapshot", ts=now).signed(SECRET)])
             await control.redis.script_flush()
             await control.redis.script_load(control._script.script)
             first = await lane.pull(cmds)
