@@ -123,15 +123,16 @@ class BrakeLane:
                 taken.popitem(last=False)
         return fresh
 
-    async def _at_once(self, cmds: list[Command]) -> list[bool | None]:
+    async def _at_once(self, cmds: list[Command], track: bool = True) -> list[bool | None]:
         """``cmds`` sent in one round trip with their acknowledgement tracking, where the
         control channel and the tracker share a Redis client (``RedisControl.send_all``): a
         pause and its snapshot took four round trips one by one. For each command whether it
         was applied now, or None where it must go the one-by-one way (:meth:`_until_taken`):
         the run's state had changed under it, or the round trip failed (that way retries it,
-        says so and raises the alarm)."""
+        says so and raises the alarm). ``track``: the pauses and stops among them wait for
+        an acknowledgement (a re-send does not track them again)."""
         send_all = getattr(self.control, "send_all", None)
-        acks = self.acks
+        acks = self.acks if track else None
         if send_all is None or not cmds or (acks is not None and (
                 getattr(acks, "redis", None) is not getattr(self.control, "redis", None)
                 or not hasattr(acks, "expect_on"))):
@@ -194,16 +195,10 @@ class BrakeLane:
             self._resent[cmd.id] = now
             due.append(cmd.signed(self.secret, sent=now))
         # all in one round trip where the channel can (a fleet's brakes no worker acknowledges,
-        # of runs without a listener or gone, took one each, every few seconds); one by one
+        # of runs without a listener or gone, took one each, every few seconds), not tracked
+        # again (an escalated brake must not wait for its acknowledgement anew); one by one
         # those whose run's state changed under them, and all of them if that trip fails
-        send_all = getattr(self.control, "send_all", None)
-        got: list[bool | None] = [None] * len(due)
-        if send_all is not None and due:
-            try:
-                got = await send_all(due)
-            except Exception:  # noqa: BLE001 - the one-by-one way below says what fails
-                pass
-        for cmd, sent in zip(due, got):
+        for cmd, sent in zip(due, await self._at_once(due, track=False)):
             if sent is None:
                 await self.control.send(cmd)
         n = len(due)
