@@ -390,9 +390,10 @@ def faust_floor_agent() -> None:
 # the core runs on every event but the alerts it returns are dropped (what publishing them costs).
 # The pieces of that cost, each left out on its own with the rest as it is: BENCH_SKIP=brakes, the
 # brake thread's work (each brake reported done at once, nothing sent to Redis); notify, the
-# notification lane (Dispatcher.notify returns at once: no incident, outbox or sends); snapshot,
-# the snapshot attached to each alert (the alerts go out without one); flush, the write of the
-# run's state to the table once its alerts are in Kafka (the state waits for the next commit).
+# notification lane (Dispatcher.notify_all and notify return at once: no incident, outbox or
+# sends); snapshot, the snapshot attached to each alert (the alerts go out without one); flush,
+# the write of the run's state to the table once its alerts are in Kafka (the state waits for
+# the next commit).
 SKIPPED = {"ranks": "no core for ranks 1+", "rank0": "no core for rank 0",
            "alerts": "alerts dropped", "brakes": "no brake thread work",
            "notify": "no notification lane work", "snapshot": "alerts without snapshots",
@@ -474,7 +475,10 @@ elif skip == "notify":
     from alerts.dispatch import Delivery
     async def notify(self, alert, out=None, **kwargs):
         return out or Delivery(alert)
+    async def notify_all(self, alerts):     # what the worker's notification lane calls
+        return [Delivery(a) for a in alerts]
     alerts.dispatch.Dispatcher.notify = notify
+    alerts.dispatch.Dispatcher.notify_all = notify_all
 elif skip == "snapshot":
     import streams.app
     streams.app.attach_snapshot = lambda alert, recorder, state: alert
