@@ -11,8 +11,10 @@ through ``on_unreachable`` (the dispatcher pages the receivers directly, without
 brake finally lands, ``on_recovered`` is called.
 
 :meth:`BrakeLane.resend` (on the worker's timer) publishes again, with a new signed ``sent``
-time, every brake no worker has acknowledged yet: a worker that missed it (its subscription was
-reconnecting) gets it, one that applied it acknowledges it again.
+time, the brakes no worker has acknowledged yet: a worker that missed it gets it, one that
+applied it acknowledges it again. It re-sends each ``resend_every`` seconds after it was sent,
+then twice as long after each re-send, at most ``resend_most`` apart, and each re-send is
+taken by one worker of the deployment (:meth:`alerts.escalation.AckTracker.due_again`).
 
 :meth:`BrakeLane.submit` runs a pull in the background: brakes of different runs proceed side by
 side (one run waiting for Redis holds back no other run's alarm), those of one run in order. The
@@ -35,7 +37,7 @@ from collections.abc import Awaitable, Callable
 
 from alerts.actions import may_command
 from alerts.control import ControlChannel
-from alerts.escalation import BRAKES, AckTracker
+from alerts.escalation import BRAKES, RESEND_MOST, AckTracker
 from alerts.retry import RetryPolicy
 from contract.commands import Command
 
@@ -57,14 +59,17 @@ class BrakeLane:
     def __init__(self, control: ControlChannel, acks: AckTracker | None = None, *,
                  clock: Callable[[], float], secret: str | None = None,
                  retry: RetryPolicy = BRAKE_RETRY, unreachable_after: float = 10.0,
-                 resend_every: float = 5.0, on_unreachable: Alarm | None = None,
-                 on_recovered: Alarm | None = None, safe: Callable[[object], str] = str,
+                 resend_every: float = 5.0, resend_most: float = RESEND_MOST,
+                 on_unreachable: Alarm | None = None, on_recovered: Alarm | None = None,
+                 safe: Callable[[object], str] = str,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
+        if not resend_every > 0:
+            raise ValueError(f"the wait before a brake's first re-send must be positive, not {resend_every}")
         self.control, self.acks, self.clock, self.secret = control, acks, clock, secret
-        self.retry, self.unreachable_after, self.resend_every = retry, unreachable_after, resend_every
+        self.retry, self.unreachable_after = retry, unreachable_after
+        self.resend_every, self.resend_most = resend_every, resend_most
         self.on_unreachable, self.on_recovered, self.safe, self.sleep = on_unreachable, on_recovered, safe, sleep
         self.failures = 0
-        self._resent: dict[str, float] = {}
         self._tails: dict[str, asyncio.Task] = {}      # run id -> its latest brake in progress
         self._taken: OrderedDict[str, None] = OrderedDict()   # ids the channel took from this lane
         self._one_by_one = False     # said that sending commands together failed
@@ -183,29 +188,21 @@ class BrakeLane:
         return first
 
     async def resend(self, now: float) -> int:
-        """Publish again the brakes still unacknowledged (each at most every ``resend_every``)."""
+        """Publish again the brakes still unacknowledged whose re-send is due (the first
+        ``resend_every`` after the brake, then twice as long after each, at most
+        ``resend_most`` apart; due once per deployment); how many."""
         if self.acks is None:
             return 0
-        waiting = await self.acks.outstanding()
-        due = []
-        for cmd in waiting:
-            last = self._resent.get(cmd.id, cmd.sent if cmd.sent is not None else cmd.ts)
-            if now - last < self.resend_every:
-                continue
-            self._resent[cmd.id] = now
-            due.append(cmd.signed(self.secret, sent=now))
+        due = [cmd.signed(self.secret, sent=now)
+               for cmd in await self.acks.due_again(now, self.resend_every, self.resend_most)]
         # all in one round trip where the channel can (a fleet's brakes no worker acknowledges,
-        # of runs without a listener or gone, took one each, every few seconds), not tracked
-        # again (an escalated brake must not wait for its acknowledgement anew); one by one
-        # those whose run's state changed under them, and all of them if that trip fails
+        # of runs without a listener or gone, took one each), not tracked again (an escalated
+        # brake must not wait for its acknowledgement anew); one by one those whose run's
+        # state changed under them, and all of them if that trip fails
         for cmd, sent in zip(due, await self._at_once(due, track=False)):
             if sent is None:
                 await self.control.send(cmd)
-        n = len(due)
-        alive = {c.id for c in waiting}
-        for cid in [c for c in self._resent if c not in alive]:
-            del self._resent[cid]
-        return n
+        return len(due)
 
 
 class BrakeThread:

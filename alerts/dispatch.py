@@ -34,7 +34,7 @@ from alerts.actions import COMMAND_ACTIONS, Enforcement, commands_for
 from alerts.brake import BRAKE_RETRY, BrakeLane
 from alerts.control import ControlChannel
 from alerts.delivery import Drainer, StoreHealth, delivery_key
-from alerts.escalation import AckTracker, escalation_alert, unreachable_alert
+from alerts.escalation import RESEND_MOST, AckTracker, escalation_alert, unreachable_alert
 from alerts.grouping import GroupClock, due, group_key, repeat_due
 from alerts.incidents import IncidentStore, make_incident
 from alerts.notifiers import Notifier
@@ -76,7 +76,7 @@ class Dispatcher:
                  retry: RetryPolicy | None = None, retry_base: float = 1.0, retry_cap: float = 300.0,
                  give_up_after: float = 86400.0, brake_retry: RetryPolicy = BRAKE_RETRY,
                  unreachable_after: float = 10.0, resend_every: float = 5.0,
-                 step_hold: float = 600.0, lease: float = 30.0):
+                 resend_most: float = RESEND_MOST, step_hold: float = 600.0, lease: float = 30.0):
         self.notifiers: dict[str, Notifier] = OrderedDict((n.name, n) for n in notifiers)
         if len(self.notifiers) != len(notifiers):
             raise ValueError("two notifiers share a name: " + ", ".join(n.name for n in notifiers))
@@ -97,6 +97,7 @@ class Dispatcher:
                                lease=lease, silences=silences, safe=self._safe, health=self.health)
         self.brakes = BrakeLane(control, acks, clock=clock, secret=secret, retry=brake_retry,
                                 unreachable_after=unreachable_after, resend_every=resend_every,
+                                resend_most=resend_most,
                                 on_unreachable=self._unreachable, on_recovered=self._recovered,
                                 safe=self._safe) if control is not None else None
         self._direct_tasks: set[asyncio.Task] = set()

@@ -3,7 +3,9 @@
 Every pause or stop the monitor sends is remembered; a worker that applies it acknowledges it
 (``rlwatch:acks:<run>``, written by :class:`producers.control.ControlListener`, signed with the
 control secret when there is one). Until then the brake is re-sent now and then (the worker
-acknowledges a command it applied already again). A brake with no
+acknowledges a command it applied already again): ``first`` seconds after it was sent, then
+twice as long after each re-send, at most ``most`` apart (:func:`next_resend`), each re-send
+taken by one worker of the deployment (:meth:`AckTracker.due_again`). A brake with no
 acknowledgement after ``timeout`` seconds (default 60) raises a follow-up alert one tier up
 (``control_unacknowledged``, black after a red pause), routed like any other alert, so whoever
 is on call learns that the run may be training on, unbraked. When the acknowledgement finally
@@ -31,6 +33,29 @@ BRAKES = ("pause", "stop")
 RULE = "control_unacknowledged"
 UNREACHABLE = "control_unreachable"
 FORGET_AFTER = 86400.0
+#: the longest wait between two re-sends of a brake no worker acknowledged (default). A
+#: listener reads its run's state on every (re)connect, so a re-send only reaches one that
+#: missed the publication while connected, or asks one that applied it for an acknowledgement
+#: that was lost. A run that never answers (no listener, or gone) had its brake published
+#: every 5 s for a day, by every worker.
+RESEND_MOST = 300.0
+
+
+def next_resend(gap: float | None, first: float, most: float) -> float:
+    """The wait before a brake's next re-send, after one that waited ``gap`` (None: the wait
+    before its first re-send): ``first``, then twice the last, at most ``most`` (never less
+    than ``first``).
+
+    >>> waits, gap = [], None
+    >>> for _ in range(7):
+    ...     gap = next_resend(gap, 5.0, 60.0)
+    ...     waits.append(gap)
+    >>> waits
+    [5.0, 10.0, 20.0, 40.0, 60.0, 60.0, 60.0]
+    """
+    if gap is None:
+        return first
+    return max(first, min(most, 2.0 * gap))
 
 
 @dataclass(frozen=True)
@@ -130,7 +155,13 @@ class AckTracker(Protocol):
         """(newly overdue, escalated ones now settled); each is returned to one caller only."""
 
     async def outstanding(self) -> list[Command]:
-        """The brakes still waiting for an acknowledgement (escalated or not), to re-send."""
+        """The brakes still waiting for an acknowledgement (escalated or not)."""
+
+    async def due_again(self, now: float, first: float, most: float) -> list[Command]:
+        """The brakes still waiting for an acknowledgement whose re-send is due at ``now``
+        (:func:`next_resend`; the first ``first`` seconds after the brake's ``ts``), each
+        marked re-sent as it is returned: a due re-send is returned to one caller only, so
+        the workers of a deployment share them."""
 
 
 def _acked(entries: Iterable[dict], secret: str | None) -> set[str]:
@@ -146,6 +177,7 @@ class MemoryAcks:
         self.control, self.secret = control, secret
         self.pending: dict[str, Command] = {}
         self.escalated: dict[str, Command] = {}
+        self.resends: dict[str, tuple[float, float]] = {}    # id -> (next re-send due, its wait)
 
     async def expect(self, cmd: Command) -> None:
         if cmd.action in BRAKES and cmd.id not in self.escalated:
@@ -172,6 +204,20 @@ class MemoryAcks:
     async def outstanding(self) -> list[Command]:
         return [*self.pending.values(), *self.escalated.values()]
 
+    async def due_again(self, now: float, first: float, most: float) -> list[Command]:
+        waiting = await self.outstanding()
+        alive = {c.id for c in waiting}
+        for cid in [c for c in self.resends if c not in alive]:
+            del self.resends[cid]
+        due = []
+        for cmd in waiting:
+            at, gap = self.resends.get(cmd.id, (cmd.ts + first, first))
+            if at <= now:
+                gap = next_resend(gap, first, most)
+                self.resends[cmd.id] = (now + gap, gap)
+                due.append(cmd)
+        return due
+
 
 #: stored commands RedisAcks keeps parsed, at most (then it parses afresh)
 PARSED_MEMORY = 20_000
@@ -185,19 +231,59 @@ return 0
 """
 
 
+#: RedisAcks.due_again: KEYS the pending brakes, the escalated ones, their re-sends (hash id ->
+#: "<next due> <its wait>"); ARGV now, the first wait, the longest. Answers the stored texts of
+#: the brakes due, each marked re-sent (as :func:`next_resend` counts); a brake never re-sent
+#: is due ``first`` after its ``ts`` (now, if its text cannot be read). Records of brakes no
+#: longer outstanding are dropped.
+_DUE_AGAIN = """
+local now, first, most = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local out, live = {}, {}
+for k = 1, 2 do
+  local all = redis.call('HGETALL', KEYS[k])
+  for i = 1, #all, 2 do
+    local id, text = all[i], all[i + 1]
+    live[id] = true
+    local at, gap
+    local rec = redis.call('HGET', KEYS[3], id)
+    if rec then
+      local sp = string.find(rec, ' ', 1, true)
+      at, gap = tonumber(string.sub(rec, 1, sp - 1)), tonumber(string.sub(rec, sp + 1))
+    else
+      local ok, cmd = pcall(cjson.decode, text)
+      local ts = ok and type(cmd) == 'table' and tonumber(cmd['ts']) or (now - first)
+      at, gap = ts + first, first
+    end
+    if at <= now then
+      gap = math.max(first, math.min(most, 2 * gap))
+      redis.call('HSET', KEYS[3], id, string.format('%.17g %.17g', now + gap, gap))
+      out[#out + 1] = text
+    end
+  end
+end
+for _, id in ipairs(redis.call('HKEYS', KEYS[3])) do
+  if not live[id] then redis.call('HDEL', KEYS[3], id) end
+end
+return out
+"""
+
+
 class RedisAcks:
     """Brakes waiting for an acknowledgement, per application (``namespace`` is
     ``rlwatch:<app id>``, so two deployments sharing a Redis never escalate each other's):
     ``<ns>:brakes:pending`` (hash id -> command) with ``<ns>:brakes:sent`` (zset id -> time
     sent), and ``<ns>:brakes:escalated`` (hash). Acks are read from the workers'
     ``rlwatch:acks:<run>`` hashes (signed ones only, with a control secret). HDEL decides which
-    worker escalates (or resolves) each brake, so it happens once."""
+    worker escalates (or resolves) each brake, so it happens once; ``<ns>:brakes:resend`` (hash
+    id -> next re-send and its wait, :data:`_DUE_AGAIN`) which worker re-sends it."""
 
     def __init__(self, redis, namespace: str = "rlwatch", secret: str | None = None):
         self.redis, self.secret = redis, secret
         self.pending, self.sent = f"{namespace}:brakes:pending", f"{namespace}:brakes:sent"
         self.escalated = f"{namespace}:brakes:escalated"
+        self.resends = f"{namespace}:brakes:resend"
         self._expect = redis.register_script(_EXPECT)
+        self._due_again = redis.register_script(_DUE_AGAIN)
         self._parsed: dict[bytes, Command] = {}     # stored text -> the command (_load)
 
     async def expect(self, cmd: Command) -> None:
@@ -216,13 +302,18 @@ class RedisAcks:
         return (self._expect,)
 
     async def _load(self, key: str, ids: list[str] | None = None) -> list[Command]:
-        """The commands stored under ``key`` (those of ``ids`` only, when given). Each stored
-        text is parsed once (every tick reads every brake still outstanding, for a day when no
-        worker answers): the commands returned are shared with later calls, read them only."""
+        """The commands stored under ``key`` (those of ``ids`` only, when given), by
+        :meth:`_parse`."""
         if ids is None:
             raw = list((await self.redis.hgetall(key)).values())
         else:
             raw = [r for r in (await self.redis.hmget(key, ids) if ids else []) if r is not None]
+        return self._parse(raw)
+
+    def _parse(self, raw: list[bytes]) -> list[Command]:
+        """The commands of stored texts, each text parsed once (every tick reads every brake
+        still outstanding, for a day when no worker answers): the commands returned are shared
+        with later calls, read them only."""
         parsed = self._parsed
         out = []
         for r in raw:
@@ -289,3 +380,8 @@ class RedisAcks:
 
     async def outstanding(self) -> list[Command]:
         return await self._load(self.pending) + await self._load(self.escalated)
+
+    async def due_again(self, now: float, first: float, most: float) -> list[Command]:
+        """One round trip: the outstanding brakes read, the due ones marked and returned."""
+        return self._parse(await self._due_again(keys=[self.pending, self.escalated, self.resends],
+                                                 args=[repr(now), repr(first), repr(most)]))

@@ -110,7 +110,8 @@ def build_dispatcher(s: Settings, **kw) -> Dispatcher:
                       enforcement=Enforcement(routing.policy.default), secret=s.control_secret,
                       routing=routing, outbox=RedisOutbox(redis, ns), silences=RedisSilences(redis),
                       incidents=RedisIncidents(redis, ns), acks=RedisAcks(redis, ns, s.control_secret),
-                      unreachable_after=s.brake_alarm_seconds, resend_every=s.brake_resend_seconds, **kw)
+                      unreachable_after=s.brake_alarm_seconds, resend_every=s.brake_resend_seconds,
+                      resend_most=s.brake_resend_max_seconds, **kw)
 
 
 def build_brake_thread(s: Settings, dispatcher: Dispatcher, loop: asyncio.AbstractEventLoop) -> BrakeThread:
@@ -125,7 +126,8 @@ def build_brake_thread(s: Settings, dispatcher: Dispatcher, loop: asyncio.Abstra
         control = RedisControl(s.redis, secret=s.control_secret)
         return BrakeLane(control, RedisAcks(control.redis, namespace(s), s.control_secret), clock=time.time,
                          secret=s.control_secret, unreachable_after=s.brake_alarm_seconds,
-                         resend_every=s.brake_resend_seconds, on_unreachable=alarm(False),
+                         resend_every=s.brake_resend_seconds, resend_most=s.brake_resend_max_seconds,
+                         on_unreachable=alarm(False),
                          on_recovered=alarm(True), safe=dispatcher._safe)
 
     return BrakeThread(make_lane, dispatcher.plan).start()

@@ -85,9 +85,11 @@ class Settings:
     delivery_tick_seconds: float = 2.0
     ack_timeout: float = 60.0
     # the brake: a brake Redis has not taken for this long pages directly; an unacknowledged
-    # one is published again this often
+    # one is published again this long after it was sent, then twice as long after each
+    # re-send, at most brake_resend_max_seconds apart (never less than brake_resend_seconds)
     brake_alarm_seconds: float = 10.0
     brake_resend_seconds: float = 5.0
+    brake_resend_max_seconds: float = 300.0
     # worker restarts: a stable id per worker process (Kafka static membership: a restarted
     # worker takes its partitions back at once); "" picks one per host and slot, "none" turns
     # it off. The session timeout bounds how long a dead worker's partitions wait.

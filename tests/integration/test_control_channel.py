@@ -15,7 +15,7 @@ import pytest
 import redis as redis_sync
 
 from alerts.control import RedisControl
-from contract.commands import Command, applied_key, audit_key, channel, state_key
+from contract.commands import Command, ack_signature, acks_key, applied_key, audit_key, channel, state_key
 from tests.support.redis_trips import counting_round_trips
 
 pytestmark = pytest.mark.integration
@@ -316,7 +316,8 @@ def test_unacknowledged_brakes_of_many_runs_are_published_again_in_one_round_tri
                     for rid in runs]
             for cmd in cmds:
                 await lane.pull([cmd])
-            await acks.outstanding()           # (connected; what the tick reads is counted below)
+            # connected and the script loaded (nothing is due yet): the tick is counted below
+            assert await acks.due_again(now, 5, 300) == []
             with counting_round_trips() as count:
                 n = await lane.resend(now + 6)
             return n, count[0], cmds
@@ -333,10 +334,66 @@ def test_unacknowledged_brakes_of_many_runs_are_published_again_in_one_round_tri
             got.setdefault(c.run_id, []).append(c)
     sub.close()
     assert n == len(runs)
-    assert trips_taken <= 3, trips_taken          # the outstanding brakes read, then one trip
+    assert trips_taken <= 2, trips_taken          # the due brakes taken, then one trip
     for cmd in cmds:
         first, again = got[cmd.run_id]
         assert again.id == cmd.id and again.sent is not None and again.verify(SECRET)
+
+
+def test_the_workers_of_a_deployment_share_the_re_sends_and_their_waits_grow(services):
+    """Every worker's timer re-sends the deployment's unacknowledged brakes: each due re-send
+    now goes out once, whichever worker's tick takes it, the waits doubling (5 s, then 10 s);
+    an acknowledged brake is re-sent no more, and its record goes."""
+    from alerts.brake import BrakeLane
+    from alerts.escalation import RedisAcks
+
+    ns = "rlwatch:shared-" + uuid.uuid4().hex[:8]
+    runs = [f"shared-{k}-" + uuid.uuid4().hex[:6] for k in range(4)]
+    r = redis_sync.Redis.from_url(services["redis"])
+    sub = r.pubsub()
+    sub.subscribe(*[channel(rid) for rid in runs])
+
+    async def go():
+        workers = []
+        for _ in range(2):
+            control = RedisControl(services["redis"], SECRET)
+            acks = RedisAcks(control.redis, ns, SECRET)
+            workers.append((control, acks, BrakeLane(control, acks, clock=time.time, secret=SECRET,
+                                                     resend_every=5, resend_most=300)))
+        (_, acks_a, a), (_, _, b) = workers
+        now = time.time()
+        try:
+            cmds = [Command(run_id=rid, action="pause", ts=now, reason="test", step=3).signed(SECRET)
+                    for rid in runs]
+            await a.pull(cmds[:2])
+            await b.pull(cmds[2:])
+            counts = {}
+            for t in (4, 6, 6.5, 15, 16.5):        # both workers tick at each of these times
+                counts[t] = await a.resend(now + t) + await b.resend(now + t)
+            # the first run acknowledges its brake: settled at the next check, then re-sent no more
+            ack = {"type": "ack", "command_id": cmds[0].id, "run_id": runs[0], "status": "applied", "ts": now}
+            r.hset(acks_key(runs[0]), cmds[0].id, json.dumps({**ack, "signature": ack_signature(ack, SECRET)}))
+            await acks_a.check(now + 20, timeout=3600)
+            counts[40] = await a.resend(now + 40) + await b.resend(now + 40)
+            records = {k.decode() for k in r.hkeys(acks_a.resends)}
+            return counts, cmds, records
+        finally:
+            for control, _, _ in workers:
+                await control.close()
+
+    counts, cmds, records = run(go())
+    assert counts == {4: 0, 6: 4, 6.5: 0, 15: 0, 16.5: 4, 40: 3}, counts
+    assert records == {c.id for c in cmds[1:]}
+    got: dict[str, int] = {}
+    deadline = time.time() + 5
+    while time.time() < deadline and sum(got.values()) < 4 + 4 + 4 + 3:
+        m = sub.get_message(timeout=0.2)
+        if m and m["type"] == "message":
+            c = Command.model_validate_json(m["data"])
+            got[c.run_id] = got.get(c.run_id, 0) + 1
+    sub.close()
+    # the first send, a re-send at 6 s and at 16.5 s; the unacknowledged ones at 40 s too
+    assert got == {runs[0]: 3, **{rid: 4 for rid in runs[1:]}}, got
 
 
 def test_brakes_outstanding_are_parsed_once_per_stored_text(services):

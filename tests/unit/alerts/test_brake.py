@@ -132,6 +132,46 @@ def test_an_unacknowledged_brake_is_re_sent_signed_anew_and_acknowledged_again()
     assert len(got) == 2                                            # acknowledged: no more re-sends
 
 
+def test_a_brake_nobody_acknowledges_is_re_sent_less_and_less_often_and_escalates_once():
+    """A run that never answers (no listener, or gone) had its brake published every 5 s for a
+    day: now the waits double from 5 s up to the longest (60 s here), across its escalation,
+    and end when an operator resumes the run."""
+    control = MemoryControl()
+    clock = Clock()
+    got: list[Command] = []
+    control.subscribe("ppo-8b-a", got.append)
+    d, _, notifiers = rig(control, clock=clock, resend_every=5, resend_most=60)
+    start = clock.t
+    run(d.handle(alert(actions=["pause"], ts=clock.t)))
+    for _ in range(400):
+        run(d.tick(clock.advance(1)))
+    sent = [round(c.sent - start) if c.sent is not None else 0 for c in got]
+    assert sent == [0, 5, 15, 35, 75, 135, 195, 255, 315, 375], sent
+    assert len({c.id for c in got}) == 1 and all(c.verify(SECRET) for c in got)
+    escalations = [a for a, _ in notifiers["slack"].sent if a.rule == "control_unacknowledged"]
+    assert len(escalations) == 1
+    # an operator resumes the run: the brake is settled, and no longer re-sent
+    run(control.send(Command(run_id="ppo-8b-a", action="resume", ts=clock.t).signed(SECRET)))
+    for _ in range(200):
+        run(d.tick(clock.advance(1)))
+    assert [c.action for c in got[len(sent):]] == ["resume"]
+
+
+def test_the_first_re_send_waits_its_time_whatever_the_longest_wait():
+    """A longest wait set below the first (a deployment that re-sent every 600 s) keeps the
+    first: the brake is re-sent every 600 s, as before the waits grew."""
+    control = MemoryControl()
+    clock = Clock()
+    got: list[Command] = []
+    control.subscribe("ppo-8b-a", got.append)
+    d, _, _ = rig(control, clock=clock, resend_every=600)
+    start = clock.t
+    run(d.handle(alert(actions=["pause"], ts=clock.t)))
+    for _ in range(130):
+        run(d.tick(clock.advance(10)))
+    assert [round(c.sent - start) for c in got[1:]] == [600, 1200]
+
+
 def test_the_stored_state_counts_only_for_its_signed_command():
     pause = Command(run_id="r", action="pause", ts=1.0).signed(SECRET)
     assert trusted("r", RunControl(run_id="r", state="paused", command=pause).model_dump_json(), SECRET).state == "paused"
