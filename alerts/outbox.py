@@ -323,22 +323,33 @@ end
 return #ids
 """
 
-#: RedisOutbox.sent: KEYS the group clocks; ARGV now (as JSON writes it), then (group, the
-#: step flushed at) pairs. Each group's clock notes the flush: its JSON (as GroupClock.to_dict
-#: and json.dumps write it, "last_flush_ts" and "last_flush_step" its last two fields) has
-#: those two fields written anew, its other fields left as they are (cjson would write their
-#: floats with 14 digits). A group without a clock is left alone; the groups whose clock is
-#: written otherwise (those two fields not last, other separators) are returned (the caller
-#: notes their flush itself).
-_FLUSH = """
+#: RedisOutbox.sent, in one script (atomic, as the transaction of five commands an item and
+#: three a unit it replaces): KEYS the items, the group clocks; ARGV the marks' TTL, the
+#: outbox's key prefix, now (as JSON writes it), the number of items, then each item's (id,
+#: receiver, run id), then (group, the step flushed at) pairs. Each item leaves the outbox
+#: (the items, its receiver's due set, its run's held items) and its mark says "sent". Each
+#: group's clock notes the flush: its JSON (as GroupClock.to_dict and json.dumps write it,
+#: "last_flush_ts" and "last_flush_step" its last two fields) has those two fields written anew,
+#: its other fields left as they are (cjson would write their floats with 14 digits). A group
+#: without a clock is left alone; the groups whose clock is written otherwise (those two fields
+#: not last, other separators) are returned (the caller notes their flush itself).
+_SENT = """
+local p, n = ARGV[2], tonumber(ARGV[4])
+for i = 5, 4 + 3 * n, 3 do
+  local id = ARGV[i]
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('ZREM', p .. 'due:' .. ARGV[i + 1], id)
+  redis.call('ZREM', p .. 'steps:' .. ARGV[i + 2], id)
+  redis.call('SET', p .. 'mark:' .. id, 'sent', 'EX', ARGV[1])
+end
 local others = {}
-for i = 2, #ARGV, 2 do
-  local raw = redis.call('HGET', KEYS[1], ARGV[i])
+for i = 5 + 3 * n, #ARGV, 2 do
+  local raw = redis.call('HGET', KEYS[2], ARGV[i])
   if raw then
     local at = string.find(raw, '"last_flush_ts": ', 1, true)
     if at and string.find(raw, '^"last_flush_ts": [^,}]*, "last_flush_step": [^,}]*}$', at) then
-      redis.call('HSET', KEYS[1], ARGV[i], string.sub(raw, 1, at - 1) .. '"last_flush_ts": '
-                 .. ARGV[1] .. ', "last_flush_step": ' .. ARGV[i + 1] .. '}')
+      redis.call('HSET', KEYS[2], ARGV[i], string.sub(raw, 1, at - 1) .. '"last_flush_ts": '
+                 .. ARGV[3] .. ', "last_flush_step": ' .. ARGV[i + 1] .. '}')
     else
       others[#others + 1] = ARGV[i]
     end
@@ -376,7 +387,7 @@ class RedisOutbox:
         self._enqueue = redis.register_script(_ENQUEUE)
         self._take = redis.register_script(_TAKE)
         self._release = redis.register_script(_RELEASE)
-        self._flush = redis.register_script(_FLUSH)
+        self._sent = redis.register_script(_SENT)
         self._track = redis.register_script(_TRACK)
         self._index = redis.register_script(_INDEX)
         self._indexed = False
@@ -418,18 +429,12 @@ class RedisOutbox:
 
     async def sent(self, items: list[OutboxItem], now: float) -> None:
         steps = flush_steps(items)
-
-        def queue(pipe) -> None:
-            for it in items:
-                self._drop(pipe, it)
-                pipe.set(self.p + "mark:" + it.id, "sent", ex=MARK_TTL)
-            if steps:
-                args = [json.dumps(now)]
-                for group, step in steps.items():
-                    args += [group, step]
-                pipe.evalsha(self._flush.sha, 1, self.p + "groups", *args)
-        got = await self._pipelined(queue, transaction=True)
-        others = [_s(g) for g in got[-1]] if steps else []
+        args: list = [MARK_TTL, self.p, json.dumps(now), len(items)]
+        for it in items:
+            args += [it.id, it.receiver, it.run_id]
+        for group, step in steps.items():
+            args += [group, step]
+        others = [_s(g) for g in await self._sent(keys=[self.p + "items", self.p + "groups"], args=args)]
         if others:     # clocks written otherwise than GroupClock writes them (none, so far)
             await self._flush_slowly(others, steps, now)
 
@@ -545,8 +550,8 @@ class RedisOutbox:
     async def _pipelined(self, queue, transaction: bool = False) -> list:
         """One round trip of the commands ``queue(pipe)`` puts on a pipeline, the outbox's
         scripts called by their SHA (:func:`alerts.control.pipelined`)."""
-        return await pipelined(self.redis, queue, (self._track, self._enqueue, self._release,
-                                                   self._flush), transaction=transaction)
+        return await pipelined(self.redis, queue, (self._track, self._enqueue, self._release),
+                               transaction=transaction)
 
     async def active(self, now: float, runs: Iterable[str] | None = None) -> list[Alert]:
         """The firing alerts, of the whole fleet or of ``runs`` only (each run's own hash: a

@@ -17,7 +17,8 @@ incident snapshot, as the worker publishes them. Three passes, on one applicatio
   the fleet's alerts active and its brakes unacknowledged (nobody trains here), per tick.
 
 Round trips are counted in the client (each command, pipeline or script sent is one); CPU is
-the process's (both threads). On a shared host CPU figures drift by tens of per cent between
+the process's (both threads), with the garbage collector tuned as the worker tunes it
+(``streams.processor.tune_gc``: the fleet's alerts and the core's state frozen). On a shared host CPU figures drift by tens of per cent between
 runs; round trips do not.
 
 ``--fleet-active N`` puts N other runs' firing alerts in the outbox first, as a large fleet has.
@@ -129,6 +130,9 @@ async def tick():
     return out
 
 alerts = [Alert.from_json(x) for x in raw_alerts]
+import streams.processor
+if hasattr(streams.processor, "tune_gc"):    # as the worker runs: the start-up heap frozen
+    streams.processor.tune_gc()
 n_trips, n_cpu = asyncio.run(notify(raw_alerts))
 b_trips, b_cpu, firing, commands = asyncio.run(brake(alerts))
 t_trips, t_cpu = asyncio.run(tick())
