@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
 from alerts.control import pipelined
@@ -62,7 +62,8 @@ class OutboxItem:
     variant: str = ""
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        # its fields in order, as asdict gives them, without asdict's deep copy (a third of the time)
+        return json.dumps(self.__dict__, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> OutboxItem:

@@ -3,13 +3,15 @@ PagerDuty), rendering of advisory actions, redaction, backoff, incident snapshot
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 
 import pytest
 
 from alerts.alertmanager import am_alert
 from alerts.escalation import SentCommand, escalation_alert, overdue_commands
-from alerts.outbox import item_id
+from alerts.outbox import OutboxItem, item_id
 from alerts.retry import backoff
 from alerts.pagerduty import pd_event
 from alerts.redact import guarded_logger, redact, safe_url
@@ -142,6 +144,19 @@ def test_guarded_logger_redacts_and_is_quiet_below_warning(caplog):
 def test_backoff_and_item_ids():
     assert [backoff(n, 2.0, 10.0) for n in (1, 2, 3, 4)] == [2.0, 4.0, 8.0, 10.0]
     assert item_id("slack", "k") == item_id("slack", "k") != item_id("hook", "k") != item_id("slack", "k", "repeat:1")
+
+
+def test_an_outbox_item_is_stored_as_its_fields_and_read_back_whole():
+    """The stored text of an item is every field in order (what workers of every version read),
+    and reading it gives the item back; the list it holds is not shared with the text read."""
+    item = OutboxItem(item_id("slack", "k"), "slack", "g", "k", "run-\u00e9", '{"step": 7, "x": "\\"q\\""}',
+                      ["pause"], enqueued=1.5, next_try=2.25, due_step=9, attempts=2,
+                      last_error="timeout", variant="repeat:1")
+    text = item.to_json()
+    assert text == json.dumps(dataclasses.asdict(item), separators=(",", ":"))
+    assert list(json.loads(text)) == [f.name for f in dataclasses.fields(OutboxItem)]
+    back = OutboxItem.from_json(text)
+    assert back == item and back.done is not item.done and back.step == 7
 
 
 # -- incident snapshots -------------------------------------------------------------------------
