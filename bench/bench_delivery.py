@@ -16,10 +16,12 @@ incident snapshot, as the worker publishes them. Three passes, on one applicatio
 * **tick**: the delivery timer's pass (repeats, unacknowledged brakes, re-sends, the outbox) with
   the fleet's alerts active and its brakes unacknowledged (nobody trains here), per tick.
 
-Round trips are counted in the client (each command, pipeline or script sent is one); CPU is
+Round trips are counted in the client (each command, pipeline or script sent is one; the
+set-up of a new connection, HELLO, CLIENT and PING, is counted apart: the brake pass opens a
+connection per run braking at once, which read as 0.32 round trips more per brake); CPU is
 the process's (both threads), with the garbage collector tuned as the worker tunes it
-(``streams.processor.tune_gc``: the fleet's alerts and the core's state frozen). On a shared host CPU figures drift by tens of per cent between
-runs; round trips do not.
+(``streams.processor.tune_gc``: the fleet's alerts and the core's state frozen). On a shared
+host CPU figures drift by tens of per cent between runs; round trips do not.
 
 ``--fleet-active N`` puts N other runs' firing alerts in the outbox first, as a large fleet has.
 
@@ -51,10 +53,15 @@ from streams.snapshot import SnapshotRecorder, attach_snapshot
 from alerts.factory import build_brake_thread, build_dispatcher
 from redis.asyncio.connection import AbstractConnection
 
-trips = [0]
+trips, setup = [0], [0]
+HANDSHAKE = (b"HELLO", b"CLIENT", b"PING", b"AUTH", b"SELECT")
 send = AbstractConnection.send_packed_command
 async def counted(self, command, check_health=True):
-    trips[0] += 1
+    first = command if isinstance(command, (bytes, bytearray, memoryview)) else command[0]
+    if bytes(first[:64]).split(b"\r\n")[2].upper() in HANDSHAKE:
+        setup[0] += 1       # a new connection's set-up (the pool grows in a burst): not counted
+    else:
+        trips[0] += 1
     return await send(self, command, check_health)
 AbstractConnection.send_packed_command = counted
 
@@ -113,7 +120,8 @@ async def brake(alerts):
     for a in firing:
         bt.submit(a, done)
     await asyncio.wait_for(all_done.wait(), 120)
-    out = trips[0] - t, time.process_time() - c, len(firing), sum(len(d.plan(a)) for a in firing)
+    out = (trips[0] - t, time.process_time() - c, len(firing), sum(len(d.plan(a)) for a in firing),
+           sum(1 for a in firing if d.plan(a)))
     bt.stop()
     return out
 
@@ -134,9 +142,10 @@ import streams.processor
 if hasattr(streams.processor, "tune_gc"):    # as the worker runs: the start-up heap frozen
     streams.processor.tune_gc()
 n_trips, n_cpu = asyncio.run(notify(raw_alerts))
-b_trips, b_cpu, firing, commands = asyncio.run(brake(alerts))
+b_trips, b_cpu, firing, commands, braking = asyncio.run(brake(alerts))
 t_trips, t_cpu = asyncio.run(tick())
-print(json.dumps({"alerts": len(alerts), "firing": firing, "commands": commands,
+print(json.dumps({"alerts": len(alerts), "firing": firing, "commands": commands, "braking": braking,
+                  "setup_trips": setup[0],
                   "notify_trips": n_trips, "notify_cpu": n_cpu, "brake_trips": b_trips, "brake_cpu": b_cpu,
                   "tick_trips": t_trips, "tick_cpu": t_cpu}))
 """
@@ -176,8 +185,10 @@ def main() -> None:
             got[t].append(measure(t, args.runs, args.steps, args.redis, args.fleet_active, args.batch))
     first = got[ROOT][0]
     print(f"fleet: {args.runs} runs x {args.steps} steps: {first['alerts']} alerts, {first['firing']} "
-          f"firing, {first['commands']} brake commands, {args.fleet_active} other runs' firing alerts; "
-          "per alert (notify) and per firing alert (brake)")
+          f"firing ({first['braking']} with commands), {first['commands']} brake commands, "
+          f"{args.fleet_active} other runs' firing alerts; per alert (notify) and per firing alert "
+          "with commands (brake); round trips without the set-up of new connections (HELLO, CLIENT, "
+          "PING: the brake's pool grows to a connection per run braking at once)")
     print(f"  {'notify trips':>12} {'notify CPU ms':>13} {'brake trips':>11} {'brake CPU ms':>12} "
           f"{'tick trips':>10} {'tick CPU ms':>11}  tree")
     mine = min(x["notify_cpu"] for x in got[ROOT])
@@ -185,10 +196,13 @@ def main() -> None:
         rows = got[t]
         r = rows[0]
         n_cpu = min(x["notify_cpu"] for x in rows) / max(r["alerts"], 1) * 1e3
-        b_cpu = min(x["brake_cpu"] for x in rows) / max(r["firing"], 1) * 1e3
+        braking = max(r.get("braking", r["firing"]), 1)
+        b_cpu = min(x["brake_cpu"] for x in rows) / braking * 1e3
         t_cpu = min(x["tick_cpu"] for x in rows) * 1e3
-        print(f"  {r['notify_trips'] / max(r['alerts'], 1):12.2f} {n_cpu:13.3f} {r['brake_trips'] / max(r['firing'], 1):11.2f} "
+        print(f"  {r['notify_trips'] / max(r['alerts'], 1):12.2f} {n_cpu:13.3f} {r['brake_trips'] / braking:11.2f} "
               f"{b_cpu:12.3f} {r['tick_trips']:10.1f} {t_cpu:11.3f}  {t}")
+    print("  connection set-up round trips, all passes: " + ", ".join(
+        f"{got[t][0].get('setup_trips', 0)} ({t.name})" for t in trees))
     for t in trees[1:]:
         theirs = min(x["notify_cpu"] for x in got[t])
         print(f"  notify CPU, {t} / this tree: {theirs / mine:.2f}" if mine > 0 else "")
