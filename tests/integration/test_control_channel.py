@@ -31,6 +31,27 @@ def audit(r, run_id: str) -> list[dict]:
     return [json.loads(f[b"entry"]) for _, f in r.xrange(audit_key(run_id))]
 
 
+def listening(services, runs: list[str]):
+    """A subscription to these runs' control channels (subscribed before anything is sent)."""
+    sub = redis_sync.Redis.from_url(services["redis"]).pubsub()
+    sub.subscribe(*[channel(rid) for rid in runs])
+    return sub
+
+
+def heard(sub, n: int, seconds: float = 5.0) -> dict[str, list[Command]]:
+    """The commands published on ``sub``'s channels, by run, until ``n`` came (or the time
+    ran out); the subscription is closed."""
+    got: dict[str, list[Command]] = {}
+    deadline = time.time() + seconds
+    while time.time() < deadline and sum(len(v) for v in got.values()) < n:
+        m = sub.get_message(timeout=0.2)
+        if m and m["type"] == "message":
+            c = Command.model_validate_json(m["data"])
+            got.setdefault(c.run_id, []).append(c)
+    sub.close()
+    return got
+
+
 @pytest.fixture
 def rid(services) -> str:
     return "ctl-" + uuid.uuid4().hex[:8]
@@ -302,9 +323,7 @@ def test_unacknowledged_brakes_of_many_runs_are_published_again_in_one_round_tri
 
     ns = "rlwatch:resend-" + uuid.uuid4().hex[:8]
     runs = [f"resend-{k}-" + uuid.uuid4().hex[:6] for k in range(12)]
-    r = redis_sync.Redis.from_url(services["redis"])
-    sub = r.pubsub()
-    sub.subscribe(*[channel(rid) for rid in runs])
+    sub = listening(services, runs)
 
     async def go():
         control = RedisControl(services["redis"], SECRET)
@@ -325,14 +344,7 @@ def test_unacknowledged_brakes_of_many_runs_are_published_again_in_one_round_tri
             await control.close()
 
     n, trips_taken, cmds = run(go())
-    got: dict[str, list] = {}
-    deadline = time.time() + 5
-    while time.time() < deadline and sum(len(v) for v in got.values()) < 2 * len(runs):
-        m = sub.get_message(timeout=0.2)
-        if m and m["type"] == "message":
-            c = Command.model_validate_json(m["data"])
-            got.setdefault(c.run_id, []).append(c)
-    sub.close()
+    got = heard(sub, 2 * len(runs))
     assert n == len(runs)
     assert trips_taken <= 2, trips_taken          # the due brakes taken, then one trip
     for cmd in cmds:
@@ -350,8 +362,7 @@ def test_the_workers_of_a_deployment_share_the_re_sends_and_their_waits_grow(ser
     ns = "rlwatch:shared-" + uuid.uuid4().hex[:8]
     runs = [f"shared-{k}-" + uuid.uuid4().hex[:6] for k in range(4)]
     r = redis_sync.Redis.from_url(services["redis"])
-    sub = r.pubsub()
-    sub.subscribe(*[channel(rid) for rid in runs])
+    sub = listening(services, runs)
 
     async def go():
         workers = []
@@ -384,14 +395,7 @@ def test_the_workers_of_a_deployment_share_the_re_sends_and_their_waits_grow(ser
     counts, cmds, records = run(go())
     assert counts == {4: 0, 6: 4, 6.5: 0, 15: 0, 16.5: 4, 40: 3}, counts
     assert records == {c.id for c in cmds[1:]}
-    got: dict[str, int] = {}
-    deadline = time.time() + 5
-    while time.time() < deadline and sum(got.values()) < 4 + 4 + 4 + 3:
-        m = sub.get_message(timeout=0.2)
-        if m and m["type"] == "message":
-            c = Command.model_validate_json(m["data"])
-            got[c.run_id] = got.get(c.run_id, 0) + 1
-    sub.close()
+    got = {rid: len(cmds) for rid, cmds in heard(sub, 4 + 4 + 4 + 3).items()}
     # the first send, a re-send at 6 s and at 16.5 s; the unacknowledged ones at 40 s too
     assert got == {runs[0]: 3, **{rid: 4 for rid in runs[1:]}}, got
 
