@@ -131,6 +131,11 @@ def cmd_worker(args) -> int:
         raise _fail("worker", f"RLWATCH_FETCH_MB must be between {FETCH_MB_RANGE[0]:g} and "
                               f"{FETCH_MB_RANGE[1]:g} (MB a fetch takes of each partition at "
                               f"most), got {settings.fetch_mb:g}")
+    for name in ("brake_resend_seconds", "brake_resend_max_seconds"):
+        if not getattr(settings, name) > 0:     # (NaN too)
+            raise _fail("worker", f"RLWATCH_{name.upper()} must be a positive number of seconds "
+                                  f"(the waits between re-sends of an unacknowledged brake), "
+                                  f"got {getattr(settings, name):g}")
     pack, _ = _pack(settings.rules)         # a bad or missing rule file stops the worker at once
     from streams.app import GIL_SWITCH_SECONDS, build_app, ensure_topics
 

@@ -167,6 +167,15 @@ def test_a_worker_fetch_size_out_of_range_or_not_a_number_is_one_clear_line(valu
     assert fails(["worker"], monkeypatch, {"RLWATCH_FETCH_MB": value}) == message
 
 
+@pytest.mark.parametrize("name, value", [("RLWATCH_BRAKE_RESEND_SECONDS", "0"),
+                                         ("RLWATCH_BRAKE_RESEND_MAX_SECONDS", "-5"),
+                                         ("RLWATCH_BRAKE_RESEND_SECONDS", "nan")])
+def test_a_brake_re_send_wait_that_is_not_positive_is_one_clear_line(name, value, monkeypatch):
+    assert fails(["worker"], monkeypatch, {name: value}) == (
+        f"rlwatch worker: {name} must be a positive number of seconds (the waits between re-sends "
+        f"of an unacknowledged brake), got {float(value):g}")
+
+
 def test_the_worker_fetches_what_rlwatch_fetch_mb_says_of_each_partition(monkeypatch):
     from contract.settings import Settings
     from streams.app import build_app
