@@ -381,6 +381,18 @@ class RedisAcks:
     async def outstanding(self) -> list[Command]:
         return await self._load(self.pending) + await self._load(self.escalated)
 
+    async def unsettled(self) -> list[tuple[Command, bool]]:
+        """The brakes no worker has acknowledged and no later decision overtook (a resume, a
+        stop), each with whether it escalated: what an operator asks of a run's brake
+        (``rlwatch status``). Read from the acknowledgements as they are now, not from the
+        timer's last check (and without changing anything: a worker's tick escalates)."""
+        pending, escalated = await self._load(self.pending), await self._load(self.escalated)
+        if not pending and not escalated:
+            return []
+        acked, current = await self._context(pending + escalated)
+        return [(c, k >= len(pending)) for k, c in enumerate(pending + escalated)
+                if not settled(SentCommand.of(c), acked, current)]
+
     async def due_again(self, now: float, first: float, most: float) -> list[Command]:
         """One round trip: the outstanding brakes read, the due ones marked and returned."""
         return self._parse(await self._due_again(keys=[self.pending, self.escalated, self.resends],

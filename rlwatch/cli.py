@@ -327,6 +327,20 @@ def _ago(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
+async def _unacknowledged(control, settings, now: float) -> dict[str, list[dict]]:
+    """The brakes (pause, stop) of this application that no run acknowledged, by run."""
+    from alerts.escalation import RedisAcks
+    from alerts.factory import namespace
+
+    acks = RedisAcks(control.redis, namespace(settings), settings.control_secret)
+    out: dict[str, list[dict]] = {}
+    for cmd, escalated in sorted(await acks.unsettled(), key=lambda w: w[0].ts):
+        out.setdefault(cmd.run_id, []).append({
+            "command_id": cmd.id, "action": cmd.action, "ts": cmd.ts,
+            "waited_seconds": round(max(0.0, now - cmd.ts), 1), "escalated": escalated})
+    return out
+
+
 def _fleet_line(rec: dict | None, now: float, finished_after: float) -> str:
     """What the fleet view says about a run, in a few words."""
     from streams.fleet_store import run_status, steps_per_second
@@ -420,6 +434,7 @@ def cmd_status(args) -> int:
                     return
                 runs = [args.run]
             out = []
+            waiting = await _unacknowledged(control, settings, now)
             for run in runs:
                 st = await control.status(run)
                 rec = records.get(run)
@@ -429,7 +444,8 @@ def cmd_status(args) -> int:
                         "command": st.command.model_dump(exclude_none=True) if st.command else None,
                         "status": run_status(rec, now, finished_after=settings.finished_after)
                         if rec else None,
-                        "summary": (rec or {}).get("summary"), "closed": (rec or {}).get("closed")}
+                        "summary": (rec or {}).get("summary"), "closed": (rec or {}).get("closed"),
+                        "unacknowledged": waiting.get(run, [])}
                 if args.run:
                     item["history"] = await control.history(run, 50)
                 out.append(item)
@@ -445,6 +461,9 @@ def cmd_status(args) -> int:
                 shown = "finished" if item["status"] == "finished" and item["state"] == "running" else item["state"]
                 print(f"{item['run_id']}: {shown}{how}  "
                       f"[{_fleet_line(records.get(item['run_id']), now, settings.finished_after)}]")
+                for w in item["unacknowledged"]:
+                    print(f"  {w['action']} {w['command_id']} not acknowledged by the run, sent "
+                          f"{_ago(w['waited_seconds'])}" + (" (escalated)" if w["escalated"] else ""))
                 if not args.run:
                     continue
                 s = item["summary"] or {}

@@ -461,3 +461,60 @@ def test_a_brake_sent_as_redis_forgot_its_scripts_is_applied_once_and_said_to_be
     assert status.state == "paused"
     assert [e["action"] for e in audit(r, rid)] == ["pause", "snapshot"]
     assert [c.id for c in waiting] == [cmds[0].id]
+
+
+def test_status_names_the_brakes_a_run_has_not_acknowledged(services):
+    """`rlwatch status` says which pauses and stops a run has not acknowledged, how long ago they
+    were sent and whether they escalated, from the acknowledgements as they are now: a run that
+    acknowledged its pause is clear at once, before any worker's timer settled it."""
+    import os
+    import subprocess
+    import sys
+
+    from alerts.brake import BrakeLane
+    from alerts.escalation import RedisAcks
+    from streams.fleet_store import FleetStore, make_record
+    from tests.integration.conftest import ROOT
+
+    app = "status-" + uuid.uuid4().hex[:8]
+    deaf, heard_it = f"deaf-{app}", f"acked-{app}"
+    now = time.time()
+    r = redis_sync.Redis.from_url(services["redis"])
+
+    async def go():
+        control = RedisControl(services["redis"], SECRET)
+        acks = RedisAcks(control.redis, f"rlwatch:{app}", SECRET)
+        lane = BrakeLane(control, acks, clock=time.time, secret=SECRET)
+        try:
+            store = FleetStore(control.redis, app)
+            for rid in (deaf, heard_it):
+                summary = {"run_id": rid, "last_step": 40, "last_event_ts": now, "open_alerts": []}
+                await store.put([make_record(summary, None, now)])
+            cmds = [Command(run_id=deaf, action="pause", ts=now - 130, reason="kl", step=40).signed(SECRET),
+                    Command(run_id=heard_it, action="pause", ts=now - 20, reason="kl", step=40).signed(SECRET)]
+            await lane.pull(cmds)
+            overdue, _ = await acks.check(now, timeout=60)       # the deaf run's pause escalates
+            return cmds, overdue
+        finally:
+            await control.close()
+
+    cmds, overdue = run(go())
+    assert [s.command_id for s in overdue] == [cmds[0].id]
+    ack = {"type": "ack", "command_id": cmds[1].id, "run_id": heard_it, "status": "applied", "ts": now}
+    r.hset(acks_key(heard_it), cmds[1].id, json.dumps({**ack, "signature": ack_signature(ack, SECRET)}))
+    env = dict(os.environ, RLWATCH_REDIS=services["redis"], RLWATCH_APP_ID=app, RLWATCH_CONTROL_SECRET=SECRET)
+
+    def status(*args):
+        out = subprocess.run([sys.executable, "-m", "rlwatch", "status", *args], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    runs = {x["run_id"]: x for x in json.loads(status("--json"))}
+    [waiting] = runs[deaf]["unacknowledged"]
+    assert (waiting["command_id"], waiting["action"], waiting["escalated"]) == (cmds[0].id, "pause", True)
+    assert 129 <= waiting["waited_seconds"] < 200
+    assert runs[heard_it]["unacknowledged"] == []
+    text = status()
+    assert f"  pause {cmds[0].id} not acknowledged by the run, sent 2m ago (escalated)" in text, text
+    assert cmds[1].id not in text
