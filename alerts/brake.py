@@ -12,9 +12,9 @@ brake finally lands, ``on_recovered`` is called.
 
 :meth:`BrakeLane.resend` (on the worker's timer) publishes again, with a new signed ``sent``
 time, the brakes no worker has acknowledged yet: a worker that missed it gets it, one that
-applied it acknowledges it again. It re-sends each ``resend_every`` seconds after it was sent,
-then twice as long after each re-send, at most ``resend_most`` apart, and each re-send is
-taken by one worker of the deployment (:meth:`alerts.escalation.AckTracker.due_again`).
+applied it acknowledges it again. It re-sends each one ``resend_every`` seconds after it was
+sent, then twice as long after each re-send, at most ``resend_most`` apart, and each re-send
+is taken by one worker of the deployment (:meth:`alerts.escalation.AckTracker.due_again`).
 
 :meth:`BrakeLane.submit` runs a pull in the background: brakes of different runs proceed side by
 side (one run waiting for Redis holds back no other run's alarm), those of one run in order. The

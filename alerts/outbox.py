@@ -107,8 +107,8 @@ class Outbox(Protocol):
         this call (one round trip for all)."""
     async def sent(self, items: list[OutboxItem], now: float) -> None:
         """:meth:`finish` ``items`` as sent and note the flush on their groups' clocks (last
-        flush ``now``, at the newest step of the group's items): one round trip, in one
-        transaction (a clock changed meanwhile by another writer keeps its change)."""
+        flush ``now``, at the newest step of the group's items): one round trip, atomic (a
+        clock changed meanwhile by another writer keeps its change)."""
     async def enqueue_all(self, items: list[OutboxItem], clocks: dict[str, GroupClock],
                           steps: dict[str, int], now: float) -> tuple[list[bool], int]:
         """Set ``clocks``, :meth:`enqueue` each item, then :meth:`release_steps` of each run of
@@ -324,8 +324,8 @@ end
 return #ids
 """
 
-#: RedisOutbox.sent, in one script (atomic, as the transaction of five commands an item and
-#: three a unit it replaces): KEYS the items, the group clocks; ARGV the marks' TTL, the
+#: RedisOutbox.sent, in one script (atomic, as the transaction it replaces: four commands an
+#: item and three a unit): KEYS the items, the group clocks; ARGV the marks' TTL, the
 #: outbox's key prefix, now (as JSON writes it), the number of items, then each item's (id,
 #: receiver, run id), then (group, the step flushed at) pairs. Each item leaves the outbox
 #: (the items, its receiver's due set, its run's held items) and its mark says "sent". Each
