@@ -324,33 +324,34 @@ end
 return #ids
 """
 
-#: RedisOutbox.sent, in one script (atomic, as the transaction it replaces: four commands an
-#: item and three a unit): KEYS the items, the group clocks; ARGV the marks' TTL, the
-#: outbox's key prefix, now (as JSON writes it), the number of items, then each item's (id,
-#: receiver, run id), then (group, the step flushed at) pairs. Each item leaves the outbox
-#: (the items, its receiver's due set, its run's held items) and its mark says "sent". Each
-#: group's clock notes the flush: its JSON (as GroupClock.to_dict and json.dumps write it,
-#: "last_flush_ts" and "last_flush_step" its last two fields) has those two fields written anew,
-#: its other fields left as they are (cjson would write their floats with 14 digits). A group
-#: without a clock is left alone; the groups whose clock is written otherwise (those two fields
-#: not last, other separators) are returned (the caller notes their flush itself).
-_SENT = """
-local p, n = ARGV[2], tonumber(ARGV[4])
-for i = 5, 4 + 3 * n, 3 do
+#: RedisOutbox.finish, sent and bury, in one script (atomic, as the transaction it replaces:
+#: four commands an item and three a call): KEYS the items, the group clocks; ARGV the marks'
+#: TTL, the outbox's key prefix, the outcome, now (as JSON writes it), the number of items,
+#: then each item's (id, receiver, run id), then (group, the step flushed at) pairs. Each item
+#: leaves the outbox (the items, its receiver's due set, its run's held items) and its mark
+#: says the outcome. Each group's clock notes the flush: its JSON (as GroupClock.to_dict and
+#: json.dumps write it, "last_flush_ts" and "last_flush_step" its last two fields) has those
+#: two fields written anew, its other fields left as they are (cjson would write their floats
+#: with 14 digits). A group without a clock is left alone; the groups whose clock is written
+#: otherwise (those two fields not last, other separators) are returned (the caller notes
+#: their flush itself).
+_SETTLE = """
+local p, n = ARGV[2], tonumber(ARGV[5])
+for i = 6, 5 + 3 * n, 3 do
   local id = ARGV[i]
   redis.call('HDEL', KEYS[1], id)
   redis.call('ZREM', p .. 'due:' .. ARGV[i + 1], id)
   redis.call('ZREM', p .. 'steps:' .. ARGV[i + 2], id)
-  redis.call('SET', p .. 'mark:' .. id, 'sent', 'EX', ARGV[1])
+  redis.call('SET', p .. 'mark:' .. id, ARGV[3], 'EX', ARGV[1])
 end
 local others = {}
-for i = 5 + 3 * n, #ARGV, 2 do
+for i = 6 + 3 * n, #ARGV, 2 do
   local raw = redis.call('HGET', KEYS[2], ARGV[i])
   if raw then
     local at = string.find(raw, '"last_flush_ts": ', 1, true)
     if at and string.find(raw, '^"last_flush_ts": [^,}]*, "last_flush_step": [^,}]*}$', at) then
       redis.call('HSET', KEYS[2], ARGV[i], string.sub(raw, 1, at - 1) .. '"last_flush_ts": '
-                 .. ARGV[3] .. ', "last_flush_step": ' .. ARGV[i + 1] .. '}')
+                 .. ARGV[4] .. ', "last_flush_step": ' .. ARGV[i + 1] .. '}')
     else
       others[#others + 1] = ARGV[i]
     end
@@ -388,7 +389,7 @@ class RedisOutbox:
         self._enqueue = redis.register_script(_ENQUEUE)
         self._take = redis.register_script(_TAKE)
         self._release = redis.register_script(_RELEASE)
-        self._sent = redis.register_script(_SENT)
+        self._settle = redis.register_script(_SETTLE)
         self._track = redis.register_script(_TRACK)
         self._index = redis.register_script(_INDEX)
         self._indexed = False
@@ -416,28 +417,31 @@ class RedisOutbox:
                 await pipe.execute()
         return out
 
-    def _drop(self, pipe, item: OutboxItem) -> None:
-        """Queue on ``pipe`` what takes ``item`` out of the outbox."""
-        pipe.hdel(self.p + "items", item.id)
-        pipe.zrem(self.p + "due:" + item.receiver, item.id)
-        pipe.zrem(self.p + "steps:" + item.run_id, item.id)
-
     async def finish(self, item: OutboxItem, outcome: str) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            self._drop(pipe, item)
-            pipe.set(self.p + "mark:" + item.id, outcome, ex=MARK_TTL)
-            await pipe.execute()
+        await self._settled([item], outcome)
 
     async def sent(self, items: list[OutboxItem], now: float) -> None:
         steps = flush_steps(items)
-        args: list = [MARK_TTL, self.p, json.dumps(now), len(items)]
-        for it in items:
-            args += [it.id, it.receiver, it.run_id]
-        for group, step in steps.items():
-            args += [group, step]
-        others = [_s(g) for g in await self._sent(keys=[self.p + "items", self.p + "groups"], args=args)]
+        others = await self._settled(items, "sent", now, steps)
         if others:     # clocks written otherwise than GroupClock writes them (none, so far)
             await self._flush_slowly(others, steps, now)
+
+    async def _settled(self, items: list[OutboxItem], outcome: str, now: float = 0.0,
+                       steps: dict[str, int] | None = None) -> list[str]:
+        """``items`` out of the outbox with their marks saying ``outcome``, and the flush at
+        ``now`` noted on the clocks of ``steps``' groups (:data:`_SETTLE`): the groups whose
+        clock the script could not note."""
+        keys, args = self._settle_call(items, outcome, now, steps)
+        return [_s(g) for g in await self._settle(keys=keys, args=args)]
+
+    def _settle_call(self, items: list[OutboxItem], outcome: str, now: float = 0.0,
+                     steps: dict[str, int] | None = None) -> tuple[list[str], list]:
+        args: list = [MARK_TTL, self.p, outcome, json.dumps(now), len(items)]
+        for it in items:
+            args += [it.id, it.receiver, it.run_id]
+        for group, step in (steps or {}).items():
+            args += [group, step]
+        return [self.p + "items", self.p + "groups"], args
 
     async def _flush_slowly(self, groups: list[str], steps: dict[str, int], now: float) -> None:
         """Note a flush on ``groups``' clocks read and written whole (two round trips)."""
@@ -462,12 +466,13 @@ class RedisOutbox:
 
     async def bury(self, item: OutboxItem, error: str) -> None:
         item.last_error = error
-        async with self.redis.pipeline(transaction=True) as pipe:
-            self._drop(pipe, item)
-            pipe.set(self.p + "mark:" + item.id, "dead", ex=MARK_TTL)
+
+        def queue(pipe) -> None:
+            keys, args = self._settle_call([item], "dead")
+            pipe.evalsha(self._settle.sha, len(keys), *keys, *args)
             pipe.lpush(self.p + "dead:" + item.receiver, item.to_json())
             pipe.ltrim(self.p + "dead:" + item.receiver, 0, 9999)
-            await pipe.execute()
+        await self._pipelined(queue, transaction=True)
 
     async def outcome(self, receiver: str, key: str, variant: str = "") -> str | None:
         raw = await self.redis.get(self.p + "mark:" + item_id(receiver, key, variant))
@@ -551,8 +556,8 @@ class RedisOutbox:
     async def _pipelined(self, queue, transaction: bool = False) -> list:
         """One round trip of the commands ``queue(pipe)`` puts on a pipeline, the outbox's
         scripts called by their SHA (:func:`alerts.control.pipelined`)."""
-        return await pipelined(self.redis, queue, (self._track, self._enqueue, self._release),
-                               transaction=transaction)
+        return await pipelined(self.redis, queue, (self._track, self._enqueue, self._release,
+                                                   self._settle), transaction=transaction)
 
     async def active(self, now: float, runs: Iterable[str] | None = None) -> list[Alert]:
         """The firing alerts, of the whole fleet or of ``runs`` only (each run's own hash: a

@@ -487,6 +487,40 @@ def test_items_sent_are_settled_and_their_groups_flush_noted_in_one_round_trip(r
     assert g4 == GroupClock("route-d", "run-3", 60.5, 2, 1_764_500_126.456789, 14)
 
 
+def test_an_item_finished_or_buried_leaves_the_outbox_in_one_round_trip_and_says_why(redis_url):
+    """A skipped or suppressed item (finish) and one given up on (bury) leave the items, their
+    receiver's due set and their run's held items, their marks say why, and a buried item
+    lands on the receiver's dead letters with its last error; one round trip each."""
+    from alerts.control import redis_client
+    from alerts.outbox import OutboxItem, item_id
+    from tests.support.redis_trips import counting_round_trips
+
+    async def go():
+        ns = f"rlwatch:settle-{uuid.uuid4().hex[:8]}"
+        r = redis_client(redis_url)
+        outbox = RedisOutbox(r, ns)
+        now = 1_764_500_000.0
+        try:
+            items = [OutboxItem(item_id("hook", f"k{k}"), "hook", "g", f"k{k}", "run-9",
+                                json.dumps({"step": 3}), [], enqueued=now, next_try=now,
+                                due_step=5 if k else None)
+                     for k in range(2)]
+            await outbox.enqueue_all(items, {}, {}, now)
+            await outbox.finish(items[0], "skipped")       # (the script loaded: count the next ones)
+            with counting_round_trips() as trips:
+                await outbox.bury(items[1], "HTTP 410 gone")
+            return (trips[0], [await outbox.outcome("hook", f"k{k}") for k in range(2)],
+                    await outbox.pending(), await outbox.dead("hook"),
+                    await r.zcard(outbox.p + "steps:run-9"), await r.hlen(outbox.p + "items"))
+        finally:
+            await r.aclose()
+
+    trips, marks, pending, dead, held, stored = asyncio.run(go())
+    assert trips == 1
+    assert marks == ["skipped", "dead"] and pending == 0 and held == 0 and stored == 0
+    assert [(d.key, d.last_error) for d in dead] == [("k1", "HTTP 410 gone")]
+
+
 def test_routes_group_inhibit_and_silence(redis_url, recorders, tmp_path):
     rec = recorders()
     routes = tmp_path / "routes.yaml"
