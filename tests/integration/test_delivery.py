@@ -426,21 +426,26 @@ def test_a_drain_meanwhile_takes_an_alerts_items_with_the_held_items_they_releas
         [f for f in firsts if len(f) != 2]
 
 
+def fresh_outbox(redis_url: str, name: str):
+    """A Redis client and an outbox of its own (a namespace named after ``name``)."""
+    from alerts.control import redis_client
+
+    r = redis_client(redis_url)
+    return r, RedisOutbox(r, f"rlwatch:{name}-{uuid.uuid4().hex[:8]}")
+
+
 def test_items_sent_are_settled_and_their_groups_flush_noted_in_one_round_trip(redis_url):
-    """Settling a sent unit takes one transaction: its items leave the outbox, their marks say
+    """Settling a sent unit takes one round trip, atomic: its items leave the outbox, their marks say
     "sent", and each group's clock notes the flush (the time exactly, the newest step of the
     group's items) with its other fields as they are in Redis, even when another writer changed
     them since this worker read the clock; a group without a clock gets none. A clock written
     in another layout is still noted (read and written whole)."""
-    from alerts.control import redis_client
     from alerts.grouping import GroupClock
     from alerts.outbox import OutboxItem, item_id
     from tests.support.redis_trips import counting_round_trips
 
     async def go():
-        ns = f"rlwatch:sent-{uuid.uuid4().hex[:8]}"
-        r = redis_client(redis_url)
-        outbox = RedisOutbox(r, ns)
+        r, outbox = fresh_outbox(redis_url, "sent")
         now = 1_764_500_123.456789
         try:
             await r.script_flush()            # (as after a restart: the scripts load again)
@@ -491,14 +496,11 @@ def test_an_item_finished_or_buried_leaves_the_outbox_in_one_round_trip_and_says
     """A skipped or suppressed item (finish) and one given up on (bury) leave the items, their
     receiver's due set and their run's held items, their marks say why, and a buried item
     lands on the receiver's dead letters with its last error; one round trip each."""
-    from alerts.control import redis_client
     from alerts.outbox import OutboxItem, item_id
     from tests.support.redis_trips import counting_round_trips
 
     async def go():
-        ns = f"rlwatch:settle-{uuid.uuid4().hex[:8]}"
-        r = redis_client(redis_url)
-        outbox = RedisOutbox(r, ns)
+        r, outbox = fresh_outbox(redis_url, "settle")
         now = 1_764_500_000.0
         try:
             items = [OutboxItem(item_id("hook", f"k{k}"), "hook", "g", f"k{k}", "run-9",
