@@ -23,7 +23,9 @@ the process's (both threads), with the garbage collector tuned as the worker tun
 (``streams.processor.tune_gc``: the fleet's alerts and the core's state frozen). On a shared
 host CPU figures drift by tens of per cent between runs; round trips do not.
 
-``--fleet-active N`` puts N other runs' firing alerts in the outbox first, as a large fleet has.
+``--fleet-active N`` puts N other runs' firing alerts in the outbox first, as a large fleet has
+(the notify pass's first notification then indexes them by run, once per process, as a
+worker's first one after its start does: a round trip per 500 runs; per run before).
 
     python bench/bench_delivery.py [--runs 24] [--steps 400] [--fleet-active 0] [--batch 64]
                                    [--tree OLD_TREE ...]

@@ -523,6 +523,43 @@ def test_an_item_finished_or_buried_leaves_the_outbox_in_one_round_trip_and_says
     assert [(d.key, d.last_error) for d in dead] == [("k1", "HTTP 410 gone")]
 
 
+def test_a_new_worker_indexes_an_older_layout_of_firing_alerts_by_run_in_few_round_trips(redis_url):
+    """Firing alerts tracked by a version that kept only the fleet's hash are copied into their
+    runs' hashes once per process, at the first read by run (a notification's inhibition):
+    every run's alerts are found, in one round trip per ``INDEX_RUNS`` runs (it made one per
+    run: 1,200 here), with the scripts loaded again when Redis forgot them."""
+    from alerts.outbox import INDEX_RUNS
+    from contract.alert import Alert
+    from tests.support.redis_trips import counting_round_trips
+
+    runs = 1200
+
+    async def go():
+        r, outbox = fresh_outbox(redis_url, "index")
+        now = 1_764_500_000.0
+        try:
+            for k in range(runs):
+                await outbox.track(Alert(rule="kl_above_target", severity="yellow", state="firing",
+                                         run_id=f"run-{k}", step=k, summary="kl"), now)
+            # the older layout: the fleet's hash only
+            await r.delete(*[outbox.p + f"active:run-{k}" for k in range(runs)])
+            await r.script_flush()
+            fresh = type(outbox)(r, outbox.p.removesuffix(":outbox:"))     # a new worker's outbox
+            with counting_round_trips() as trips:
+                found = await fresh.active(now + 1, [f"run-{k}" for k in (0, 599, 1199)])
+            again = await fresh.active(now + 1, ["run-42"])
+            return trips[0], sorted((a.run_id, a.step) for a in found), [a.step for a in again]
+        finally:
+            await r.aclose()
+
+    trips, found, again = asyncio.run(go())
+    assert found == [("run-0", 0), ("run-1199", 1199), ("run-599", 599)]
+    assert again == [42]
+    # the fleet's hash, the index (its first round trip sent again after the outbox's five
+    # scripts were loaded), the runs' hashes
+    assert trips <= 1 + -(-runs // INDEX_RUNS) + (5 + 1) + 1
+
+
 def test_routes_group_inhibit_and_silence(redis_url, recorders, tmp_path):
     rec = recorders()
     routes = tmp_path / "routes.yaml"
