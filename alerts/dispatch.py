@@ -76,7 +76,8 @@ class Dispatcher:
                  retry: RetryPolicy | None = None, retry_base: float = 1.0, retry_cap: float = 300.0,
                  give_up_after: float = 86400.0, brake_retry: RetryPolicy = BRAKE_RETRY,
                  unreachable_after: float = 10.0, resend_every: float = 5.0,
-                 resend_most: float = RESEND_MOST, step_hold: float = 600.0, lease: float = 30.0):
+                 resend_most: float = RESEND_MOST, step_hold: float = 600.0, lease: float = 30.0,
+                 fleet_turn: float = 0.0):
         self.notifiers: dict[str, Notifier] = OrderedDict((n.name, n) for n in notifiers)
         if len(self.notifiers) != len(notifiers):
             raise ValueError("two notifiers share a name: " + ", ".join(n.name for n in notifiers))
@@ -88,6 +89,9 @@ class Dispatcher:
         self.outbox: Outbox = outbox or MemoryOutbox()
         self.silences, self.incidents, self.acks = silences, incidents, acks
         self.step_hold = step_hold
+        #: seconds between two passes of the timer's fleet work (repeats, unacknowledged brakes)
+        #: in the deployment: one worker's tick does it per turn (0: every tick)
+        self.fleet_turn = fleet_turn
         self.secrets = [s for n in notifiers for s in getattr(n, "secrets", ()) if s]
         if secret:
             self.secrets.append(secret)
@@ -335,13 +339,18 @@ class Dispatcher:
     # -- the timer ------------------------------------------------------------------------------
     async def tick(self, now: float | None = None, wait: bool = True) -> int:
         """Repeats, escalations and re-sends of unacknowledged brakes, then the due part of the
-        outbox (awaited with ``wait``, else in the background lanes)."""
+        outbox (awaited with ``wait``, else in the background lanes).
+
+        The first part reads the whole fleet's state (its firing alerts and group clocks, its
+        brakes not acknowledged) and acts on it once for all: one worker of the deployment does
+        it per ``fleet_turn`` seconds (:meth:`Outbox.turn`), not every worker at every tick."""
         now = self.clock() if now is None else now
         try:
-            await self._repeats(now)
-            await self.check_acks(now, wait=wait)
-            if self.brakes is not None:
-                await self.brakes.resend(now)
+            if await self.outbox.turn("timer", now, self.fleet_turn):
+                await self._repeats(now)
+                await self.check_acks(now, wait=wait)
+                if self.brakes is not None:
+                    await self.brakes.resend(now)
         except Exception as exc:  # noqa: BLE001 - Redis down: the next tick tries again
             self.health.failed(exc, "checking repeats and acknowledgements", now)
             return 0

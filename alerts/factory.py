@@ -106,6 +106,9 @@ def build_dispatcher(s: Settings, **kw) -> Dispatcher:
     redis = control.redis
     routing, notifiers = build_routing(s, build_notifiers(s, redis), redis)
     ns = namespace(s)
+    # the timer's fleet work, one worker's tick per turn: a turn a little shorter than the tick,
+    # so that a worker alone still does it at every tick
+    kw.setdefault("fleet_turn", 0.9 * s.delivery_tick_seconds)
     return Dispatcher(notifiers, control, clock=time.time,
                       enforcement=Enforcement(routing.policy.default), secret=s.control_secret,
                       routing=routing, outbox=RedisOutbox(redis, ns), silences=RedisSilences(redis),

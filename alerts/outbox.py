@@ -93,6 +93,10 @@ class Outbox(Protocol):
     async def set_clock(self, group: str, clock: GroupClock) -> None: ...
     async def clocks(self) -> dict[str, GroupClock]: ...
     async def drop_clock(self, group: str) -> None: ...
+    async def turn(self, name: str, now: float, every: float) -> bool:
+        """Whether the caller takes the deployment's turn at ``name`` (the timer's reads of the
+        whole fleet's state) at ``now``: one caller in ``every`` seconds does (by the callers'
+        clocks, :func:`takes_turn`)."""
     async def track(self, alert: Alert, now: float) -> None:
         """A firing alert joins the active alerts (a resolved one leaves them), and its step
         becomes its run's newest step if it is newer."""
@@ -127,6 +131,19 @@ def flush_steps(items: list[OutboxItem]) -> dict[str, int]:
     return out
 
 
+def takes_turn(last: float | None, now: float, every: float) -> bool:
+    """Whether a caller at ``now`` takes a turn last taken at ``last`` (None: never), one turn
+    in ``every`` seconds. A caller whose clock is behind the last taker's takes it too: callers
+    whose clocks disagree may both do the work of a turn, never neither.
+
+    >>> takes_turn(None, 10.0, 1.8), takes_turn(10.0, 11.0, 1.8), takes_turn(10.0, 11.8, 1.8)
+    (True, False, True)
+    >>> takes_turn(10.0, 9.0, 1.8), takes_turn(10.0, 10.5, 0.0)
+    (True, True)
+    """
+    return last is None or not last <= now < last + every
+
+
 class MemoryOutbox:
     """The outbox in process (embedded demo, replay, unit tests): same semantics, no Redis."""
 
@@ -139,6 +156,7 @@ class MemoryOutbox:
         self.groups: dict[str, GroupClock] = {}
         self.firing: dict[str, tuple[float, Alert]] = {}
         self.run_steps_seen: dict[str, int] = {}   # run -> its newest step
+        self.turns: dict[str, float] = {}          # name -> when last taken
 
     async def enqueue(self, item: OutboxItem) -> bool:
         if item.id in self.marks:
@@ -230,6 +248,12 @@ class MemoryOutbox:
     async def drop_clock(self, group: str) -> None:
         self.groups.pop(group, None)
 
+    async def turn(self, name: str, now: float, every: float) -> bool:
+        if not takes_turn(self.turns.get(name), now, every):
+            return False
+        self.turns[name] = now
+        return True
+
     async def track(self, alert: Alert, now: float) -> None:
         if alert.state == "firing":
             self.firing[alert.fingerprint] = (now, alert)
@@ -303,6 +327,15 @@ for _, fp in ipairs(ARGV) do
 end
 return 0
 """
+#: RedisOutbox.turn: KEYS the turn's record (when last taken); ARGV now, the seconds a turn
+#: lasts. 1 when the caller takes it (recorded), else 0: :func:`takes_turn`, in one step.
+_TURN = """
+local last, now = tonumber(redis.call('GET', KEYS[1])), tonumber(ARGV[1])
+if last and last <= now and now < last + tonumber(ARGV[2]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"""
+
 #: runs :meth:`RedisOutbox._index_runs` indexes in one round trip, at most (it made a round
 #: trip per run: 1,000 at a worker's start in a fleet of 1,000 runs alerting)
 INDEX_RUNS = 500
@@ -395,6 +428,7 @@ class RedisOutbox:
         self._settle = redis.register_script(_SETTLE)
         self._track = redis.register_script(_TRACK)
         self._index = redis.register_script(_INDEX)
+        self._turn = redis.register_script(_TURN)
         self._indexed = False
         # the active alerts as last parsed, by their stored value: every pass of the outbox reads
         # them all (inhibition), and parsing each again made a fleet's deliveries quadratic
@@ -514,6 +548,9 @@ class RedisOutbox:
 
     async def drop_clock(self, group: str) -> None:
         await self.redis.hdel(self.p + "groups", group)
+
+    async def turn(self, name: str, now: float, every: float) -> bool:
+        return bool(await self._turn(keys=[self.p + "turn:" + name], args=[repr(now), repr(every)]))
 
     async def track(self, alert: Alert, now: float) -> None:
         await self._track(keys=self._track_keys(alert), args=self._track_args(alert, now))

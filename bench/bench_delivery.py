@@ -14,7 +14,9 @@ incident snapshot, as the worker publishes them. Three passes, on one applicatio
 * **brake**: every firing alert through a ``BrakeThread`` (its own thread, loop and Redis
   client), as the worker's fast path pulls it, until each one's commands landed;
 * **tick**: the delivery timer's pass (repeats, unacknowledged brakes, re-sends, the outbox) with
-  the fleet's alerts active and its brakes unacknowledged (nobody trains here), per tick.
+  the fleet's alerts active and its brakes unacknowledged (nobody trains here), per tick, the
+  ticks 2 s apart (a deployment's workers take the fleet's part in turns: this is the tick of
+  the worker whose turn it is).
 
 Round trips are counted in the client (each command, pipeline or script sent is one; the
 set-up of a new connection, HELLO, CLIENT and PING, is counted apart: the brake pass opens a
@@ -130,11 +132,12 @@ async def brake(alerts):
 async def tick():
     d = build_dispatcher(SETTINGS)
     await d.outbox.pending()
+    now = time.time()
     with contextlib.redirect_stdout(io.StringIO()):
-        await d.tick(wait=True)           # the first tick may escalate: not counted
+        await d.tick(now, wait=True)           # the first tick may escalate: not counted
         t, c = trips[0], time.process_time()
-        for _ in range(5):
-            await d.tick(wait=True)
+        for k in range(1, 6):     # a worker's ticks, 2 s apart: each its turn at the fleet's work
+            await d.tick(now + 2 * k, wait=True)
     out = (trips[0] - t) / 5, (time.process_time() - c) / 5
     await d.drainer.close()
     return out

@@ -560,6 +560,60 @@ def test_a_new_worker_indexes_an_older_layout_of_firing_alerts_by_run_in_few_rou
     assert trips <= 1 + -(-runs // INDEX_RUNS) + (5 + 1) + 1
 
 
+def test_workers_on_one_redis_take_the_timers_fleet_work_in_turns(redis_url, recorders, tmp_path):
+    """Two workers' outboxes on one Redis: one takes the timer's turn per 1.8 s by the callers'
+    clocks (a clock behind the last taker's takes it too). Two workers' dispatchers ticking
+    half a second apart: the second's tick reads nothing of the fleet (its firing alerts, its
+    group clocks, its brakes), only what its own deliveries need."""
+    from alerts.control import redis_client
+    from alerts.outbox import RedisOutbox
+    from tests.support.redis_trips import counting_round_trips
+
+    async def turns():
+        r1, one = fresh_outbox(redis_url, "turn")
+        r2 = redis_client(redis_url)
+        two = RedisOutbox(r2, one.p.removesuffix(":outbox:"))
+        now = 1_764_500_000.25
+        try:
+            return [await one.turn("timer", now, 1.8), await two.turn("timer", now + 0.5, 1.8),
+                    await one.turn("timer", now + 1.75, 1.8), await two.turn("timer", now + 1.8, 1.8),
+                    await one.turn("timer", now + 1.0, 1.8), await one.turn("other", now + 1.0, 1.8)]
+        finally:
+            await r1.aclose()
+            await r2.aclose()
+
+    assert asyncio.run(turns()) == [True, False, False, True, True, True]
+
+    routes = tmp_path / "routes.yaml"
+    routes.write_text("route:\n  receiver: webhook\n  repeat_interval: 4h\n")
+    s = settings(redis_url, recorders(), routes=str(routes), app_id=f"turns-{uuid.uuid4().hex[:8]}")
+
+    async def ticks():
+        d1, d2 = build_dispatcher(s), build_dispatcher(s)       # two workers, ticking every 2 s
+        try:
+            await d1.handle(alert())           # a firing alert, its brake not acknowledged
+            now = time.time()
+            for d in (d1, d2):
+                await d.tick(now - 10)     # (their scripts loaded, connections made)
+            got = []
+            for k in range(3):
+                for d, at in ((d1, now + 2 * k), (d2, now + 2 * k + 0.5)):
+                    with counting_round_trips() as trips:
+                        await d.tick(at)
+                    got.append(trips[0])
+            return got, len(d1.notifiers)
+        finally:
+            await d1.close()
+            await d2.close()
+
+    (first, second, *rest), receivers = asyncio.run(ticks())
+    assert rest == [first, second] * 2
+    # the turn, then the worker's own deliveries (each receiver's due items); the fleet's state
+    # (group clocks, firing alerts, run steps, brakes pending and escalated, acknowledgements,
+    # re-sends: eight round trips) is read by the first alone
+    assert second == 1 + receivers and first == second + 8
+
+
 def test_routes_group_inhibit_and_silence(redis_url, recorders, tmp_path):
     rec = recorders()
     routes = tmp_path / "routes.yaml"

@@ -605,3 +605,42 @@ def test_a_receivers_retry_after_is_honoured_by_the_outbox():
     assert n["hook"].attempts == 1 and not n["hook"].sent
     run(d.tick(clock.advance(1.5)))
     assert len(n["hook"].sent) == 1
+
+
+def test_the_timers_fleet_work_is_one_workers_per_turn():
+    """Repeats and unacknowledged brakes read the whole fleet's state: of two workers sharing
+    one store and ticking every 2 s (turns of 1.8 s), one does that work per turn, the other's
+    tick only drains; a worker alone keeps every turn. The work itself is done as before: a
+    repeat is queued once when due."""
+    from alerts.outbox import takes_turn
+
+    assert takes_turn(None, 5.0, 1.8) and not takes_turn(5.0, 6.7, 1.8) and takes_turn(5.0, 6.8, 1.8)
+    assert takes_turn(5.0, 4.0, 1.8)        # a clock behind the last taker's: both work, never neither
+    scans: list = []
+
+    class Counting(MemoryOutbox):
+        async def clocks(self):
+            scans.append(self.worker)
+            return await super().clocks()
+
+    shared = Counting()
+    routes = "route:\n  receiver: hook\n  repeat_interval: 30s\ninhibit_rules: []\n"
+    d1, clock, n, control = rig(routes, names=("hook",), outbox=shared, fleet_turn=1.8)
+    d2, _, n2, _ = rig(routes, names=("hook",), outbox=shared, control=control, fleet_turn=1.8)
+    run(d1.handle(alert(actions=[])))
+    t0 = clock.t
+    for t in range(0, 40, 2):       # both tick every 2 s, d2 half a second after d1
+        shared.worker = 1
+        run(d1.tick(t0 + t))
+        shared.worker = 2
+        run(d2.tick(t0 + t + 0.5))
+    assert scans == [1] * 20
+    repeats = [a for a, _ in n["hook"].sent + n2["hook"].sent]
+    assert len(repeats) == 2        # the notice, and its repeat 30 s later
+
+    alone, clock, n, _ = rig(routes, names=("hook",), outbox=Counting(), fleet_turn=1.8)
+    alone.outbox.worker = 3
+    scans.clear()
+    for t in range(0, 20, 2):
+        run(alone.tick(clock.t + t))
+    assert scans == [3] * 10
