@@ -28,7 +28,8 @@ edge (:class:`alerts.dispatch.Dispatcher`).
 Restarts are quick: each worker process has a stable group instance id (Kafka static membership,
 :func:`worker_instance_id`), so a worker restarted after a crash takes its partitions back at
 once instead of waiting for the dead member's session to time out; the session timeout itself
-is short (``RLWATCH_SESSION_TIMEOUT``, 10 s). While the broker is down, its clients' logs are
+is short (``RLWATCH_SESSION_TIMEOUT``, 10 s). A worker that stops leaves the group all the same
+(:mod:`streams.group_leave`), so its runs go to the other workers at once. While the broker is down, its clients' logs are
 reduced to one line when the trouble starts and one when it ends (:mod:`streams.broker_log`).
 
 Run states live in a Faust table (changelog-backed), so a restarted worker resumes where the

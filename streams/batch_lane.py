@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from itertools import chain, zip_longest
 from time import monotonic
 from typing import Any, Awaitable, Callable
@@ -53,6 +54,9 @@ from mode import Service
 from mode.utils.futures import StampedeWrapper, notify
 from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
+
+from streams.group_leave import leave_on_close
+from streams.recovery import WatchedRecovery
 
 try:   # the lock Faust's own acknowledgements take (newer Faust versions), else none
     from faust.types.tuples import ack_lock as _ack_lock
@@ -190,6 +194,13 @@ class BatchConsumerThread(_driver.AIOKafkaConsumerThread):
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS     # read when the consumer starts
         return consumer
 
+    async def on_thread_stop(self) -> None:
+        # a static member leaves its group too when it stops (see streams.group_leave)
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        if coordinator is not None:
+            leave_on_close(coordinator)
+        await super().on_thread_stop()
+
 
 #: the ``before_commit`` hooks (the run states written to the table before each commit) take
 #: at most about this share of the worker's time: hooks that took ``t`` seconds put the next
@@ -226,6 +237,9 @@ class BatchConsumer(_driver.Consumer):
     _commit_after = 0.0     # monotonic time before which the periodic commit waits
     _count_after = 0.0      # the same for the commit every so many messages, when stretched
     _commit_asked = False   # the commit every so many messages is due: the commit task makes it
+    #: for the drills of the tests only (``RLWATCH_FAULT=drop-recovery-fetch``): the records of
+    #: the first fetch that brings a table recovery changelog records are lost
+    _drop_recovery_fetch = os.environ.get("RLWATCH_FAULT") == "drop-recovery-fetch"
 
     def _new_consumer_thread(self) -> Any:
         return BatchConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -408,6 +422,10 @@ class BatchConsumer(_driver.Consumer):
                             lane_tps.setdefault(tp.topic, []).append((tp, recs))
                         else:
                             others[tp] = recs
+                if others and self._drop_recovery_fetch and app.in_recovery:
+                    self._drop_recovery_fetch = False       # a drill: lose one recovery fetch
+                    others = {tp: recs for tp, recs in others.items()
+                              if tp.topic not in app.tables.changelog_topics}
                 # other topics: Faust's path, message by message
                 for tp, record in (self.scheduler.iterate(others) if others else ()):
                     if not self.flow_active or app.consumer_generation_id != generation_id:
@@ -546,12 +564,20 @@ class SteadyFlowControl(FlowControlEvent):
 class PromptTableManager(TableManager):
     """Faust's table manager without the second it waits at start before it looks at the
     tables (for tables an app declares late). The worker declares its table before it starts,
-    so that second was only a second more of restart, with the brake off."""
+    so that second was only a second more of restart, with the brake off. Its recovery is
+    watched (:class:`streams.recovery.WatchedRecovery`)."""
 
     async def on_start(self) -> None:
         if not self.should_stop:
             await self._update_channels()
             await self.recovery.start()
+
+    @property
+    def recovery(self) -> WatchedRecovery:
+        """The recovery, one whose changelog partitions that went quiet are read again."""
+        if self._recovery is None:
+            self._recovery = WatchedRecovery(self.app, self, beacon=self.beacon, loop=self.loop)
+        return self._recovery
 
 
 #: the function of Faust's own ``App.maybe_start_producer`` (a mode ``stampede`` descriptor,

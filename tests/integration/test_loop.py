@@ -203,6 +203,35 @@ def test_a_restarted_worker_resumes_the_run_state(services, recorder, start_work
         mon.close()
 
 
+def test_a_recovery_that_loses_a_fetch_reads_the_changelog_again(services, recorder, start_worker,
+                                                                  session_id):
+    """A drill: the restarted worker loses the first fetch of its table's recovery (the records
+    reach neither the table nor the recovery's queue). Faust's recovery would wait for them for
+    ever, the worker's runs unjudged; the worker reads the quiet partition again, restores the
+    run's state and raises the alert that needs the steps from before the restart."""
+    env = worker_env(services, f"{session_id}rc", recorder)
+    first = start_worker(env)
+    run_id = f"it-recover-{uuid.uuid4().hex[:6]}"
+    mon = Monitor(run_id, kafka=services["kafka"], redis=False, topic=env["RLWATCH_EVENTS_TOPIC"],
+                  heartbeat_seconds=0)
+    try:
+        for step in range(3):
+            mon.log(step, {"kl/mean": 0.09})       # yellow line: 1.5 x 0.05 = 0.075
+        assert mon.flush(10)
+        time.sleep(5)                              # processed, state flushed, offsets committed
+        first.stop()
+        second = start_worker(dict(env, RLWATCH_FAULT="drop-recovery-fetch"))
+        assert second.wait_for("reading them again", 5)
+        for step in range(3, 5):
+            mon.log(step, {"kl/mean": 0.09})
+        assert mon.flush(10)
+        hook = recorder.wait_for("/hook", lambda r: r.json()["run_id"] == run_id, timeout=30)
+        alert = hook[0].json()
+        assert (alert["rule"], alert["onset_step"], alert["step"]) == ("kl_above_target", 0, 4)
+    finally:
+        mon.close()
+
+
 def test_the_worker_timer_finds_a_silent_run_and_spares_a_live_one(services, start_worker, session_id):
     """The liveness timer (streams.liveness) through a real worker: a run whose last step is
     older than run_stalled's 300 s is stalled at the next tick; a run that speaks is not."""
@@ -365,3 +394,51 @@ def test_after_a_rebalance_a_worker_does_not_find_the_runs_it_gave_away_stalled(
                          for i, w in enumerate((first, second), 1))
     assert {r: h.get("last_step") for r, h in have.items()} == {r: sent[0] - 1 for r in runs}, logs()
     assert all(h["events"] >= sent[0] for h in have.values()), {r: h["events"] for r, h in have.items()}
+
+
+def test_a_worker_that_stops_hands_its_runs_to_the_other_workers_at_once(
+        services, start_worker, session_id):
+    """A worker stopped for good (a scale-down, a drained host) leaves its consumer group: the
+    other worker reads its runs' next steps straight away. As a static member it sent no
+    LeaveGroup before, so its runs went unwatched until its session timed out (30 s here)."""
+    env = worker_env(services, f"{session_id}-lv", RLWATCH_SESSION_TIMEOUT="30")
+    first = start_worker(env)
+    second = start_worker(env)
+    topic = env["RLWATCH_EVENTS_TOPIC"]
+    from streams.app import PARTITIONS, partition_of
+    from streams.fleet_store import FleetStore
+    runs: dict[int, str] = {}                    # a run in every partition
+    while len(runs) < PARTITIONS:
+        run_id = f"it-lv-{uuid.uuid4().hex[:8]}"
+        runs.setdefault(partition_of(run_id, PARTITIONS), run_id)
+    producer = KafkaProducer(bootstrap_servers=services["kafka"])
+
+    def step(n: int) -> None:
+        for run_id in runs.values():
+            producer.send(topic, key=run_id.encode(), value=json.dumps(
+                {"schema": 1, "kind": "step", "run_id": run_id, "step": n, "ts": time.time(),
+                 "metrics": {"kl/mean": 0.02}}).encode())
+        producer.flush()
+
+    async def steps_read(n: int, seconds: float) -> dict[str, int | None]:
+        store = FleetStore.from_url(services["redis"], env["RLWATCH_APP_ID"])
+        try:
+            deadline = time.time() + seconds
+            while True:
+                got = await store.get_many(list(runs.values()))
+                last = {r: ((got.get(r) or {}).get("summary") or {}).get("last_step")
+                        for r in runs.values()}
+                if all(s == n for s in last.values()) or time.time() > deadline:
+                    return last
+                await asyncio.sleep(0.2)
+        finally:
+            await store.close()
+
+    step(0)         # both workers read their runs: each has partitions
+    assert set(asyncio.run(steps_read(0, 30)).values()) == {0}
+    assert any("generation id 2 " in ln for ln in second.lines), "the second worker never joined"
+    second.stop()
+    step(1)
+    read = asyncio.run(steps_read(1, 8))       # well inside the 30 s session
+    assert read == {r: 1 for r in runs.values()}, "\n".join(first.lines[-30:])
+    assert any("left group" in ln for ln in second.lines)
