@@ -63,9 +63,10 @@ class Worker:
     runs in a directory of its own (Faust's data directory goes there), the same one after a
     restart, removed when the bench ends; the tree's root is put on its path."""
 
-    def __init__(self, env: dict[str, str], loglevel: str = "warning"):
+    def __init__(self, env: dict[str, str], loglevel: str = "warning", root: Path | None = None):
         self.env, self.loglevel = dict(env), loglevel
-        self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        root = root or ROOT         # (another tree's worker, e.g. an older checkout's)
+        self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
         self.cwd = tempfile.mkdtemp(prefix="rlwatch-bench-worker-")
         atexit.register(shutil.rmtree, self.cwd, True)
         self.lines: list[tuple[float, str]] = []

@@ -19,7 +19,13 @@ With ``--load-runs N`` the worker has a fleet to take back: ``N`` healthy runs x
 before the first kill to the end, so the restarted worker restores their states (the changelog)
 and catches up with their events while the probe goes red.
 
+With ``--stop`` it times a scale-down instead: a second worker joins, then is stopped (SIGTERM)
+for good; the figure is from the stop to the pause of a probe in every partition, i.e. the
+remaining worker taking the stopped one's partitions, side by side with ``--tree DIR`` (another
+checkout, e.g. a ``git worktree`` with its ``streams/_native*.so`` copied in).
+
     python bench/bench_restart.py [--trials 3] [--skip-old] [--load-runs 0] [--load-rate 5000]
+    python bench/bench_restart.py --stop [--trials 3] [--tree OLD_TREE]
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import os
 import sys
 import time
 import uuid
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,6 +100,66 @@ def setting(name: str, trials: int, load: tuple[int, float, float] = (0, 0.0, 0.
     return name, out
 
 
+def handover(env: dict, stay: Worker, root: Path | None) -> float:
+    """A second worker joins ``stay``, then is stopped (SIGTERM) for good: seconds from the stop
+    to the pause of a probe in every partition (each logs a KL blow-up right after the stop)."""
+    from streams.app import PARTITIONS, partition_of
+    go = Worker(env, root=root).start()
+    time.sleep(3)                                  # the group has settled with both
+    ids: dict[int, str] = {}
+    while len(ids) < PARTITIONS:
+        run_id = f"bench-handover-{uuid.uuid4().hex[:8]}"
+        ids.setdefault(partition_of(run_id, PARTITIONS), run_id)
+    probes = [Monitor(run_id, kafka=KAFKA, redis=REDIS, topic=env["RLWATCH_EVENTS_TOPIC"],
+                      control_secret=SECRET, heartbeat_seconds=0) for run_id in ids.values()]
+    try:
+        for probe in probes:
+            probe.control.wait_ready(10)
+        stopped = time.time()
+        go.proc.terminate()
+        for step in range(8):
+            for probe in probes:
+                probe.log(step, {"kl/mean": 0.02 if step < 3 else 0.15, "reward/mean": 0.5})
+        for probe in probes:
+            probe.flush(10)
+        deadline = time.time() + 120
+        while any(p.state != "paused" for p in probes) and time.time() < deadline:
+            time.sleep(0.01)
+        if any(p.state != "paused" for p in probes):
+            raise RuntimeError("a probe was never paused")
+        return time.time() - stopped
+    finally:
+        go.stop()
+        for probe in probes:
+            probe.control.close()
+            probe.close(2)
+
+
+def handovers(trees: list[Path | None], trials: int) -> None:
+    """``--stop``: :func:`handover` for this tree and each ``--tree``, in turns."""
+    names = ["this tree"] + [str(t) for t in trees[1:]]
+    got: dict[str, list[float]] = {n: [] for n in names}
+    stays = []
+    for name, root in zip(names, trees):
+        env = bench_env(uuid.uuid4().hex[:8], RLWATCH_CONTROL_SECRET=SECRET, RLWATCH_ACK_TIMEOUT=600)
+        stays.append((name, root, env, Worker(env, root=root).start()))
+    try:
+        for i in range(trials):
+            for name, root, env, stay in stays:
+                got[name].append(handover(env, stay, root))
+                print(f"  {name}: trial {i + 1}: every probe paused {got[name][-1]:.1f}s after the stop",
+                      flush=True)
+    finally:
+        for *_, stay in stays:
+            stay.stop()
+    base = pct(got[names[0]], 50)
+    print("\na second worker stopped (SIGTERM) for good: stop -> a probe paused in every partition"
+          " (seconds, median / worst)")
+    for name in names:
+        med = pct(got[name], 50)
+        print(f"{name:42s} {len(got[name]):2d} {med:6.1f} / {max(got[name]):5.1f}   x{med / base:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=3)
@@ -100,8 +167,14 @@ def main() -> None:
     ap.add_argument("--load-runs", type=int, default=0, help="healthy runs (x 8 ranks) logging meanwhile")
     ap.add_argument("--load-rate", type=float, default=5000.0, help="their step events per second")
     ap.add_argument("--settle", type=float, default=30.0, help="seconds of load before the first kill")
+    ap.add_argument("--stop", action="store_true",
+                    help="instead: a second worker stopped for good, beside each --tree")
+    ap.add_argument("--tree", action="append", default=[], type=Path, metavar="DIR",
+                    help="with --stop: another checkout's worker, side by side")
     args = ap.parse_args()
     services_up()
+    if args.stop:
+        return handovers([None, *args.tree], args.trials)
     load = (args.load_runs, args.load_rate, args.settle)
     if args.load_runs:
         print(f"load: {args.load_runs:,} runs x 8 ranks, {args.load_rate:,.0f} events/s", flush=True)
