@@ -5,16 +5,17 @@ While a worker recovers its run table (at start, after each rebalance) its event
 paused: none of its runs is judged and no brake can fire there until the recovery has read every
 changelog partition it is assigned up to the end. A clean-clone CI run saw a recovery after a
 rebalance get no record at all from two changelog partitions, for minutes (Faust only logs "No
-event received for active tp ..."), and the cause was not found: it came 1 time in about 25
-under load, and not once in some 140 rebalances of a stress run. Whatever loses those records
-(a fetch dropped between the consumer and the recovery's queue, a fetch that never goes out),
-seeking the partition back to the last record the recovery applied makes the consumer fetch it
-again, and the recovery skips what it has already applied.
+event received for active tp ..."). A stress run of rebalances (a second worker joining and
+leaving a first every 27 s, a CPU hog beside) met it twice in 71 cycles, and this watch ended
+the second 10 s after it began. A likely cause, now mended: a fetch in flight across the
+rebalance that completes with the recovery's records and is dropped by the fetch loop (see
+``BatchConsumer._read_changelogs_again``).
 
-So :class:`WatchedRecovery` checks every ``WATCH_SECONDS``: an active changelog partition with
-records left that sent none for ``QUIET_SECONDS`` (since the recovery started, or since its
-last record) is sought back and resumed, and the worker says so in a warning. A recovery that is
-slow but moving is left alone.
+This watch stays as the second line: :class:`WatchedRecovery` checks every ``WATCH_SECONDS``;
+an active changelog partition with records left that sent none for ``QUIET_SECONDS`` (since the
+recovery started, or since its last record) is sought back to the last record the recovery
+applied and resumed (the recovery skips what it has applied already), and the worker says so
+in a warning. A recovery that is slow but moving is left alone.
 """
 
 from __future__ import annotations

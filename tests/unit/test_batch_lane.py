@@ -19,7 +19,7 @@ from faust.transport.utils import DefaultSchedulingStrategy  # noqa: E402
 from faust.types import TP  # noqa: E402
 from faust.types.tuples import ConsumerMessage  # noqa: E402
 
-from streams.batch_lane import BatchApp, LaneBatch, Turns, round_robin  # noqa: E402
+from streams.batch_lane import BatchApp, LaneBatch, Turns, dropped_changelogs, round_robin  # noqa: E402
 
 TOPIC = "lane.events"
 
@@ -836,3 +836,21 @@ def test_a_runs_rank_steps_taken_in_a_row_are_all_recorded_and_a_commit_between_
     assert [row[:2] for row in tape.others] == [(s, r) for s in range(4) for r in (1, 2, 3)]
     assert [row[:2] for row in tape.steps] == [(s, 0) for s in range(4)]
     assert app.rlwatch_states.get("streak").last_step == {0: 3, 1: 3, 2: 3, 3: 3}
+
+
+def test_the_changelog_records_a_fetch_loop_drops_are_read_again_from_the_first_not_delivered():
+    """A fetch dropped at a rebalance carries the table recovery's changelog records: each
+    changelog partition is read again from its first record not delivered; stream partitions
+    are left to the committed offsets."""
+    log, events = "app-runs-changelog", TOPIC
+    tp = {(t, p): TP(t, p) for t in (log, events) for p in (0, 1, 2)}
+    records = {tp[log, 0]: [record(0, o, topic=log) for o in range(5, 9)],
+               tp[log, 1]: [record(1, o, topic=log) for o in range(0, 3)],
+               tp[log, 2]: [record(2, o, topic=log) for o in range(10, 12)],
+               tp[events, 0]: [record(0, 40)]}
+    changelogs = {log}
+    assert dropped_changelogs(records, changelogs) == {tp[log, 0]: 5, tp[log, 1]: 0, tp[log, 2]: 10}
+    # part of the fetch was delivered (partition 0 up to 6, partition 2 all of it)
+    read = {tp[log, 0]: 6, tp[log, 2]: 11, tp[events, 0]: 40}
+    assert dropped_changelogs(records, changelogs, read) == {tp[log, 0]: 7, tp[log, 1]: 0}
+    assert dropped_changelogs({}, changelogs) == {}
