@@ -344,7 +344,7 @@ class BatchConsumer(_driver.Consumer):
         stream partitions only. When the recovery had sought its partitions before that fetch
         completed, the dropped records were the ones it waited for. In a stress run of
         rebalances, a recovery got nothing from a partition twice in 71 cycles (the watched
-        recovery, :mod:`streams.recovery`, reads it again 10 s later), and none in 35 cycles
+        recovery, :mod:`streams.recovery`, reads it again 10 s later), and none in 65 cycles
         once these records were read again (too few to prove it the cause)."""
         if not records:
             return
