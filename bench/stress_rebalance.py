@@ -51,6 +51,7 @@ def main() -> None:
     first = Worker(env).start()
     load = Load(env["RLWATCH_EVENTS_TOPIC"], args.runs, 8, args.rate).start()
     seconds: list[Worker] = []
+    cycle = 0
     try:
         time.sleep(5)
         for cycle in range(1, args.cycles + 1):

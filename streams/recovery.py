@@ -60,12 +60,9 @@ class WatchedRecovery(Recovery):
     """Faust's recovery, whose changelog partitions that went quiet are read again (see the
     module doc)."""
 
-    quiet_seconds = QUIET_SECONDS
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._sought_at: dict[Any, float] = {}
-        self.reads_again = 0        # partitions sought back, for the tests and the logs
+        self._sought_at: dict[Any, float] = {}      # partition -> when it was last sought back
 
     @Service.task
     async def _watch_quiet_partitions(self) -> None:
@@ -77,18 +74,18 @@ class WatchedRecovery(Recovery):
                 continue        # a rebalance began: the next recovery seeks its partitions
             await self.read_quiet_again(monotonic())
 
-    async def read_quiet_again(self, now: float) -> dict[Any, int]:
+    async def read_quiet_again(self, now: float) -> None:
         """Seek back and resume the quiet partitions (see :func:`quiet_partitions`)."""
         remaining = {tp: left for tp, left in self.active_remaining().items()
                      if tp in self.active_tps}
         quiet = quiet_partitions(now, remaining, self.active_offsets,
                                  self._active_events_received_at, self._recovery_started_at,
-                                 self._sought_at, self.quiet_seconds)
+                                 self._sought_at)
         if not quiet:
-            return quiet
+            return
         log.warning("rlwatch: the table's recovery got no record for %.0f s from changelog "
                     "partitions %s, with %d records left: reading them again from offsets %s",
-                    self.quiet_seconds, sorted(tp.partition for tp in quiet),
+                    QUIET_SECONDS, sorted(tp.partition for tp in quiet),
                     sum(remaining[tp] for tp in quiet),
                     {tp.partition: offset for tp, offset in sorted(quiet.items())})
         consumer = self.app.consumer
@@ -98,8 +95,6 @@ class WatchedRecovery(Recovery):
         except Exception as exc:  # noqa: BLE001 - a rebalance took them meanwhile: it seeks anew
             log.warning("rlwatch: could not read changelog partitions %s again: %r",
                         sorted(tp.partition for tp in quiet), exc)
-            return {}
+            return
         for tp in quiet:
             self._sought_at[tp] = now
-        self.reads_again += len(quiet)
-        return quiet
