@@ -83,8 +83,10 @@ class CommandInbox:
         self._seen: OrderedDict[str, float] = OrderedDict()   # command id -> when it was seen
         self._last_ack: dict[str, dict] = {}                  # command id -> its latest ack
         self._lock = threading.Lock()
-        self._resumed = threading.Event()
-        self._resumed.set()
+        # set when a paused training thread has something to do: a resume or a stop, a one-shot
+        # command (adjust, rollback, snapshot: applied while paused, as an operator expects),
+        # or the monitor closing
+        self._news = threading.Event()
         self.on_ack: Callable[[dict], None] | None = None
 
     # -- delivering thread ----------------------------------------------------------------------
@@ -134,6 +136,7 @@ class CommandInbox:
         if state is None:
             self._one_shot.put(cmd)
             self.changed = True
+            self._news.set()
         elif self.state == state:
             # nothing to change (a second pause of a paused run): say so, or the monitor
             # would take the silence for a worker that ignores its brake
@@ -143,11 +146,9 @@ class CommandInbox:
             self.ack(cmd, "ignored", "this process was stopped")
         else:
             self.state, self.state_command = state, cmd
-            if state == "paused":
-                self._resumed.clear()
-            else:
-                self._resumed.set()
             self.changed = True
+            if state != "paused":
+                self._news.set()
 
     def _remember(self, command_id: str, now: float) -> None:
         self._seen[command_id] = now
@@ -200,13 +201,18 @@ class CommandInbox:
             except queue.Empty:
                 return out
 
-    def wait_resumed(self, timeout: float | None) -> bool:
-        return self._resumed.wait(timeout)
+    def wait_news(self, timeout: float | None) -> bool:
+        """Block a paused training thread until it has something to do (a resume or a stop, a
+        one-shot command to apply, the monitor closing); False when ``timeout`` passed first.
+        (It may also wake for nothing; the caller looks and waits again.)"""
+        got = self._news.wait(timeout)
+        self._news.clear()
+        return got
 
     def close(self) -> None:
         """Release a training thread blocked in a pause (it returns from ``step_boundary``)."""
         self.closed = True
-        self._resumed.set()
+        self._news.set()
 
 
 class ControlListener(CommandInbox):

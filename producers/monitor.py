@@ -170,7 +170,7 @@ class Monitor:
             return
         c.changed = False
         self._apply_one_shots(c)
-        acked = None
+        acked = until = None
         while c.state == "paused":   # a loop: a new pause may land right after a resume
             cmd = c.state_command
             if cmd is not acked:
@@ -178,7 +178,11 @@ class Monitor:
                             self.run_id, self.last_step, cmd.reason if cmd else "")
                 c.ack(cmd, "applied", f"paused at step {self.last_step}")
                 acked = cmd
-            if not c.wait_resumed(self.pause_timeout):
+                if self.pause_timeout is not None:
+                    until = time.monotonic() + self.pause_timeout
+            # woken by a resume or a stop, and by an adjust, a rollback or a snapshot, which are
+            # applied while paused (the operator's rollback loads before the resume)
+            if not c.wait_news(None if until is None else max(0.0, until - time.monotonic())):
                 c.ack(cmd, "timeout", f"pause timed out after {self.pause_timeout}s; continuing")
                 log.warning("rlwatch: pause timed out after %ss; continuing", self.pause_timeout)
                 return

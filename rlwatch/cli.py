@@ -380,26 +380,59 @@ RESUME_NOTE = ("note: the brake does not re-arm by itself. Alerts firing now wil
                "Until then you own this run: `rlwatch pause {run}` stops it again.")
 
 
+ROLLBACK_NOTE = ("note: the run's script applies it at its next step boundary, paused or not (its "
+                 "on_rollback callback; without one it answers \"ignored\"); `rlwatch status {run}` "
+                 "shows its answer.")
+
+
 def cmd_command(args) -> int:
+    """pause, resume, stop, adjust and rollback of one run, over Redis."""
+    from alerts.operator import OperatorError, adjust_params, rollback_params
     from contract.commands import Command
 
-    async def go():
-        control, settings = _control(args, args.command)
+    what = args.command
+    params: dict = {}
+    why = None
+    if what == "adjust":        # (what was typed is checked before anything is sent)
         try:
-            if not args.force:
+            params = adjust_params(args.params)
+        except OperatorError as exc:
+            raise _fail(what, str(exc)) from None
+
+    async def go():
+        nonlocal params, why
+        control, settings = _control(args, what)
+        try:
+            rec = None
+            if not args.force or what == "rollback":
                 records, runs = await _known_runs(control, settings)
-                if args.run not in records and args.run not in runs:
-                    raise _fail(args.command, f"no run {args.run!r} is known to app {settings.app_id!r} "
-                                              f"(`rlwatch status` lists the runs; --force sends the "
-                                              f"{args.command} anyway, e.g. before the run starts)")
-            cmd = Command(run_id=args.run, action=args.command, ts=time.time(),
-                          reason=args.reason or f"{args.command} from the command line",
+                rec = records.get(args.run)
+                if not args.force and rec is None and args.run not in runs:
+                    raise _fail(what, f"no run {args.run!r} is known to app {settings.app_id!r} "
+                                      f"(`rlwatch status` lists the runs; --force sends the "
+                                      f"{what} anyway, e.g. before the run starts)")
+            if what == "rollback":
+                try:
+                    params, why = rollback_params(args.run, (rec or {}).get("summary"),
+                                                  args.to_step, args.checkpoint)
+                except OperatorError as exc:
+                    raise _fail(what, str(exc)) from None
+            cmd = Command(run_id=args.run, action=what, params=params, ts=time.time(),
+                          reason=args.reason or f"{what} from the command line",
                           issuer=f"cli:{getpass.getuser()}").signed(settings.control_secret)
             state = await control.apply(cmd)
-            print(f"{args.run}: {state.state} ({args.command} sent, command {cmd.id})")
-            if args.command == "resume":
-                rec = await _fleet_store(control, settings).get(args.run)
-                alerts = ((rec or {}).get("summary") or {}).get("open_alerts") or []
+            if what == "adjust":
+                sent = "adjust " + ", ".join(f"{k}={v:g}" for k, v in params.items())
+            elif what == "rollback":
+                sent = f"rollback to step {params['to_step']} ({params['checkpoint']}: {why})"
+            else:
+                sent = what
+            print(f"{args.run}: {state.state} ({sent} sent, command {cmd.id})")
+            if what == "rollback":
+                print(ROLLBACK_NOTE.format(run=args.run))
+            if what == "resume":
+                alerts = ((rec or await _fleet_store(control, settings).get(args.run) or {})
+                          .get("summary") or {}).get("open_alerts") or []
                 if alerts:
                     names = ", ".join(f"{a['severity']} {a['rule']}" for a in alerts[:5])
                     print(f"{args.run} has open alerts: {names}")
@@ -474,12 +507,16 @@ def cmd_status(args) -> int:
                 for a in s.get("open_alerts") or []:
                     print(f"  open: {a['severity'].upper()} {a['rule']} since step {a.get('onset_step')}"
                           + (f": {a['summary']}" if a.get("summary") else ""))
+                if s.get("checkpoints"):
+                    print("  checkpoints: " + ", ".join(f"step {st} {path}" for st, path in s["checkpoints"]))
                 for e in item["history"]:
                     when = time.strftime("%H:%M:%S", time.localtime(e.get("ts", 0)))
                     if e.get("type") == "ack":
                         print(f"  {when} ack   {e['action']:8s} {e['status']} (rank {e.get('rank')}) {e.get('detail', '')}")
                     else:
-                        print(f"  {when} {e['action']:14s} {e.get('issuer', '')}: {e.get('reason', '')}")
+                        given = " ".join(f"{k}={v}" for k, v in (e.get("params") or {}).items())
+                        print(f"  {when} {e['action']:14s} {e.get('issuer', '')}: {e.get('reason', '')}"
+                              + (f" [{given}]" if given else ""))
             if not args.run and not args.all and others:
                 print(f"(and {len(others)} run(s) known only to the control channel: other applications, "
                       "or runs no worker has seen; --all lists them)")
@@ -652,9 +689,21 @@ def build_parser() -> argparse.ArgumentParser:
     ru.set_defaults(fn=cmd_rules)
     add_backtest_parser(sub)                # backtest DIR
 
-    for name in ("pause", "resume", "stop"):
-        q = sub.add_parser(name, help=f"{name} a run (over Redis)")
+    helps = {"adjust": "send a run's script new factors for its hyperparameters, e.g. "
+                       "`adjust RUN beta=1.5 lr=0.5` (over Redis; its on_adjust applies them)",
+             "rollback": "roll a run back to a checkpoint it reported (over Redis): by default the "
+                         "newest one before the onset of its worst open alert"}
+    for name in ("pause", "resume", "stop", "adjust", "rollback"):
+        q = sub.add_parser(name, help=helps.get(name, f"{name} a run (over Redis)"))
         q.add_argument("run")
+        if name == "adjust":
+            q.add_argument("params", nargs="+", metavar="NAME=FACTOR",
+                           help="factors, as rule actions write them: beta=1.5 raises the KL "
+                                "coefficient by half, lr=0.5 halves the learning rate")
+        if name == "rollback":
+            q.add_argument("--to-step", type=int,
+                           help="the step of the checkpoint (its path is found among those the run reported)")
+            q.add_argument("--checkpoint", help="the checkpoint's path (its step is found likewise)")
         q.add_argument("--reason")
         q.add_argument("--redis")
         q.add_argument("--force", action="store_true",

@@ -64,12 +64,17 @@ class Worker:
     paused_at: int | None = None
     stopped: bool = False
     adjustments: list[dict] = field(default_factory=list)
+    rollbacks: list[dict] = field(default_factory=list)
+    restart_at: int | None = None   # the step to train next, set by a rollback
     seen_by_monitor: int = -1   # the last step of this run the monitor has processed
 
     def train(self) -> None:
         try:
-            for step in range(self.steps):
+            step = 0
+            while step < self.steps:
                 self.monitor.step_boundary()
+                if self.restart_at is not None:     # rolled back: the steps after it again
+                    step, self.restart_at = self.restart_at, None
                 self.step = step
                 ts = time.time()
                 for ev in self.sim.step(step, ts):
@@ -88,6 +93,7 @@ class Worker:
                 deadline = time.monotonic() + 5.0
                 while self.seen_by_monitor < step - MAX_LAG and time.monotonic() < deadline:
                     time.sleep(0.001)
+                step += 1
         except TrainingStopped:
             self.stopped = True
         finally:
@@ -96,6 +102,14 @@ class Worker:
     def on_adjust(self, params: dict, cmd: Command) -> None:
         self.sim.apply_adjust({k: float(v) for k, v in params.items()})
         self.adjustments.append(params)
+
+    def on_rollback(self, params: dict, cmd: Command) -> None:
+        """The simulated run restored as of its checkpoint at ``to_step``; it trains the steps
+        after it again (the Monitor tags them with a new generation)."""
+        to_step = int(params["to_step"])
+        self.sim.rollback(to_step)
+        self.restart_at = to_step + 1
+        self.rollbacks.append(params)
 
 
 @dataclass
@@ -156,7 +170,8 @@ def run_demo(steps: int = 400, onset: int = 120, delay: float = 0.02, pause_hold
         control.subscribe(run_id, lambda cmd, i=inbox: observer.observe_command(cmd, i.state))
         w = Worker(run_id, sim, None, inbox, steps, delay)  # type: ignore[arg-type]
         w.monitor = Monitor(run_id, transport=QueueTransport(events), inbox=inbox, redis=False,
-                            heartbeat_seconds=0, on_adjust=w.on_adjust, tags={"algo": "ppo"})
+                            heartbeat_seconds=0, on_adjust=w.on_adjust, on_rollback=w.on_rollback,
+                            tags={"algo": "ppo"})
         workers[run_id] = w
 
     say(f"rlwatch demo: {len(workers)} simulated PPO runs, {len(pack.rules)} rules "

@@ -48,6 +48,9 @@ from streams.text import repetition_score
 __all__ = ["MAX_RANKS", "MAX_STEP_JUMP", "RunState", "SUMMARY_METRICS", "TARGET_TAG_PREFIX"]
 
 MAX_CHECKPOINTS = 64
+#: the newest checkpoints a run's summary shows, and the longest path it shows
+SUMMARY_CHECKPOINTS = 4
+MAX_SUMMARY_PATH = 1024
 MAX_PROMPTS = 2000
 MAX_PENDING_STEPS = 8
 MAX_LATEST_METRICS = 512   # metric names remembered per run (a run logging ever new names)
@@ -1116,12 +1119,22 @@ class RunState:
                 severity = SEVERITIES[min(SEVERITIES.index(severity) + 1, len(SEVERITIES) - 1)]
             if worst is None or severity_rank(severity) > severity_rank(worst):
                 worst = severity
-            open_alerts.append({"rule": rule, "severity": severity, "onset_step": st.onset_step,
-                                "step": st.fired_step, "value": _num(st.value),
-                                "threshold": _num(st.threshold), "metric": st.metric,
-                                "summary": (st.summary or "")[:200] or None})
+            entry = {"rule": rule, "severity": severity, "onset_step": st.onset_step,
+                     "step": st.fired_step, "value": _num(st.value),
+                     "threshold": _num(st.threshold), "metric": st.metric,
+                     "summary": (st.summary or "")[:200] or None}
+            # where a rollback for it would go, as a rule's rollback action picks it (what
+            # `rlwatch rollback RUN` sends when the operator names no checkpoint)
+            to = self.checkpoint_before(st.onset_step) if st.onset_step is not None else None
+            if to is not None and len(to["checkpoint"]) <= MAX_SUMMARY_PATH:
+                entry["rollback_to"] = to
+            open_alerts.append(entry)
         open_alerts.sort(key=lambda a: -severity_rank(a["severity"]))
         out["open_alerts"] = open_alerts[:10]
+        # the newest checkpoints the run reported, [step, path] (a path too long to show is
+        # left out, never cut)
+        out["checkpoints"] = [[s, p] for s, p in self.checkpoints if len(p) <= MAX_SUMMARY_PATH][
+            -SUMMARY_CHECKPOINTS:]
         out["worst"] = worst
         out["latest"] = {m: _num(self.latest_metrics[m]) for m in SUMMARY_METRICS
                          if m in self.latest_metrics}

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from contract.commands import STATE_ACTIONS
 from streams.fleet_store import finite_number as _num
 from streams.fleet_store import (
     FINISHED_AFTER,
@@ -282,7 +283,9 @@ class Fleet:
                                        "params": dict(command.params), "reason": command.reason,
                                        "issuer": command.issuer, "ts": command.ts,
                                        "rule": command.rule, "step": command.step})
-                if state in STATES:
+                # the state's reason is that of the command that set it: an adjust or a rollback
+                # of a paused run lists as a command, and the run shows the pause's reason still
+                if state in STATES and command.action in STATE_ACTIONS:
                     self._set_state(command.run_id, state, command.reason, command.issuer, command.ts)
                 r.version += 1
                 self.version += 1
@@ -456,6 +459,13 @@ class Fleet:
         now = self.clock() if now is None else now
         with self._lock:
             return self._row(run_id, now)
+
+    def summary(self, run_id: str, now: float | None = None) -> dict | None:
+        """The run's summary as its row shows it (the stored record's, or this process's own
+        when newer): what an operator's rollback picks its checkpoint from."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            return (self._record(run_id, now) or {}).get("summary")
 
     def versions(self, run_id: str) -> dict | None:
         with self._lock:

@@ -12,7 +12,9 @@ Routes
 ``GET /api/run/samples?run=ID``   latest samples (``category``, ``step``, ``limit``)
 ``GET /api/run/audit?run=ID``     control state and command/ack history (operator token required)
 ``GET /api/run/incidents?run=ID`` the run's incident snapshots kept in Redis (ids and summaries)
-``POST /api/run/command?run=ID``  pause / resume / stop with a reason (operator token required)
+``POST /api/run/command?run=ID``  pause / resume / stop / adjust / rollback with a reason (operator
+                                  token required): an adjust's ``params``, a rollback's ``to_step``
+                                  and ``checkpoint`` (either, or neither: see alerts.operator)
 ``GET /api/stream[?run=ID]``      server-sent events: fleet rows, or a run's new steps and alerts
 ``GET /metrics``                  Prometheus text format (see :mod:`web.metrics`)
 ``GET /healthz``                  liveness
@@ -51,6 +53,7 @@ from typing import Any
 
 from aiohttp import web
 
+from alerts.operator import OperatorError, adjust_params, rollback_params
 from contract.commands import Command
 from web.fleet import CHARTS, Fleet, kl_lines_from_pack
 from web.metrics import CONTENT_TYPE, registry_for, render
@@ -61,7 +64,7 @@ log = logging.getLogger("rlwatch.web")
 
 STATIC = Path(__file__).parent / "static"
 TOKEN_HEADER = "X-RLWatch-Token"
-WEB_ACTIONS = ("pause", "resume", "stop")
+WEB_ACTIONS = ("pause", "resume", "stop", "adjust", "rollback")
 
 K_FLEET = web.AppKey("fleet", Fleet)
 K_CFG = web.AppKey("cfg", dict)
@@ -296,10 +299,14 @@ async def api_command(request: web.Request) -> web.Response:
         return _json(request, {"error": "missing run"}, status=400)
     if run not in fleet:
         return _json(request, {"error": f"unknown run {run!r}"}, status=404)
+    try:
+        params, why = _operator_params(action, body, run, fleet)
+    except OperatorError as exc:
+        return _json(request, {"error": str(exc)}, status=400)
     control = request.app[K_STATE].get("control")
     if control is None:
         return _json(request, {"error": "no control channel"}, status=503)
-    cmd = Command(run_id=run, action=action, ts=time.time(), reason=reason[:500],
+    cmd = Command(run_id=run, action=action, params=params, ts=time.time(), reason=reason[:500],
                   issuer="web:operator").signed(cfg["secret"])
     try:
         new = await control.apply(cmd)
@@ -308,7 +315,36 @@ async def api_command(request: web.Request) -> web.Response:
         return _json(request, {"error": f"control channel unreachable: {exc}"}, status=503)
     fleet.observe_command(cmd, new.state)
     log.warning("rlwatch web: operator %s %s (%s): now %s", action, run, reason, new.state)
-    return _json(request, {"run_id": run, "state": new.state, "command": cmd.model_dump(exclude_none=True)})
+    out = {"run_id": run, "state": new.state, "command": cmd.model_dump(exclude_none=True)}
+    if why:
+        out["why"] = why
+    return _json(request, out)
+
+
+def _operator_params(action: str, body: dict, run: str, fleet: Fleet) -> tuple[dict, str | None]:
+    """An adjust's factors (``params``: a JSON object, or ``"beta=1.5 lr=0.5"`` in a form) and a
+    rollback's checkpoint (``to_step`` and ``checkpoint``, either, or neither: see
+    :mod:`alerts.operator`); nothing for the other actions."""
+    if action == "adjust":
+        given = body.get("params")
+        if isinstance(given, str):
+            given = given.split()
+        if not isinstance(given, (dict, list)):
+            raise OperatorError("params must name at least one parameter and its factor, e.g. "
+                                "{\"beta\": 1.5} (or beta=1.5 in a form)")
+        return adjust_params(given), None
+    if action == "rollback":
+        raw = body.get("to_step")
+        to_step = None
+        if raw not in (None, ""):
+            try:
+                to_step = int(str(raw))
+            except ValueError:
+                raise OperatorError(f"to_step must be a step number, not {raw!r}") from None
+        checkpoint = body.get("checkpoint")
+        checkpoint = str(checkpoint) if checkpoint not in (None, "") else None
+        return rollback_params(run, fleet.summary(run), to_step, checkpoint)
+    return {}, None
 
 
 async def api_metrics(request: web.Request) -> web.Response:

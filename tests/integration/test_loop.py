@@ -27,8 +27,8 @@ pytestmark = pytest.mark.integration
 class TrainingLoop:
     """A fake trainer that calls the SDK exactly as the README shows, in its own thread."""
 
-    def __init__(self, mon: Monitor, kl_at):
-        self.mon, self.kl_at = mon, kl_at
+    def __init__(self, mon: Monitor, kl_at, checkpoint_every: int = 0):
+        self.mon, self.kl_at, self.checkpoint_every = mon, kl_at, checkpoint_every
         self.step = -1
         self.stopped: TrainingStopped | None = None
         self.halt = threading.Event()
@@ -47,6 +47,8 @@ class TrainingLoop:
                     self.faulty_since = time.time()
                 self.mon.log(step, {"kl/mean": kl, "reward/mean": 0.5 + 0.001 * step,
                                     "entropy/mean": 2.0})
+                if self.checkpoint_every and step % self.checkpoint_every == 0:
+                    self.mon.log_checkpoint(step, f"/ckpt/{self.mon.run_id}/step-{step}")
                 time.sleep(0.05)
         except TrainingStopped as exc:
             self.stopped = exc
@@ -125,6 +127,77 @@ def test_kl_blowup_pauses_the_worker_until_resume(services, recorder, start_work
         # the worker acknowledged pause and resume in the audit history
         status = rlwatch("status", run_id, env=env)
         assert "ack   pause" in status.stdout and "ack   resume" in status.stdout
+    finally:
+        loop.halt.set()
+        loop.thread.join(timeout=5)
+        mon.close()
+
+
+def test_an_operator_rolls_a_paused_run_back_before_the_alert_and_raises_beta(services, recorder,
+                                                                             start_worker, session_id):
+    """After the red KL pause: `rlwatch rollback RUN`, naming no checkpoint, sends the newest one
+    the run reported before the alert's onset (the worker's fleet record says which);
+    `rlwatch adjust RUN beta=2` sends the factor. The paused script applies both at once and
+    stays paused; `rlwatch status RUN` shows them applied, and the run trains on after resume."""
+    env = worker_env(services, session_id, recorder)
+    start_worker(env)
+    run_id = f"it-rb-{uuid.uuid4().hex[:6]}"
+    calls: list[tuple[str, dict]] = []
+    mon = Monitor(run_id, kafka=services["kafka"], redis=services["redis"],
+                  topic=env["RLWATCH_EVENTS_TOPIC"], heartbeat_seconds=0,
+                  on_rollback=lambda p, c: calls.append(("rollback", p)),
+                  on_adjust=lambda p, c: calls.append(("adjust", p)))
+    assert mon.control.wait_ready(10) and mon.control.connected
+    loop = TrainingLoop(mon, lambda s: 0.02 if s < 20 else 0.15, checkpoint_every=4)
+    loop.thread.start()
+    try:
+        deadline = time.time() + 60
+        while mon.state != "paused" and time.time() < deadline:
+            time.sleep(0.02)
+        assert mon.state == "paused", "the pause never reached the worker"
+
+        def red_alert():
+            out = rlwatch("status", run_id, "--json", env=env)
+            assert out.returncode == 0, out.stderr
+            alerts = (json.loads(out.stdout).get("summary") or {}).get("open_alerts") or []
+            return next((a for a in alerts if a["severity"] == "red" and a.get("rollback_to")), None)
+
+        deadline = time.time() + 20
+        while (red := red_alert()) is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert red is not None, "the fleet record never showed the red alert with its checkpoint"
+        want = (red["onset_step"] - 1) // 4 * 4        # the newest checkpoint before the onset
+        assert red["rollback_to"] == {"step": want, "checkpoint": f"/ckpt/{run_id}/step-{want}"}
+
+        out = rlwatch("rollback", run_id, "--reason", "back to before the KL climb", env=env)
+        assert out.returncode == 0, out.stderr
+        assert f"rollback to step {want} (/ckpt/{run_id}/step-{want}: the newest checkpoint before " \
+               f"the onset of its red alert kl_above_target (step {red['onset_step']}))" in out.stdout
+        out = rlwatch("adjust", run_id, "beta=2", "--reason", "KL climbed", env=env)
+        assert out.returncode == 0, out.stderr
+        deadline = time.time() + 20
+        while len(calls) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        assert calls == [("rollback", {"to_step": want, "checkpoint": f"/ckpt/{run_id}/step-{want}"}),
+                         ("adjust", {"beta": 2.0})]
+        held = loop.step
+        time.sleep(1.0)
+        assert mon.state == "paused" and loop.step == held, "a one-shot command ended the pause"
+
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            status = rlwatch("status", run_id, env=env).stdout
+            if "ack   rollback applied" in status and "ack   adjust   applied" in status:
+                break
+            time.sleep(0.2)
+        assert "ack   rollback applied" in status and "ack   adjust   applied" in status, status
+        assert "[beta=2.0]" in status and f"[to_step={want} checkpoint=/ckpt/{run_id}/step-{want}]" in status
+
+        assert rlwatch("resume", run_id, "--reason", "rolled back", env=env).returncode == 0
+        deadline = time.time() + 20
+        while loop.step == held and time.time() < deadline:
+            time.sleep(0.05)
+        assert loop.step > held, "the loop did not continue after resume"
     finally:
         loop.halt.set()
         loop.thread.join(timeout=5)

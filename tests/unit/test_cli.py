@@ -59,7 +59,16 @@ def test_a_redis_address_without_its_scheme_is_one_clear_line_without_a_tracebac
                     "'localhost:6379'; rediss:// for TLS, redis://:PASSWORD@HOST:PORT/DB with a password)")
 
 
+def test_an_adjust_with_a_bad_factor_is_refused_before_anything_is_sent(monkeypatch):
+    """(Redis on port 1 is unreachable: the message would say so had it been tried first.)"""
+    for argv, says in [(["beta=abc"], "rlwatch adjust: beta=abc: the value must be a number (e.g. beta=1.5)"),
+                       (["beta=1.5", "beta=2"], "rlwatch adjust: beta is given twice"),
+                       (["kl"], "rlwatch adjust: 'kl' is not name=number (e.g. beta=1.5)")]:
+        assert fails(["adjust", "some-run", *argv, "--redis", "redis://127.0.0.1:1/0"], monkeypatch) == says
+
+
 @pytest.mark.parametrize("argv", [["status"], ["pause", "some-run"], ["silence", "list"],
+                                  ["adjust", "some-run", "beta=2"], ["rollback", "some-run"],
                                   ["incidents", "list"], ["worker"], ["web"]])
 def test_every_command_checks_the_redis_address(argv, monkeypatch):
     msg = fails([*argv, "--redis", "localhost:6379"], monkeypatch)

@@ -32,7 +32,7 @@ PURE = ("contract/", "rules/", "streams/stats/", "streams/signals.py", "streams/
         "streams/ranks.py", "streams/read_marks.py",
         "streams/processor.py", "alerts/routing.py", "alerts/matchers.py", "alerts/actions.py",
         "alerts/render.py", "alerts/routes_file.py", "alerts/intervals.py", "alerts/grouping.py",
-        "alerts/inhibition.py", "alerts/retry.py")
+        "alerts/inhibition.py", "alerts/retry.py", "alerts/operator.py")
 EDGE_LIBRARIES = {"kafka", "aiokafka", "faust", "redis", "slack_sdk", "aiohttp", "httpx",
                   "requests", "urllib", "socket", "time", "asyncio", "threading"}
 

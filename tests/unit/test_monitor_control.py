@@ -167,17 +167,49 @@ def test_rollback_and_snapshot_callbacks(rig):
                                                                               "snapshot"]
 
 
-def test_adjust_delivered_during_a_pause_is_applied_on_resume(rig):
+def test_a_paused_run_applies_rollback_adjust_and_snapshot_at_once_and_stays_paused(rig):
+    """The operator looks at a paused run, rolls it back and raises beta before resuming: the
+    script's callbacks run while it is paused (the checkpoint loads before the resume), each is
+    acknowledged then, and the run stays paused until the resume."""
     calls = []
-    mon, inbox, acks, _ = rig(on_adjust=lambda p, c: calls.append(p))
+    mon, inbox, acks, _ = rig(on_adjust=lambda p, c: calls.append(("adjust", p)),
+                              on_rollback=lambda p, c: calls.append(("rollback", p)),
+                              on_snapshot=lambda c: calls.append(("snapshot", c.params)))
     inbox.deliver_command(command("pause"))
     th, out = in_thread(mon.step_boundary)
     th.join(0.2)
+    inbox.deliver_command(command("rollback", {"to_step": 40, "checkpoint": "/c/40"}))
     inbox.deliver_command(command("adjust", {"beta": 2.0}))
+    inbox.deliver_command(command("snapshot"))
+    deadline = time.time() + WAIT
+    while len(calls) < 3 and time.time() < deadline:
+        time.sleep(0.01)
+    assert calls == [("rollback", {"to_step": 40, "checkpoint": "/c/40"}), ("adjust", {"beta": 2.0}),
+                     ("snapshot", {})]
+    th.join(0.3)
+    assert th.is_alive() and mon.state == "paused", "a one-shot command ended the pause"
+    assert [(a["action"], a["status"]) for a in acks] == [
+        ("pause", "applied"), ("rollback", "applied"), ("adjust", "applied"), ("snapshot", "applied")]
     inbox.deliver_command(command("resume"))
     th.join(WAIT)
+    assert out["result"] == "returned" and acks[-1]["action"] == "resume"
+    assert len(calls) == 3
+
+
+def test_a_pause_times_out_on_time_though_commands_woke_it(rig):
+    mon, inbox, acks, _ = rig(pause_timeout=0.6, on_adjust=lambda p, c: None)
+    inbox.deliver_command(command("pause"))
+    start = time.monotonic()
+    th, out = in_thread(mon.step_boundary)
+    for k in range(12):         # a command every 0.2 s: a timeout that restarted at each wake
+        time.sleep(0.2)         # would not end before the last of them (2.4 s) plus 0.6 s
+        if not th.is_alive():
+            break
+        inbox.deliver_command(command("adjust", {"beta": 1.0 + k}))
+    th.join(WAIT)
     assert out["result"] == "returned"
-    assert calls == [{"beta": 2.0}]
+    assert time.monotonic() - start < 2.0
+    assert ("pause", "timeout") in [(a["action"], a["status"]) for a in acks]
 
 
 def test_command_signed_with_the_wrong_secret_is_rejected(rig):

@@ -144,6 +144,26 @@ async function demo() {
   await page.waitForTimeout(1500);
   const s2 = await page.evaluate(async () => (await (await fetch("/api/fleet")).json()).rows.find(r => r.run_id === "ppo-healthy").last_step);
   check("the paused run stops advancing", s1 === s2, { s1, s2 });
+  // while it is paused the operator raises beta and rolls it back: its script applies both at
+  // once (it acknowledges them while still paused)
+  await page.fill("#reason", "raising beta by hand");
+  await page.click('#controls button[data-action="adjust"]');
+  check("Adjust asks for factors", (await page.textContent("#control-msg")).includes("factors"));
+  await page.fill("#factors", "beta=1.5");
+  await page.click('#controls button[data-action="adjust"]');
+  await page.waitForFunction(() => document.querySelector("#control-msg").textContent.includes("adjust beta=1.5 sent"));
+  page.once("dialog", d => d.accept());
+  await page.fill("#reason", "back to the last checkpoint");
+  await page.click('#controls button[data-action="rollback"]');
+  await page.waitForFunction(() => document.querySelector("#control-msg").textContent.includes("rollback to step"));
+  const rolled = await page.textContent("#control-msg");
+  check("the rollback names its checkpoint", /rollback to step \d+ \(its newest checkpoint/.test(rolled), rolled);
+  for (const action of ["adjust", "rollback"]) {
+    await page.waitForFunction(a => [...document.querySelectorAll("#audit tr.ack")]
+      .some(tr => tr.textContent.includes(a) && tr.textContent.includes("applied")), action, { timeout: 15000 });
+    check(`the paused run applied the ${action}`, true);
+  }
+  check("and stays paused", (await page.getAttribute("#state", "data-state")) === "paused");
   await page.waitForTimeout(300);
   await page.screenshot({ path: join(SHOTS, "cockpit-healthy-paused.png"), fullPage: true });
   check("no page errors", pageErrors.length === 0, pageErrors);

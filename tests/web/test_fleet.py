@@ -177,6 +177,14 @@ def test_commands_set_the_state_once(clock):
     assert f.set_control_state("r", "running", "resume", "cli:me") is False
     assert f.set_control_state("unknown", "paused") is False
     assert f.row("r")["state"] == "running"
+    # a command that sets no state (an operator's adjust of a paused run) is listed, and the run
+    # still shows the reason of the pause
+    f.observe_command(Command(run_id="r", action="pause", ts=clock(), reason="spikes", issuer="cli:me"), "paused")
+    f.observe_command(Command(run_id="r", action="adjust", params={"beta": 1.5}, ts=clock(), reason="beta up",
+                              issuer="web:operator"), "paused")
+    row = f.row("r")
+    assert (row["state"], row["state_reason"], row["state_issuer"]) == ("paused", "spikes", "cli:me")
+    assert [c["action"] for c in f.commands("r")] == ["pause", "pause", "adjust"]
 
 
 def test_samples_filter_by_category_and_step(clock):

@@ -147,7 +147,9 @@ def test_operator_commands_go_through_the_control_channel_signed():
             ({}, {"action": "pause", "reason": "r"}, 401),                                # no token
             ({"X-RLWatch-Token": "wrong"}, {"action": "pause", "reason": "r"}, 401),
             ({"X-RLWatch-Token": TOKEN}, {"action": "pause"}, 400),                       # no reason
-            ({"X-RLWatch-Token": TOKEN}, {"action": "rollback", "reason": "r"}, 400),     # not from the web
+            ({"X-RLWatch-Token": TOKEN}, {"action": "snapshot", "reason": "r"}, 400),     # not from the web
+            ({"X-RLWatch-Token": TOKEN}, {"action": "rollback", "reason": "r", "to_step": 10_000}, 400),  # ahead
+            ({"X-RLWatch-Token": TOKEN}, {"action": "adjust", "reason": "r"}, 400),       # no factors
         ]
         for headers, body, status in cases:
             async with s.post(url, json=body, headers=headers) as r:
@@ -181,6 +183,51 @@ def test_operator_commands_go_through_the_control_channel_signed():
         async with s.get(base + "/api/config") as r:
             assert (await r.json())["controls"]["enabled"] is True
     run(go, token=TOKEN, secret=SECRET)
+
+
+def test_an_operator_adjusts_and_rolls_back_a_run_from_the_web():
+    """adjust with factors (JSON, or name=number in a form), rollback to the checkpoint before the
+    worst open alert's onset when none is named; bad factors and unknown checkpoints are refused
+    with the reason, and nothing is sent for them."""
+    f = _fleet()
+    summary = dict(f.summary("ppo-b"))
+    summary["checkpoints"] = [[20, "/ck/20"], [29, "/ck/29"]]
+    summary["open_alerts"] = [dict(summary["open_alerts"][0], rollback_to={"step": 20, "checkpoint": "/ck/20"})]
+    f.observe_event(parse_event({"schema": 1, "kind": "heartbeat", "run_id": "ppo-b", "step": summary["last_step"],
+                                 "ts": summary["last_event_ts"] + 1}, summary["last_event_ts"] + 1),
+                    dict(summary, last_event_ts=summary["last_event_ts"] + 1))
+    delivered: list[Command] = []
+    auth = {"X-RLWatch-Token": TOKEN}
+
+    async def go(s, base, fleet, control):
+        control.subscribe("ppo-b", delivered.append)
+        url = base + "/api/run/command?run=ppo-b"
+        for body, says in [({"action": "adjust", "reason": "r", "params": {"beta": "lots"}}, "beta=lots"),
+                           ({"action": "adjust", "reason": "r", "params": "beta"}, "not name=number"),
+                           ({"action": "rollback", "reason": "r", "to_step": 25}, "no checkpoint at step 25"),
+                           ({"action": "rollback", "reason": "r", "to_step": "x"}, "to_step must be a step")]:
+            async with s.post(url, json=body, headers=auth) as r:
+                assert r.status == 400 and says in (await r.json())["error"], await r.text()
+        assert not delivered
+        async with s.post(url, json={"action": "adjust", "reason": "KL high", "params": {"beta": 1.5}},
+                          headers=auth) as r:
+            assert r.status == 200, await r.text()
+        async with s.post(url, data={"action": "adjust", "reason": "and lr", "params": "lr=0.5 beta=2",
+                                     "token": TOKEN}) as r:
+            assert r.status == 200, await r.text()
+        async with s.post(url, json={"action": "rollback", "reason": "back to before it"}, headers=auth) as r:
+            out = await r.json()
+            assert r.status == 200 and "before the onset of its red alert kl_above_target" in out["why"]
+        async with s.post(url, data={"action": "rollback", "reason": "further", "to_step": "29",
+                                     "token": TOKEN}) as r:
+            assert r.status == 200, await r.text()
+        assert [(c.action, c.params) for c in delivered] == [
+            ("adjust", {"beta": 1.5}), ("adjust", {"lr": 0.5, "beta": 2.0}),
+            ("rollback", {"to_step": 20, "checkpoint": "/ck/20"}),
+            ("rollback", {"to_step": 29, "checkpoint": "/ck/29"})]
+        assert all(c.verify(SECRET) and c.issuer == "web:operator" for c in delivered)
+        assert (await control.status("ppo-b")).state == "running"     # neither changes the state
+    run(go, fleet=f, token=TOKEN, secret=SECRET)
 
 
 def test_state_set_elsewhere_reaches_the_rows():

@@ -538,9 +538,9 @@
     for (const b of document.querySelectorAll("#controls button")) {
       const a = b.dataset.action;
       b.disabled = !enabled || (a === "pause" && st !== "running") || (a === "resume" && st !== "paused") ||
-                   (a === "stop" && st === "stopped");
+                   ((a === "stop" || a === "adjust" || a === "rollback") && st === "stopped");
     }
-    $("reason").disabled = tokenInput.disabled = !enabled;
+    $("reason").disabled = tokenInput.disabled = $("factors").disabled = !enabled;
   }
 
   function say(text, ok) {
@@ -553,19 +553,28 @@
     const reason = $("reason").value.trim();
     if (!reason) { say("Give a reason: it goes to the audit log.", false); $("reason").focus(); return; }
     if (action === "stop" && !confirm(`Stop ${runId}? A stopped run cannot be resumed.`)) return;
+    const sent = { action, reason };
+    if (action === "adjust") {
+      sent.params = $("factors").value.trim();
+      if (!sent.params) { say("Give factors for Adjust, e.g. beta=1.5", false); $("factors").focus(); return; }
+    }
+    if (action === "rollback" && !confirm(`Roll ${runId} back to the newest checkpoint it reported before its worst open alert?`)) return;
     sessionStorage.setItem("rlwatch-token", tokenInput.value);
     let r, body;
     try {
       r = await fetch(`/api/run/command?run=${encodeURIComponent(runId)}`, {
         method: "POST",
         headers: { "Content-Type": "application/json", "X-RLWatch-Token": tokenInput.value },
-        body: JSON.stringify({ action, reason }),
+        body: JSON.stringify(sent),
       });
       body = await r.json();
     } catch (e) { say(`failed: ${e.message}`, false); return; }
     if (!r.ok) { say(body.error || `HTTP ${r.status}`, false); return; }
-    say(`${action} sent (command ${body.command.id.slice(0, 8)}); run is now ${body.state}`, true);
+    const what = action === "rollback" ? `rollback to step ${body.command.params.to_step} (${body.why})`
+      : action === "adjust" ? `adjust ${Object.entries(body.command.params).map(([k, v]) => `${k}=${v}`).join(" ")}` : action;
+    say(`${what} sent (command ${body.command.id.slice(0, 8)}); run is now ${body.state}`, true);
     $("reason").value = "";
+    if (action === "adjust") $("factors").value = "";
     sessionStorage.setItem("rlwatch-token-ok", tokenInput.value);
     if (S.row) renderRow(Object.assign({}, S.row, { state: body.state }));
     loadAudit();

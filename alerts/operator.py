@@ -1,0 +1,124 @@
+"""What an operator's ``adjust`` and ``rollback`` carry. Pure.
+
+``rlwatch adjust`` / ``rlwatch rollback`` and the dashboard's command API send them by hand, as
+rules do with their ``adjust`` and ``rollback`` actions (:func:`alerts.actions.commands_for`).
+This module turns what the operator typed, and what the run reported (its fleet record's
+summary: the newest checkpoints, and for each open alert the checkpoint a rollback for it would
+go to), into the command's parameters, or into one clear error (:class:`OperatorError`). The
+caller reads the record and sends the command.
+
+* ``adjust``: ``name=number`` pairs, numbers as rule actions write them: factors
+  (``beta=1.5`` raises the KL coefficient by half), which the training script's ``on_adjust``
+  (or the TRL callback) applies.
+* ``rollback``: ``{to_step, checkpoint}``, both always. Given one, the other is found among the
+  checkpoints the run reported. Given neither: the newest checkpoint before the onset of the
+  run's worst open alert that has one (what a rule's rollback would pick), or the run's newest
+  checkpoint when no alert is open. A run with alerts open but no checkpoint before their onset
+  is refused, rather than rolled back to a checkpoint taken after the trouble began.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterable, Mapping
+
+__all__ = ["OperatorError", "adjust_params", "rollback_params"]
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
+
+
+class OperatorError(ValueError):
+    """An operator's command that cannot be sent as asked: the message says why and what to do."""
+
+
+def adjust_params(pairs: Iterable[str] | Mapping[str, Any]) -> dict[str, float]:
+    """``["beta=1.5", "lr=0.5"]`` (or a mapping of names to numbers) as ``{"beta": 1.5, "lr": 0.5}``."""
+    items = list(pairs.items()) if isinstance(pairs, Mapping) else [_split(p) for p in pairs]
+    if not items:
+        raise OperatorError("name at least one parameter and its factor, e.g. beta=1.5 lr=0.5")
+    out: dict[str, float] = {}
+    for name, raw in items:
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise OperatorError(f"{name!r} is not a parameter name (letters, digits, _ . / -, "
+                                f"starting with a letter, at most 64 characters)")
+        if name in out:
+            raise OperatorError(f"{name} is given twice")
+        out[name] = _number(name, raw)
+    return out
+
+
+def _split(pair: str) -> tuple[str, str]:
+    name, eq, value = pair.partition("=")
+    if not eq or not name.strip() or not value.strip():
+        raise OperatorError(f"{pair!r} is not name=number (e.g. beta=1.5)")
+    return name.strip(), value.strip()
+
+
+def _number(name: str, raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise OperatorError(f"{name}={raw}: the value must be a number (e.g. {name}=1.5)")
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise OperatorError(f"{name}={raw}: the value must be a number (e.g. {name}=1.5)") from None
+    if not math.isfinite(value):
+        raise OperatorError(f"{name}={raw}: the value must be a finite number")
+    return value
+
+
+def rollback_params(run_id: str, summary: Mapping[str, Any] | None, to_step: int | None = None,
+                    checkpoint: str | None = None) -> tuple[dict[str, Any], str]:
+    """``({"to_step": N, "checkpoint": PATH}, why that one)`` for a rollback of ``run_id``,
+    from what the operator gave and the run's ``summary`` (None: no worker has seen the run)."""
+    summary = summary or {}
+    reported = _reported(summary)
+    last = summary.get("last_step")
+    if to_step is not None and to_step < 0:
+        raise OperatorError(f"--to-step must be a step (0 or more), not {to_step}")
+    if to_step is not None and isinstance(last, int) and to_step > last:
+        raise OperatorError(f"run {run_id} is at step {last}: step {to_step} is ahead of it")
+    if checkpoint is not None and not checkpoint.strip():
+        raise OperatorError("--checkpoint must be a path")
+    if to_step is not None and checkpoint is not None:
+        return {"to_step": to_step, "checkpoint": checkpoint}, "as given"
+    known = ", ".join(f"step {s}: {p}" for s, p in reported) or "none"
+    if to_step is not None:
+        paths = [p for s, p in reported if s == to_step]
+        if not paths:
+            raise OperatorError(f"run {run_id} reported no checkpoint at step {to_step} (of its newest "
+                                f"it reported: {known}); give --checkpoint PATH as well")
+        return {"to_step": to_step, "checkpoint": paths[-1]}, f"the checkpoint it reported at step {to_step}"
+    if checkpoint is not None:
+        steps = [s for s, p in reported if p == checkpoint]
+        if not steps:
+            raise OperatorError(f"run {run_id} reported no checkpoint {checkpoint!r} (of its newest "
+                                f"it reported: {known}); give --to-step N as well")
+        return {"to_step": steps[-1], "checkpoint": checkpoint}, f"the step it reported {checkpoint} at"
+    alerts = [a for a in summary.get("open_alerts") or [] if isinstance(a, Mapping)]
+    for a in alerts:      # worst first (RunState.summary)
+        to = a.get("rollback_to")
+        if isinstance(to, Mapping) and isinstance(to.get("step"), int) and to.get("checkpoint"):
+            return ({"to_step": to["step"], "checkpoint": to["checkpoint"]},
+                    f"the newest checkpoint before the onset of its {a.get('severity')} alert "
+                    f"{a.get('rule')} (step {a.get('onset_step')})")
+    if alerts:
+        names = ", ".join(f"{a.get('severity')} {a.get('rule')} from step {a.get('onset_step')}"
+                          for a in alerts[:3])
+        raise OperatorError(f"run {run_id} reported no checkpoint before the onset of its open alerts "
+                            f"({names}; its newest checkpoints: {known}); give --to-step N and "
+                            f"--checkpoint PATH to roll back anyway")
+    if reported:
+        s, p = reported[-1]
+        return {"to_step": s, "checkpoint": p}, "its newest checkpoint (no alert is open)"
+    raise OperatorError(f"run {run_id} reported no checkpoint (the SDK's Monitor.log_checkpoint "
+                        f"reports them); give --to-step N and --checkpoint PATH")
+
+
+def _reported(summary: Mapping[str, Any]) -> list[tuple[int, str]]:
+    out = []
+    for item in summary.get("checkpoints") or []:
+        if (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], int)
+                and isinstance(item[1], str)):
+            out.append((item[0], item[1]))
+    return sorted(out)

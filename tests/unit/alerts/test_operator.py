@@ -1,0 +1,92 @@
+"""What an operator's adjust and rollback carry (alerts.operator): factors checked before
+anything is sent, and the checkpoint a rollback goes to, from what the run reported."""
+
+from __future__ import annotations
+
+import pytest
+
+from alerts.operator import OperatorError, adjust_params, rollback_params
+
+
+def test_adjust_takes_name_equals_number_pairs_and_mappings():
+    assert adjust_params(["beta=1.5", "lr=0.5"]) == {"beta": 1.5, "lr": 0.5}
+    assert adjust_params([" kl_coef = 2 "]) == {"kl_coef": 2.0}
+    assert adjust_params({"beta": 2, "lr": "0.25"}) == {"beta": 2.0, "lr": 0.25}
+
+
+@pytest.mark.parametrize("given, says", [
+    ([], "at least one parameter"),
+    (["beta"], "'beta' is not name=number"),
+    (["=1.5"], "is not name=number"),
+    (["beta="], "is not name=number"),
+    (["beta=abc"], "beta=abc: the value must be a number"),
+    (["beta=nan"], "must be a finite number"),
+    (["beta=inf"], "must be a finite number"),
+    (["beta=1.5", "beta=2"], "beta is given twice"),
+    (["1beta=2"], "is not a parameter name"),
+    (["be ta=2"], "is not a parameter name"),
+    ({"beta": True}, "must be a number"),
+    ({"beta": None}, "must be a number"),
+    ({"": 1.0}, "is not a parameter name"),
+])
+def test_adjust_refuses_what_is_not_a_factor_with_one_clear_reason(given, says):
+    with pytest.raises(OperatorError) as exc:
+        adjust_params(given)
+    assert says in str(exc.value)
+
+
+def summary(checkpoints=(), alerts=(), last_step=100):
+    return {"run_id": "r", "last_step": last_step, "checkpoints": [list(c) for c in checkpoints],
+            "open_alerts": list(alerts)}
+
+
+CKPTS = [(20, "/ck/20"), (40, "/ck/40"), (60, "/ck/60"), (80, "/ck/80")]
+
+
+def test_a_rollback_without_a_target_goes_before_the_worst_open_alert_that_has_one():
+    alerts = [{"rule": "kl_above_target", "severity": "black", "onset_step": 70},   # none before it known
+              {"rule": "kl_above_target", "severity": "red", "onset_step": 65,
+               "rollback_to": {"step": 60, "checkpoint": "/ck/60"}}]
+    params, why = rollback_params("r", summary(CKPTS, alerts))
+    assert params == {"to_step": 60, "checkpoint": "/ck/60"}
+    assert "before the onset of its red alert kl_above_target (step 65)" in why
+
+
+def test_a_rollback_without_a_target_on_a_quiet_run_goes_to_its_newest_checkpoint():
+    params, why = rollback_params("r", summary(CKPTS))
+    assert params == {"to_step": 80, "checkpoint": "/ck/80"} and "newest" in why
+
+
+def test_a_run_in_trouble_without_a_checkpoint_from_before_is_not_rolled_back_to_a_later_one():
+    alerts = [{"rule": "entropy_collapse", "severity": "red", "onset_step": 10}]
+    with pytest.raises(OperatorError) as exc:
+        rollback_params("r", summary(CKPTS, alerts))
+    msg = str(exc.value)
+    assert "no checkpoint before the onset of its open alerts (red entropy_collapse from step 10" in msg
+    assert "give --to-step N and --checkpoint PATH" in msg
+
+
+def test_one_half_of_the_target_is_found_among_the_checkpoints_the_run_reported():
+    assert rollback_params("r", summary(CKPTS), to_step=40)[0] == {"to_step": 40, "checkpoint": "/ck/40"}
+    assert rollback_params("r", summary(CKPTS), checkpoint="/ck/20")[0] == {"to_step": 20, "checkpoint": "/ck/20"}
+    with pytest.raises(OperatorError, match="no checkpoint at step 50 .*step 20: /ck/20.*--checkpoint PATH"):
+        rollback_params("r", summary(CKPTS), to_step=50)
+    with pytest.raises(OperatorError, match="no checkpoint '/elsewhere'.*--to-step N"):
+        rollback_params("r", summary(CKPTS), checkpoint="/elsewhere")
+
+
+def test_both_halves_given_go_as_given_even_for_a_run_nobody_has_seen():
+    assert rollback_params("r", None, to_step=7, checkpoint="/x/7") == ({"to_step": 7, "checkpoint": "/x/7"},
+                                                                         "as given")
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({}, "reported no checkpoint (the SDK's Monitor.log_checkpoint"),
+    ({"to_step": -1, "checkpoint": "/x"}, "--to-step must be a step"),
+    ({"to_step": 101, "checkpoint": "/x"}, "is at step 100: step 101 is ahead of it"),
+    ({"to_step": 5, "checkpoint": " "}, "--checkpoint must be a path"),
+])
+def test_a_rollback_that_cannot_be_sent_says_why(kw, says):
+    with pytest.raises(OperatorError) as exc:
+        rollback_params("r", summary(), **kw)
+    assert says in str(exc.value)
