@@ -380,9 +380,9 @@ RESUME_NOTE = ("note: the brake does not re-arm by itself. Alerts firing now wil
                "Until then you own this run: `rlwatch pause {run}` stops it again.")
 
 
-ROLLBACK_NOTE = ("note: the run's script applies it at its next step boundary, paused or not (its "
-                 "on_rollback callback; without one it answers \"ignored\"); `rlwatch status {run}` "
-                 "shows its answer.")
+ONE_SHOT_NOTE = ("note: the run's script applies it at its next step boundary, or at once while paused "
+                 "(its on_{action} callback; without one it answers \"ignored\"), and a paused run stays "
+                 "paused; `rlwatch status {run}` shows its answer.")
 
 
 def cmd_command(args) -> int:
@@ -428,8 +428,8 @@ def cmd_command(args) -> int:
             else:
                 sent = what
             print(f"{args.run}: {state.state} ({sent} sent, command {cmd.id})")
-            if what == "rollback":
-                print(ROLLBACK_NOTE.format(run=args.run))
+            if what in ("adjust", "rollback"):
+                print(ONE_SHOT_NOTE.format(action=what, run=args.run))
             if what == "resume":
                 alerts = ((rec or await _fleet_store(control, settings).get(args.run) or {})
                           .get("summary") or {}).get("open_alerts") or []

@@ -54,6 +54,13 @@ class TrainingLoop:
             self.stopped = exc
 
 
+def wait_paused(mon: Monitor, seconds: float = 60) -> None:
+    deadline = time.time() + seconds
+    while mon.state != "paused" and time.time() < deadline:
+        time.sleep(0.02)
+    assert mon.state == "paused", "the pause never reached the worker"
+
+
 def alerts_on(topic: str, services, seconds: float, until=lambda alert: False) -> list[dict]:
     """The alerts on ``topic`` from its beginning: all of them once none came for ``seconds``,
     or those up to the first for which ``until`` holds."""
@@ -86,10 +93,7 @@ def test_kl_blowup_pauses_the_worker_until_resume(services, recorder, start_work
     loop = TrainingLoop(mon, lambda s: 0.02 if s < 20 else 0.15)   # red: > 2.5 x 0.05
     loop.thread.start()
     try:
-        deadline = time.time() + 60
-        while mon.state != "paused" and time.time() < deadline:
-            time.sleep(0.02)
-        assert mon.state == "paused", "the pause never reached the worker"
+        wait_paused(mon)
         latency = time.time() - loop.faulty_since
         print(f"\nfirst faulty step published -> pause seen by the worker: {latency:.2f}s")
 
@@ -151,10 +155,7 @@ def test_an_operator_rolls_a_paused_run_back_before_the_alert_and_raises_beta(se
     loop = TrainingLoop(mon, lambda s: 0.02 if s < 20 else 0.15, checkpoint_every=4)
     loop.thread.start()
     try:
-        deadline = time.time() + 60
-        while mon.state != "paused" and time.time() < deadline:
-            time.sleep(0.02)
-        assert mon.state == "paused", "the pause never reached the worker"
+        wait_paused(mon)
 
         def red_alert():
             out = rlwatch("status", run_id, "--json", env=env)
