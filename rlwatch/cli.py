@@ -502,7 +502,7 @@ def cmd_status(args) -> int:
                 s = item["summary"] or {}
                 if s.get("targets") or s.get("kl_lines"):
                     print("  targets: " + (", ".join(f"{k}={v}" for k, v in (s.get("targets") or {}).items()) or "-")
-                          + ("; KL thresholds: " + ", ".join(f"{k} {v}" for k, v in s["kl_lines"].items())
+                          + ("; KL thresholds: " + ", ".join(f"{k} {v:.6g}" for k, v in s["kl_lines"].items())
                              if s.get("kl_lines") else ""))
                 for a in s.get("open_alerts") or []:
                     print(f"  open: {a['severity'].upper()} {a['rule']} since step {a.get('onset_step')}"

@@ -193,6 +193,9 @@ def test_an_operator_rolls_a_paused_run_back_before_the_alert_and_raises_beta(se
             time.sleep(0.2)
         assert "ack   rollback applied" in status and "ack   adjust   applied" in status, status
         assert "[beta=2.0]" in status and f"[to_step={want} checkpoint=/ckpt/{run_id}/step-{want}]" in status
+        assert "KL thresholds: yellow 0.075, red 0.125, black 0.2" in status, status
+        [listed] = [ln for ln in status.splitlines() if ln.startswith("  checkpoints: ")]
+        assert f"step {want} /ckpt/{run_id}/step-{want}" in listed, status
 
         assert rlwatch("resume", run_id, "--reason", "rolled back", env=env).returncode == 0
         deadline = time.time() + 20
