@@ -19,11 +19,15 @@ caller reads the record and sends the command.
 
 from __future__ import annotations
 
+import hmac
+import json
 import math
 import re
 from typing import Any, Iterable, Mapping
 
-__all__ = ["OperatorError", "adjust_params", "rollback_params"]
+from contract.commands import ack_signature
+
+__all__ = ["OperatorError", "adjust_params", "answer_of", "rollback_params"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
 
@@ -122,3 +126,22 @@ def _reported(summary: Mapping[str, Any]) -> list[tuple[int, str]]:
                 and isinstance(item[1], str)):
             out.append((item[0], item[1]))
     return sorted(out)
+
+
+def answer_of(raw: bytes | str | None, command_id: str, secret: str | None) -> dict | None:
+    """The run's acknowledgement of a command, from the JSON its listener stored (the latest of
+    any rank): None when there is none yet, or when it is not one (not an ack of that command,
+    or, with a control secret, not signed with it: a forged "applied" must not reassure)."""
+    if raw is None:
+        return None
+    try:
+        ack = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(ack, dict) or ack.get("type", "ack") != "ack" or ack.get("command_id") != command_id:
+        return None
+    if secret:
+        sig = ack.get("signature")
+        if not isinstance(sig, str) or not hmac.compare_digest(sig, ack_signature(ack, secret) or ""):
+            return None
+    return ack

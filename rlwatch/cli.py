@@ -380,6 +380,19 @@ RESUME_NOTE = ("note: the brake does not re-arm by itself. Alerts firing now wil
                "Until then you own this run: `rlwatch pause {run}` stops it again.")
 
 
+async def _answer(redis, run_id: str, command_id: str, secret: str | None, seconds: float) -> dict | None:
+    """The run's acknowledgement of a command, waited for up to ``seconds`` (None: none came)."""
+    from alerts.operator import answer_of
+    from contract.commands import acks_key
+
+    deadline = time.monotonic() + seconds
+    while True:
+        ack = answer_of(await redis.hget(acks_key(run_id), command_id), command_id, secret)
+        if ack is not None or time.monotonic() >= deadline:
+            return ack
+        await asyncio.sleep(0.1)
+
+
 ONE_SHOT_NOTE = ("note: the run's script applies it at its next step boundary, or at once while paused "
                  "(its on_{action} callback; without one it answers \"ignored\"), and a paused run stays "
                  "paused; `rlwatch status {run}` shows its answer.")
@@ -428,7 +441,18 @@ def cmd_command(args) -> int:
             else:
                 sent = what
             print(f"{args.run}: {state.state} ({sent} sent, command {cmd.id})")
-            if what in ("adjust", "rollback"):
+            if args.wait > 0:
+                ack = await _answer(control.redis, args.run, cmd.id, settings.control_secret, args.wait)
+                if ack is None:
+                    print(f"{args.run}: no answer within {args.wait:g}s (a run answers at its next step "
+                          f"boundary, or at once while paused; `rlwatch status {args.run}` shows it when it comes)")
+                else:
+                    said = f"{ack.get('status')} (rank {ack.get('rank')})" + (
+                        f": {ack['detail']}" if ack.get("detail") else "")
+                    if ack.get("status") not in ("applied",):
+                        raise _fail(what, f"run {args.run} answered {said}")
+                    print(f"{args.run} answered: {said}")
+            elif what in ("adjust", "rollback"):
                 print(ONE_SHOT_NOTE.format(action=what, run=args.run))
             if what == "resume":
                 alerts = ((rec or await _fleet_store(control, settings).get(args.run) or {})
@@ -708,6 +732,10 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--redis")
         q.add_argument("--force", action="store_true",
                        help="send it even if no worker has seen the run yet")
+        one_shot = name in ("adjust", "rollback")
+        q.add_argument("--wait", type=float, default=10.0 if one_shot else 0.0, metavar="SECONDS",
+                       help="wait this long for the run's answer and print it; exit 1 when it "
+                            f"ignored or failed the command (default {'10' if one_shot else '0: do not wait'})")
         q.set_defaults(fn=cmd_command, command=name)
 
     s = sub.add_parser("status", help="every run (or one, with its command history): control state, "

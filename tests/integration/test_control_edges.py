@@ -74,3 +74,64 @@ def test_an_adjust_sent_while_the_worker_was_away_is_applied_when_it_connects(se
         assert got == [{"beta": 1.5}]
     finally:
         mon.close()
+
+
+def test_the_cli_says_what_a_paused_run_answered_to_an_adjust_and_a_rollback(services):
+    """`rlwatch adjust` / `rollback` wait for the run's answer: "applied" is printed; a script
+    without the callback ("ignored") or whose callback raised ("failed") makes the command fail
+    with the answer, so an operator (or a script) does not take it for done. With a control
+    secret, only a signed answer counts."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from tests.integration.conftest import ROOT
+
+    secret = "edges-" + uuid.uuid4().hex[:6]
+    run = f"answers-{uuid.uuid4().hex[:6]}"
+
+    def broken(params, cmd):
+        raise RuntimeError("no such parameter: gamma")
+
+    mon = Monitor(run, kafka=False, redis=services["redis"], heartbeat_seconds=0, control_secret=secret,
+                  on_adjust=broken)
+    halt = threading.Event()
+
+    def train():
+        while not halt.is_set():
+            try:
+                mon.step_boundary()
+            except TrainingStopped:
+                return
+            time.sleep(0.02)
+    trainer = threading.Thread(target=train, daemon=True)
+    env = dict(os.environ, RLWATCH_REDIS=services["redis"], RLWATCH_CONTROL_SECRET=secret)
+
+    def rlwatch(*args):
+        return subprocess.run([sys.executable, "-m", "rlwatch", *args, "--force"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+    try:
+        assert mon.control.wait_ready(10) and mon.control.connected
+        trainer.start()
+        out = rlwatch("pause", run, "--wait", "10")
+        assert out.returncode == 0 and f"{run} answered: applied (rank 0): paused at step" in out.stdout, out
+        out = rlwatch("rollback", run, "--to-step", "3", "--checkpoint", "/ck/3")
+        assert out.returncode == 1, out
+        assert out.stderr.strip() == (f"rlwatch rollback: run {run} answered ignored (rank 0): "
+                                      f"no on_rollback callback"), out.stderr
+        out = rlwatch("adjust", run, "gamma=0.5")
+        assert out.returncode == 1 and "answered failed (rank 0): no such parameter: gamma" in out.stderr, out
+        assert mon.state == "paused"
+        out = rlwatch("adjust", run, "beta=2", "--wait", "0")         # not waited for
+        assert out.returncode == 0 and "answered" not in out.stdout and "note: the run's script" in out.stdout
+        # a different secret: the run refuses the command and no answer comes
+        out = subprocess.run([sys.executable, "-m", "rlwatch", "rollback", run, "--to-step", "3",
+                              "--checkpoint", "/ck/3", "--force", "--wait", "1.5"], cwd=ROOT,
+                             env=dict(env, RLWATCH_CONTROL_SECRET="not-the-secret"),
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and f"{run}: no answer within 1.5s" in out.stdout, out
+    finally:
+        halt.set()
+        mon.close()
+        trainer.join(5)

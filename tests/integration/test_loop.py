@@ -174,8 +174,9 @@ def test_an_operator_rolls_a_paused_run_back_before_the_alert_and_raises_beta(se
         assert out.returncode == 0, out.stderr
         assert f"rollback to step {want} (/ckpt/{run_id}/step-{want}: the newest checkpoint before " \
                f"the onset of its red alert kl_above_target (step {red['onset_step']}))" in out.stdout
+        assert f"{run_id} answered: applied (rank 0)" in out.stdout      # at once: it is paused
         out = rlwatch("adjust", run_id, "beta=2", "--reason", "KL climbed", env=env)
-        assert out.returncode == 0, out.stderr
+        assert out.returncode == 0 and f"{run_id} answered: applied (rank 0)" in out.stdout, out
         deadline = time.time() + 20
         while len(calls) < 2 and time.time() < deadline:
             time.sleep(0.05)

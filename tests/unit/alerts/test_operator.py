@@ -90,3 +90,22 @@ def test_a_rollback_that_cannot_be_sent_says_why(kw, says):
     with pytest.raises(OperatorError) as exc:
         rollback_params("r", summary(), **kw)
     assert says in str(exc.value)
+
+
+def test_a_runs_answer_is_read_only_when_it_is_an_ack_of_that_command_signed_with_the_secret():
+    import json
+
+    from alerts.operator import answer_of
+    from contract.commands import ack_signature
+
+    ack = {"type": "ack", "command_id": "c1", "run_id": "r", "action": "rollback", "status": "applied",
+           "detail": "", "rank": 0, "ts": 1.0}
+    signed = {**ack, "signature": ack_signature(ack, "key")}
+    assert answer_of(json.dumps(ack), "c1", None) == ack
+    assert answer_of(json.dumps(signed).encode(), "c1", "key") == signed
+    assert answer_of(json.dumps(ack), "c1", "key") is None                     # unsigned
+    assert answer_of(json.dumps({**signed, "status": "ignored"}), "c1", "key") is None   # changed
+    assert answer_of(json.dumps(signed), "c1", "other key") is None
+    assert answer_of(json.dumps(ack), "c2", None) is None                      # another command's
+    assert answer_of(None, "c1", None) is None and answer_of(b"{not json", "c1", None) is None
+    assert answer_of(json.dumps({**ack, "type": "command"}), "c1", None) is None
