@@ -393,6 +393,18 @@ async def _answer(redis, run_id: str, command_id: str, secret: str | None, secon
         await asyncio.sleep(0.1)
 
 
+def _say_answer(what: str, run: str, waited: float, ack: dict | None) -> None:
+    """Print the run's answer; one that is not "applied" fails the command (exit status 1)."""
+    if ack is None:
+        print(f"{run}: no answer within {waited:g}s (a run answers at its next step boundary, or at "
+              f"once while paused; `rlwatch status {run}` shows it when it comes)")
+        return
+    said = f"{ack.get('status')} (rank {ack.get('rank')})" + (f": {ack['detail']}" if ack.get("detail") else "")
+    if ack.get("status") != "applied":
+        raise _fail(what, f"run {run} answered {said}")
+    print(f"{run} answered: {said}")
+
+
 ONE_SHOT_NOTE = ("note: the run's script applies it at its next step boundary, or at once while paused "
                  "(its on_{action} callback; without one it answers \"ignored\"), and a paused run stays "
                  "paused; `rlwatch status {run}` shows its answer.")
@@ -442,16 +454,8 @@ def cmd_command(args) -> int:
                 sent = what
             print(f"{args.run}: {state.state} ({sent} sent, command {cmd.id})")
             if args.wait > 0:
-                ack = await _answer(control.redis, args.run, cmd.id, settings.control_secret, args.wait)
-                if ack is None:
-                    print(f"{args.run}: no answer within {args.wait:g}s (a run answers at its next step "
-                          f"boundary, or at once while paused; `rlwatch status {args.run}` shows it when it comes)")
-                else:
-                    said = f"{ack.get('status')} (rank {ack.get('rank')})" + (
-                        f": {ack['detail']}" if ack.get("detail") else "")
-                    if ack.get("status") not in ("applied",):
-                        raise _fail(what, f"run {args.run} answered {said}")
-                    print(f"{args.run} answered: {said}")
+                _say_answer(what, args.run, args.wait,
+                            await _answer(control.redis, args.run, cmd.id, settings.control_secret, args.wait))
             elif what in ("adjust", "rollback"):
                 print(ONE_SHOT_NOTE.format(action=what, run=args.run))
             if what == "resume":
