@@ -20,14 +20,13 @@ caller reads the record and sends the command.
 from __future__ import annotations
 
 import hmac
-import json
 import math
 import re
 from typing import Any, Iterable, Mapping
 
 from contract.commands import ack_signature
 
-__all__ = ["OperatorError", "adjust_params", "answer_of", "rollback_params"]
+__all__ = ["OperatorError", "adjust_params", "answers_of", "rollback_params", "say_answers"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
 
@@ -128,20 +127,46 @@ def _reported(summary: Mapping[str, Any]) -> list[tuple[int, str]]:
     return sorted(out)
 
 
-def answer_of(raw: bytes | str | None, command_id: str, secret: str | None) -> dict | None:
-    """The run's acknowledgement of a command, from the JSON its listener stored (the latest of
-    any rank): None when there is none yet, or when it is not one (not an ack of that command,
-    or, with a control secret, not signed with it: a forged "applied" must not reassure)."""
-    if raw is None:
-        return None
-    try:
-        ack = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(ack, dict) or ack.get("type", "ack") != "ack" or ack.get("command_id") != command_id:
-        return None
-    if secret:
-        sig = ack.get("signature")
-        if not isinstance(sig, str) or not hmac.compare_digest(sig, ack_signature(ack, secret) or ""):
-            return None
-    return ack
+def answers_of(entries: Iterable[Any], command_id: str, secret: str | None) -> dict[int, dict]:
+    """The answers of a run's ranks to a command, from its audit entries (oldest first): the
+    latest acknowledgement of each rank. An entry that is not an acknowledgement of that command
+    or, with a control secret, not signed with it does not count (a forged "applied" must not
+    reassure)."""
+    out: dict[int, dict] = {}
+    for ack in entries:
+        if not isinstance(ack, dict) or ack.get("type") != "ack" or ack.get("command_id") != command_id:
+            continue
+        if secret:
+            sig = ack.get("signature")
+            if not isinstance(sig, str) or not hmac.compare_digest(sig, ack_signature(ack, secret) or ""):
+                continue
+        rank = ack.get("rank")
+        out[rank if isinstance(rank, int) else -1] = ack
+    return out
+
+
+def say_answers(answers: Mapping[int, dict]) -> tuple[bool, str]:
+    """(every rank applied it, the answers in a few words): ``applied (rank 0): paused at step
+    23``, ``applied (ranks 0-7)``, ``failed (rank 5): <why>; applied (ranks 0-4, 6-7)``."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for rank in sorted(answers):
+        ack = answers[rank]
+        detail = str(ack.get("detail") or "") if len(answers) == 1 or ack.get("status") != "applied" else ""
+        groups.setdefault((str(ack.get("status")), detail), []).append(rank)
+    ok = all(status == "applied" for status, _ in groups)
+    parts = sorted(groups.items(), key=lambda g: (g[0][0] == "applied", g[1]))
+    return ok, "; ".join(f"{status} ({_ranks(ranks)})" + (f": {detail}" if detail else "")
+                         for (status, detail), ranks in parts)
+
+
+def _ranks(ranks: list[int]) -> str:
+    spans: list[str] = []
+    start = prev = ranks[0]
+    for r in ranks[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(spans)

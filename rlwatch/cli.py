@@ -380,27 +380,37 @@ RESUME_NOTE = ("note: the brake does not re-arm by itself. Alerts firing now wil
                "Until then you own this run: `rlwatch pause {run}` stops it again.")
 
 
-async def _answer(redis, run_id: str, command_id: str, secret: str | None, seconds: float) -> dict | None:
-    """The run's acknowledgement of a command, waited for up to ``seconds`` (None: none came)."""
-    from alerts.operator import answer_of
-    from contract.commands import acks_key
+#: after a rank's first answer, how long the run's other ranks get to answer too
+ANSWER_GRACE = 1.0
+
+
+async def _answers(control, run_id: str, command_id: str, secret: str | None, seconds: float) -> dict:
+    """The answers of the run's ranks to a command (by rank), waited for up to ``seconds``, and
+    for :data:`ANSWER_GRACE` more after the first (each rank of a run answers on its own)."""
+    from alerts.operator import answers_of
 
     deadline = time.monotonic() + seconds
+    first = None
     while True:
-        ack = answer_of(await redis.hget(acks_key(run_id), command_id), command_id, secret)
-        if ack is not None or time.monotonic() >= deadline:
-            return ack
+        got = answers_of(await control.history(run_id, 500), command_id, secret)
+        now = time.monotonic()
+        if got and first is None:
+            first = now
+        if now >= deadline or (first is not None and now - first >= ANSWER_GRACE):
+            return got
         await asyncio.sleep(0.1)
 
 
-def _say_answer(what: str, run: str, waited: float, ack: dict | None) -> None:
-    """Print the run's answer; one that is not "applied" fails the command (exit status 1)."""
-    if ack is None:
+def _say_answers(what: str, run: str, waited: float, answers: dict) -> None:
+    """Print the ranks' answers; one that is not "applied" fails the command (exit status 1)."""
+    from alerts.operator import say_answers
+
+    if not answers:
         print(f"{run}: no answer within {waited:g}s (a run answers at its next step boundary, or at "
               f"once while paused; `rlwatch status {run}` shows it when it comes)")
         return
-    said = f"{ack.get('status')} (rank {ack.get('rank')})" + (f": {ack['detail']}" if ack.get("detail") else "")
-    if ack.get("status") != "applied":
+    ok, said = say_answers(answers)
+    if not ok:
         raise _fail(what, f"run {run} answered {said}")
     print(f"{run} answered: {said}")
 
@@ -454,8 +464,8 @@ def cmd_command(args) -> int:
                 sent = what
             print(f"{args.run}: {state.state} ({sent} sent, command {cmd.id})")
             if args.wait > 0:
-                _say_answer(what, args.run, args.wait,
-                            await _answer(control.redis, args.run, cmd.id, settings.control_secret, args.wait))
+                _say_answers(what, args.run, args.wait,
+                             await _answers(control, args.run, cmd.id, settings.control_secret, args.wait))
             elif what in ("adjust", "rollback"):
                 print(ONE_SHOT_NOTE.format(action=what, run=args.run))
             if what == "resume":

@@ -76,11 +76,11 @@ def test_an_adjust_sent_while_the_worker_was_away_is_applied_when_it_connects(se
         mon.close()
 
 
-def test_the_cli_says_what_a_paused_run_answered_to_an_adjust_and_a_rollback(services):
-    """`rlwatch adjust` / `rollback` wait for the run's answer: "applied" is printed; a script
-    without the callback ("ignored") or whose callback raised ("failed") makes the command fail
-    with the answer, so an operator (or a script) does not take it for done. With a control
-    secret, only a signed answer counts."""
+def test_the_cli_says_what_each_rank_of_a_paused_run_answered_to_an_adjust_and_a_rollback(services):
+    """`rlwatch adjust` / `rollback` wait for the answers of the run's ranks: "applied" by all is
+    printed; a rank without the callback ("ignored") or whose callback raised ("failed") makes
+    the command fail, saying which rank answered what, so an operator (or a script) does not take
+    it for done. With a control secret, only signed answers count."""
     import os
     import subprocess
     import sys
@@ -90,48 +90,59 @@ def test_the_cli_says_what_a_paused_run_answered_to_an_adjust_and_a_rollback(ser
 
     secret = "edges-" + uuid.uuid4().hex[:6]
     run = f"answers-{uuid.uuid4().hex[:6]}"
+    rolled: list[dict] = []
 
     def broken(params, cmd):
         raise RuntimeError("no such parameter: gamma")
 
-    mon = Monitor(run, kafka=False, redis=services["redis"], heartbeat_seconds=0, control_secret=secret,
-                  on_adjust=broken)
+    # rank 0 can roll back and adjusts badly; rank 1 has neither callback
+    mons = [Monitor(run, kafka=False, redis=services["redis"], heartbeat_seconds=0, control_secret=secret,
+                    rank=0, world_size=2, on_adjust=broken, on_rollback=lambda p, c: rolled.append(p)),
+            Monitor(run, kafka=False, redis=services["redis"], heartbeat_seconds=0, control_secret=secret,
+                    rank=1, world_size=2)]
     halt = threading.Event()
 
-    def train():
+    def train(mon):
         while not halt.is_set():
             try:
                 mon.step_boundary()
             except TrainingStopped:
                 return
             time.sleep(0.02)
-    trainer = threading.Thread(target=train, daemon=True)
+    trainers = [threading.Thread(target=train, args=(m,), daemon=True) for m in mons]
     env = dict(os.environ, RLWATCH_REDIS=services["redis"], RLWATCH_CONTROL_SECRET=secret)
 
-    def rlwatch(*args):
-        return subprocess.run([sys.executable, "-m", "rlwatch", *args, "--force"], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=60)
+    def rlwatch(*args, **extra):
+        return subprocess.run([sys.executable, "-m", "rlwatch", *args, "--force"], cwd=ROOT,
+                              env=dict(env, **extra), capture_output=True, text=True, timeout=60)
     try:
-        assert mon.control.wait_ready(10) and mon.control.connected
-        trainer.start()
+        for m in mons:
+            assert m.control.wait_ready(10) and m.control.connected
+        for t in trainers:
+            t.start()
         out = rlwatch("pause", run, "--wait", "10")
-        assert out.returncode == 0 and f"{run} answered: applied (rank 0): paused at step" in out.stdout, out
+        assert out.returncode == 0 and f"{run} answered: applied (ranks 0-1)" in out.stdout, out
         out = rlwatch("rollback", run, "--to-step", "3", "--checkpoint", "/ck/3")
         assert out.returncode == 1, out
-        assert out.stderr.strip() == (f"rlwatch rollback: run {run} answered ignored (rank 0): "
-                                      f"no on_rollback callback"), out.stderr
+        assert out.stderr.strip() == (f"rlwatch rollback: run {run} answered ignored (rank 1): "
+                                      f"no on_rollback callback; applied (rank 0)"), out.stderr
+        assert rolled == [{"to_step": 3, "checkpoint": "/ck/3"}]
         out = rlwatch("adjust", run, "gamma=0.5")
-        assert out.returncode == 1 and "answered failed (rank 0): no such parameter: gamma" in out.stderr, out
-        assert mon.state == "paused"
+        assert out.returncode == 1, out
+        assert ("answered failed (rank 0): no such parameter: gamma; ignored (rank 1): no on_adjust "
+                "callback") in out.stderr, out.stderr
+        assert all(m.state == "paused" for m in mons)
         out = rlwatch("adjust", run, "beta=2", "--wait", "0")         # not waited for
         assert out.returncode == 0 and "answered" not in out.stdout and "note: the run's script" in out.stdout
-        # a different secret: the run refuses the command and no answer comes
-        out = subprocess.run([sys.executable, "-m", "rlwatch", "rollback", run, "--to-step", "3",
-                              "--checkpoint", "/ck/3", "--force", "--wait", "1.5"], cwd=ROOT,
-                             env=dict(env, RLWATCH_CONTROL_SECRET="not-the-secret"),
-                             capture_output=True, text=True, timeout=60)
+        # another secret: the ranks refuse the command, and no answer comes
+        out = rlwatch("rollback", run, "--to-step", "3", "--checkpoint", "/ck/3", "--wait", "1.5",
+                      RLWATCH_CONTROL_SECRET="not-the-secret")
         assert out.returncode == 0 and f"{run}: no answer within 1.5s" in out.stdout, out
+        out = rlwatch("resume", run, "--wait", "10")
+        assert out.returncode == 0 and f"{run} answered: applied (ranks 0-1)" in out.stdout, out
     finally:
         halt.set()
-        mon.close()
-        trainer.join(5)
+        for m in mons:
+            m.close()
+        for t in trainers:
+            t.join(5)

@@ -92,20 +92,36 @@ def test_a_rollback_that_cannot_be_sent_says_why(kw, says):
     assert says in str(exc.value)
 
 
-def test_a_runs_answer_is_read_only_when_it_is_an_ack_of_that_command_signed_with_the_secret():
-    import json
-
-    from alerts.operator import answer_of
+def test_the_ranks_answers_count_only_as_acks_of_that_command_signed_with_the_secret():
+    from alerts.operator import answers_of
     from contract.commands import ack_signature
 
-    ack = {"type": "ack", "command_id": "c1", "run_id": "r", "action": "rollback", "status": "applied",
-           "detail": "", "rank": 0, "ts": 1.0}
-    signed = {**ack, "signature": ack_signature(ack, "key")}
-    assert answer_of(json.dumps(ack), "c1", None) == ack
-    assert answer_of(json.dumps(signed).encode(), "c1", "key") == signed
-    assert answer_of(json.dumps(ack), "c1", "key") is None                     # unsigned
-    assert answer_of(json.dumps({**signed, "status": "ignored"}), "c1", "key") is None   # changed
-    assert answer_of(json.dumps(signed), "c1", "other key") is None
-    assert answer_of(json.dumps(ack), "c2", None) is None                      # another command's
-    assert answer_of(None, "c1", None) is None and answer_of(b"{not json", "c1", None) is None
-    assert answer_of(json.dumps({**ack, "type": "command"}), "c1", None) is None
+    def ack(rank, status="applied", command_id="c1", **kw):
+        a = {"type": "ack", "command_id": command_id, "run_id": "r", "action": "rollback", "status": status,
+             "detail": "", "rank": rank, "ts": 1.0, **kw}
+        return {**a, "signature": ack_signature(a, "key")}
+
+    entries = [{"type": "command", "id": "c1", "action": "rollback"}, ack(0), ack(1, command_id="c2"),
+               ack(2, "failed"), ack(2), {**ack(3), "status": "ignored"},        # rank 3's is forged
+               {**ack(4), "signature": "0" * 64}, "not a dict"]
+    got = answers_of(entries, "c1", "key")
+    assert sorted(got) == [0, 2] and got[2]["status"] == "applied"          # rank 2's latest
+    assert answers_of(entries, "c1", "other key") == {}
+    unsigned = [{k: v for k, v in ack(0).items() if k != "signature"}]
+    assert answers_of(unsigned, "c1", "key") == {} and list(answers_of(unsigned, "c1", None)) == [0]
+
+
+def test_the_answers_are_said_in_a_few_words_failures_first():
+    from alerts.operator import say_answers
+
+    def a(status, detail=""):
+        return {"status": status, "detail": detail}
+
+    assert say_answers({0: a("applied", "paused at step 23")}) == (True, "applied (rank 0): paused at step 23")
+    assert say_answers({r: a("applied", f"paused at step {20 + r}") for r in range(8)}) == (
+        True, "applied (ranks 0-7)")
+    ok, said = say_answers({0: a("applied"), 1: a("applied"), 2: a("ignored", "no on_rollback callback"),
+                            3: a("applied"), 5: a("failed", "boom"), 6: a("applied")})
+    assert not ok
+    assert said == ("ignored (rank 2): no on_rollback callback; failed (rank 5): boom; "
+                    "applied (ranks 0-1, 3, 6)")
