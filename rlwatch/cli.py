@@ -423,7 +423,7 @@ ONE_SHOT_NOTE = ("note: the run's script applies it at its next step boundary, o
 def cmd_command(args) -> int:
     """pause, resume, stop, adjust and rollback of one run, over Redis."""
     from alerts.operator import OperatorError, adjust_params, rollback_params
-    from contract.commands import Command
+    from contract.commands import Command, runs_key
 
     what = args.command
     params: dict = {}
@@ -440,9 +440,9 @@ def cmd_command(args) -> int:
         try:
             rec = None
             if not args.force or what == "rollback":
-                records, runs = await _known_runs(control, settings)
-                rec = records.get(args.run)
-                if not args.force and rec is None and args.run not in runs:
+                # this run's record alone (a fleet of a thousand runs holds megabytes of them)
+                rec = await _fleet_store(control, settings).get(args.run)
+                if not args.force and rec is None and not await control.redis.sismember(runs_key(), args.run):
                     raise _fail(what, f"no run {args.run!r} is known to app {settings.app_id!r} "
                                       f"(`rlwatch status` lists the runs; --force sends the "
                                       f"{what} anyway, e.g. before the run starts)")
