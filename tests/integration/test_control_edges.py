@@ -146,3 +146,26 @@ def test_the_cli_says_what_each_rank_of_a_paused_run_answered_to_an_adjust_and_a
             m.close()
         for t in trainers:
             t.join(5)
+
+
+def test_a_command_needs_force_only_for_a_run_nobody_knows(services):
+    """A run the control channel knows (a command was sent to it) takes commands without
+    --force, though no worker has written its fleet record; an unknown one (a typo) is refused."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.integration.conftest import ROOT
+
+    env = dict(os.environ, RLWATCH_REDIS=services["redis"], RLWATCH_APP_ID="force-" + uuid.uuid4().hex[:6])
+    known, typo = f"known-{uuid.uuid4().hex[:6]}", f"typo-{uuid.uuid4().hex[:6]}"
+
+    def rlwatch(*args):
+        return subprocess.run([sys.executable, "-m", "rlwatch", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert rlwatch("adjust", known, "beta=2").returncode == 1
+    assert rlwatch("pause", known, "--force").returncode == 0
+    out = rlwatch("adjust", known, "beta=2", "--wait", "0")
+    assert out.returncode == 0 and f"{known}: paused (adjust beta=2 sent" in out.stdout, out
+    out = rlwatch("rollback", typo, "--to-step", "3", "--checkpoint", "/ck/3")
+    assert out.returncode == 1 and f"no run {typo!r} is known" in out.stderr, out
