@@ -202,16 +202,16 @@ class Monitor:
             self._apply_one_shot(cmd)
 
     def _apply_one_shot(self, cmd: Command) -> None:
-        handler = {"adjust": self.on_adjust, "rollback": self.on_rollback}.get(cmd.action)
+        handler = {"adjust": self.on_adjust, "rollback": self.on_rollback,
+                   "snapshot": self.on_snapshot}.get(cmd.action)
+        if handler is None:     # (a snapshot without on_snapshot was said "applied" before)
+            self.control.ack(cmd, "ignored", f"no on_{cmd.action} callback")
+            return
         try:
             if cmd.action == "snapshot":
-                if self.on_snapshot:
-                    self.on_snapshot(cmd)
-            elif handler is not None:
-                handler(dict(cmd.params), cmd)
+                handler(cmd)
             else:
-                self.control.ack(cmd, "ignored", f"no on_{cmd.action} callback")
-                return
+                handler(dict(cmd.params), cmd)
         except TrainingStopped:
             raise
         except Exception as exc:  # noqa: BLE001 - a failing user callback is reported, not raised

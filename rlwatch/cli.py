@@ -421,7 +421,7 @@ ONE_SHOT_NOTE = ("note: the run's script applies it at its next step boundary, o
 
 
 def cmd_command(args) -> int:
-    """pause, resume, stop, adjust and rollback of one run, over Redis."""
+    """pause, resume, stop, adjust, rollback and snapshot of one run, over Redis."""
     from alerts.operator import OperatorError, adjust_params, rollback_params
     from contract.commands import Command, runs_key
 
@@ -466,7 +466,7 @@ def cmd_command(args) -> int:
             if args.wait > 0:
                 _say_answers(what, args.run, args.wait,
                              await _answers(control, args.run, cmd.id, settings.control_secret, args.wait))
-            elif what in ("adjust", "rollback"):
+            elif what in ("adjust", "rollback", "snapshot"):
                 print(ONE_SHOT_NOTE.format(action=what, run=args.run))
             if what == "resume":
                 alerts = ((rec or await _fleet_store(control, settings).get(args.run) or {})
@@ -730,8 +730,10 @@ def build_parser() -> argparse.ArgumentParser:
     helps = {"adjust": "send a run's script new factors for its hyperparameters, e.g. "
                        "`adjust RUN beta=1.5 lr=0.5` (over Redis; its on_adjust applies them)",
              "rollback": "roll a run back to a checkpoint it reported (over Redis): by default the "
-                         "newest one before the onset of its worst open alert"}
-    for name in ("pause", "resume", "stop", "adjust", "rollback"):
+                         "newest one before the onset of its worst open alert",
+             "snapshot": "ask a run's script for a snapshot (over Redis; its on_snapshot callback "
+                         "decides what: samples, weights...)"}
+    for name in ("pause", "resume", "stop", "adjust", "rollback", "snapshot"):
         q = sub.add_parser(name, help=helps.get(name, f"{name} a run (over Redis)"))
         q.add_argument("run")
         if name == "adjust":
@@ -746,7 +748,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--redis")
         q.add_argument("--force", action="store_true",
                        help="send it even if no worker has seen the run yet")
-        one_shot = name in ("adjust", "rollback")
+        one_shot = name in ("adjust", "rollback", "snapshot")
         q.add_argument("--wait", type=float, default=10.0 if one_shot else 0.0, metavar="SECONDS",
                        help="wait this long for the run's answer and print it; exit 1 when it "
                             f"ignored or failed the command (default {'10' if one_shot else '0: do not wait'})")

@@ -131,6 +131,8 @@ def test_the_cli_says_what_each_rank_of_a_paused_run_answered_to_an_adjust_and_a
         assert out.returncode == 1, out
         assert ("answered failed (rank 0): no such parameter: gamma; ignored (rank 1): no on_adjust "
                 "callback") in out.stderr, out.stderr
+        out = rlwatch("snapshot", run)
+        assert out.returncode == 1 and "answered ignored (ranks 0-1): no on_snapshot callback" in out.stderr, out
         assert all(m.state == "paused" for m in mons)
         out = rlwatch("adjust", run, "beta=2", "--wait", "0")         # not waited for
         assert out.returncode == 0 and "answered" not in out.stdout and "note: the run's script" in out.stdout

@@ -155,6 +155,16 @@ def test_failing_callback_is_acked_as_failed_not_raised(rig):
     assert [(a["status"], a["detail"]) for a in acks] == [("failed", "optimizer has no beta")]
 
 
+def test_a_command_without_its_callback_is_answered_ignored(rig):
+    mon, inbox, acks, _ = rig(on_adjust=lambda p, c: None)
+    for action in ("rollback", "snapshot", "adjust"):
+        inbox.deliver_command(command(action, {"to_step": 1, "checkpoint": "/c/1"} if action == "rollback" else {}))
+    mon.step_boundary()
+    assert [(a["action"], a["status"], a["detail"]) for a in acks] == [
+        ("rollback", "ignored", "no on_rollback callback"), ("snapshot", "ignored", "no on_snapshot callback"),
+        ("adjust", "applied", "")]
+
+
 def test_rollback_and_snapshot_callbacks(rig):
     rolled, snaps = [], []
     mon, inbox, acks, _ = rig(on_rollback=lambda p, c: rolled.append(p),
