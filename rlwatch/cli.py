@@ -452,6 +452,10 @@ def cmd_command(args) -> int:
                                                   args.to_step, args.checkpoint)
                 except OperatorError as exc:
                     raise _fail(what, str(exc)) from None
+            if getattr(args, "dry_run", False):
+                print(f"{args.run}: would roll back to step {params['to_step']} ({params['checkpoint']}: "
+                      f"{why}); nothing sent")
+                return
             cmd = Command(run_id=args.run, action=what, params=params, ts=time.time(),
                           reason=args.reason or f"{what} from the command line",
                           issuer=f"cli:{getpass.getuser()}").signed(settings.control_secret)
@@ -744,6 +748,8 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--to-step", type=int,
                            help="the step of the checkpoint (its path is found among those the run reported)")
             q.add_argument("--checkpoint", help="the checkpoint's path (its step is found likewise)")
+            q.add_argument("--dry-run", action="store_true",
+                           help="say which checkpoint it would go to, and why, without sending anything")
         q.add_argument("--reason")
         q.add_argument("--redis")
         q.add_argument("--force", action="store_true",

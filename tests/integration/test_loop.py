@@ -170,6 +170,9 @@ def test_an_operator_rolls_a_paused_run_back_before_the_alert_and_raises_beta(se
         want = (red["onset_step"] - 1) // 4 * 4        # the newest checkpoint before the onset
         assert red["rollback_to"] == {"step": want, "checkpoint": f"/ckpt/{run_id}/step-{want}"}
 
+        out = rlwatch("rollback", run_id, "--dry-run", env=env)
+        assert out.returncode == 0 and f"would roll back to step {want} (/ckpt/{run_id}/step-{want}: " \
+               f"the newest checkpoint before" in out.stdout and "nothing sent" in out.stdout, out
         out = rlwatch("rollback", run_id, "--reason", "back to before the KL climb", env=env)
         assert out.returncode == 0, out.stderr
         assert f"rollback to step {want} (/ckpt/{run_id}/step-{want}: the newest checkpoint before " \
