@@ -1,4 +1,4 @@
-"""What an operator's ``adjust`` and ``rollback`` carry. Pure.
+"""What an operator's ``adjust`` and ``rollback`` carry, and what the run answered. Pure.
 
 ``rlwatch adjust`` / ``rlwatch rollback`` and the dashboard's command API send them by hand, as
 rules do with their ``adjust`` and ``rollback`` actions (:func:`alerts.actions.commands_for`).
@@ -15,6 +15,10 @@ caller reads the record and sends the command.
   run's worst open alert that has one (what a rule's rollback would pick), or the run's newest
   checkpoint when no alert is open. A run with alerts open but no checkpoint before their onset
   is refused, rather than rolled back to a checkpoint taken after the trouble began.
+* the answers: each rank of the run acknowledges a command on its own (``applied``,
+  ``ignored`` without the callback, ``failed`` when it raised); :func:`answers_of` reads them
+  from the run's audit entries (signed ones only, with a control secret) and
+  :func:`say_answers` words them, failures first.
 """
 
 from __future__ import annotations
