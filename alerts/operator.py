@@ -12,9 +12,9 @@ caller reads the record and sends the command.
   (or the TRL callback) applies.
 * ``rollback``: ``{to_step, checkpoint}``, both always. Given one, the other is found among the
   checkpoints the run reported. Given neither: the newest checkpoint before the onset of the
-  run's worst open alert that has one (what a rule's rollback would pick), or the run's newest
-  checkpoint when no alert is open. A run with alerts open but no checkpoint before their onset
-  is refused, rather than rolled back to a checkpoint taken after the trouble began.
+  run's worst open alert (what a rule's rollback would pick), or the run's newest checkpoint
+  when no alert is open. A run whose worst alert has no checkpoint before its onset is refused,
+  rather than rolled back to a checkpoint taken after the trouble began.
 * the answers: each rank of the run acknowledges a command on its own (``applied``,
   ``ignored`` without the callback, ``failed`` when it raised); :func:`answers_of` reads them
   from the run's audit entries (signed ones only, with a control secret) and
@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping
 
 from contract.commands import ack_signature
 
-__all__ = ["OperatorError", "adjust_params", "answers_of", "rollback_params", "say_answers"]
+__all__ = ["OperatorError", "adjust_params", "answers_of", "rollback_params", "say_answers", "say_ranks"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
 
@@ -55,7 +55,9 @@ def adjust_params(pairs: Iterable[str] | Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def _split(pair: str) -> tuple[str, str]:
+def _split(pair: Any) -> tuple[str, str]:
+    if not isinstance(pair, str):
+        raise OperatorError(f"{pair!r} is not name=number (e.g. beta=1.5)")
     name, eq, value = pair.partition("=")
     if not eq or not name.strip() or not value.strip():
         raise OperatorError(f"{pair!r} is not name=number (e.g. beta=1.5)")
@@ -69,8 +71,9 @@ def _number(name: str, raw: Any) -> float:
         value = float(raw)
     except (TypeError, ValueError):
         raise OperatorError(f"{name}={raw}: the value must be a number (e.g. {name}=1.5)") from None
-    if not math.isfinite(value):
-        raise OperatorError(f"{name}={raw}: the value must be a finite number")
+    if not math.isfinite(value) or value <= 0:
+        raise OperatorError(f"{name}={raw}: the value must be a factor above 0 (beta=1.5 raises it by "
+                            f"half, lr=0.5 halves it)")
     return value
 
 
@@ -85,7 +88,7 @@ def rollback_params(run_id: str, summary: Mapping[str, Any] | None, to_step: int
         raise OperatorError(f"--to-step must be a step (0 or more), not {to_step}")
     if to_step is not None and isinstance(last, int) and to_step > last:
         raise OperatorError(f"run {run_id} is at step {last}: step {to_step} is ahead of it")
-    if checkpoint is not None and not checkpoint.strip():
+    if checkpoint is not None and (not isinstance(checkpoint, str) or not checkpoint.strip()):
         raise OperatorError("--checkpoint must be a path")
     if to_step is not None and checkpoint is not None:
         return {"to_step": to_step, "checkpoint": checkpoint}, "as given"
@@ -103,20 +106,23 @@ def rollback_params(run_id: str, summary: Mapping[str, Any] | None, to_step: int
                                 f"it reported: {known}); give --to-step N as well")
         return {"to_step": steps[-1], "checkpoint": checkpoint}, f"the step it reported {checkpoint} at"
     alerts = [a for a in summary.get("open_alerts") or [] if isinstance(a, Mapping)]
-    for a in alerts:      # worst first (RunState.summary)
+    if alerts:
+        # the worst alert (RunState.summary puts the worst severity first), the earliest of that
+        # severity if several: the checkpoint before its onset, or none (never one after it)
+        worst = [a for a in alerts if a.get("severity") == alerts[0].get("severity")]
+        a = min(worst, key=lambda a: a.get("onset_step") if isinstance(a.get("onset_step"), int) else -1)
         to = a.get("rollback_to")
         if isinstance(to, Mapping) and isinstance(to.get("step"), int) and to.get("checkpoint"):
             return ({"to_step": to["step"], "checkpoint": to["checkpoint"]},
                     f"the newest checkpoint before the onset of its {a.get('severity')} alert "
                     f"{a.get('rule')} (step {a.get('onset_step')})")
-    if alerts:
-        names = ", ".join(f"{a.get('severity')} {a.get('rule')} from step {a.get('onset_step')}"
-                          for a in alerts[:3])
-        raise OperatorError(f"run {run_id} reported no checkpoint before the onset of its open alerts "
-                            f"({names}; its newest checkpoints: {known}); give --to-step N and "
-                            f"--checkpoint PATH to roll back anyway")
-    if reported:
-        s, p = reported[-1]
+        raise OperatorError(f"run {run_id} reported no checkpoint before the onset of its "
+                            f"{a.get('severity')} alert {a.get('rule')} (step {a.get('onset_step')}; its "
+                            f"newest checkpoints: {known}); give --to-step N and --checkpoint PATH to "
+                            f"roll back anyway")
+    behind = [(s, p) for s, p in reported if not isinstance(last, int) or s <= last]
+    if behind:
+        s, p = behind[-1]
         return {"to_step": s, "checkpoint": p}, "its newest checkpoint (no alert is open)"
     raise OperatorError(f"run {run_id} reported no checkpoint (the SDK's Monitor.log_checkpoint "
                         f"reports them); give --to-step N and --checkpoint PATH")
@@ -159,11 +165,12 @@ def say_answers(answers: Mapping[int, dict]) -> tuple[bool, str]:
         groups.setdefault((str(ack.get("status")), detail), []).append(rank)
     ok = all(status == "applied" for status, _ in groups)
     parts = sorted(groups.items(), key=lambda g: (g[0][0] == "applied", g[1]))
-    return ok, "; ".join(f"{status} ({_ranks(ranks)})" + (f": {detail}" if detail else "")
+    return ok, "; ".join(f"{status} ({say_ranks(ranks)})" + (f": {detail}" if detail else "")
                          for (status, detail), ranks in parts)
 
 
-def _ranks(ranks: list[int]) -> str:
+def say_ranks(ranks: list[int]) -> str:
+    """``rank 3``, ``ranks 0-4, 6-7``."""
     spans: list[str] = []
     start = prev = ranks[0]
     for r in ranks[1:] + [None]:

@@ -221,8 +221,12 @@ class Monitor:
         self.applied.append(cmd)
         if cmd.action == "rollback":
             # the steps after the checkpoint will be trained again: a new generation tells the
-            # monitor that they are not duplicates
+            # monitor that they are not duplicates, and (the heartbeat's step, until the next
+            # step is logged) where the run went back to: its checkpoints after it are forgotten
             self.tags["generation"] = str(int(self.tags.get("generation", "0")) + 1)
+            to_step = cmd.params.get("to_step")
+            if isinstance(to_step, int) and not isinstance(to_step, bool) and 0 <= to_step < self.last_step:
+                self.last_step = to_step
         self.control.ack(cmd, "applied")
 
     # -- lifetime -------------------------------------------------------------------------------

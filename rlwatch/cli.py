@@ -380,39 +380,52 @@ RESUME_NOTE = ("note: the brake does not re-arm by itself. Alerts firing now wil
                "Until then you own this run: `rlwatch pause {run}` stops it again.")
 
 
-#: after a rank's first answer, how long the run's other ranks get to answer too
+#: after a rank's first answer, how long a run of unknown size gives its other ranks to answer
 ANSWER_GRACE = 1.0
+#: exit statuses of a command that was sent: a rank refused it (ignored, failed), or not every
+#: rank answered within --wait (1 stays "not sent": a bad input, an unknown run, Redis down)
+REFUSED, UNANSWERED = 3, 4
 
 
-async def _answers(control, run_id: str, command_id: str, secret: str | None, seconds: float) -> dict:
-    """The answers of the run's ranks to a command (by rank), waited for up to ``seconds``, and
-    for :data:`ANSWER_GRACE` more after the first (each rank of a run answers on its own)."""
+async def _answers(control, run_id: str, command_id: str, secret: str | None, seconds: float,
+                   world: int | None) -> dict:
+    """The answers of the run's ranks to a command (by rank), waited for up to ``seconds``:
+    until each of its ``world`` ranks answered, or (its size unknown) :data:`ANSWER_GRACE`
+    after the first answer."""
     from alerts.operator import answers_of
 
     deadline = time.monotonic() + seconds
     first = None
     while True:
-        got = answers_of(await control.history(run_id, 500), command_id, secret)
+        got = answers_of(await control.history(run_id, 200 + 4 * (world or 0)), command_id, secret)
         now = time.monotonic()
         if got and first is None:
             first = now
-        if now >= deadline or (first is not None and now - first >= ANSWER_GRACE):
+        if (now >= deadline or (world and all(r in got for r in range(world)))
+                or (not world and first is not None and now - first >= ANSWER_GRACE)):
             return got
         await asyncio.sleep(0.1)
 
 
-def _say_answers(what: str, run: str, waited: float, answers: dict) -> None:
-    """Print the ranks' answers; one that is not "applied" fails the command (exit status 1)."""
-    from alerts.operator import say_answers
+def _say_answers(what: str, run: str, waited: float, answers: dict, world: int | None) -> None:
+    """Print the ranks' answers. A rank that did not apply the command exits with
+    :data:`REFUSED` (its answer on stderr); a rank that did not answer with :data:`UNANSWERED`."""
+    from alerts.operator import say_answers, say_ranks
 
+    missing = [r for r in range(world or 0) if r not in answers]
     if not answers:
         print(f"{run}: no answer within {waited:g}s (a run answers at its next step boundary, or at "
               f"once while paused; `rlwatch status {run}` shows it when it comes)")
-        return
+        raise SystemExit(UNANSWERED)
     ok, said = say_answers(answers)
+    if missing:
+        said += f"; no answer yet ({say_ranks(missing)})"
     if not ok:
-        raise _fail(what, f"run {run} answered {said}")
+        print(f"rlwatch {what}: run {run} answered {said}", file=sys.stderr)
+        raise SystemExit(REFUSED)
     print(f"{run} answered: {said}")
+    if missing:
+        raise SystemExit(UNANSWERED)
 
 
 ONE_SHOT_NOTE = ("note: the run's script applies it at its next step boundary, or at once while paused "
@@ -468,8 +481,10 @@ def cmd_command(args) -> int:
                 sent = what
             print(f"{args.run}: {state.state} ({sent} sent, command {cmd.id})")
             if args.wait > 0:
-                _say_answers(what, args.run, args.wait,
-                             await _answers(control, args.run, cmd.id, settings.control_secret, args.wait))
+                world = ((rec or {}).get("summary") or {}).get("world_size")
+                world = world if isinstance(world, int) and 0 < world <= 4096 else None
+                _say_answers(what, args.run, args.wait, await _answers(
+                    control, args.run, cmd.id, settings.control_secret, args.wait, world), world)
             elif what in ("adjust", "rollback", "snapshot"):
                 print(ONE_SHOT_NOTE.format(action=what, run=args.run))
             if what == "resume":
@@ -756,8 +771,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="send it even if no worker has seen the run yet")
         one_shot = name in ("adjust", "rollback", "snapshot")
         q.add_argument("--wait", type=float, default=10.0 if one_shot else 0.0, metavar="SECONDS",
-                       help="wait this long for the run's answer and print it; exit 1 when it "
-                            f"ignored or failed the command (default {'10' if one_shot else '0: do not wait'})")
+                       help="wait this long for the answers of the run's ranks and print them; exit "
+                            f"{REFUSED} when a rank ignored or failed the command, {UNANSWERED} when not "
+                            f"every rank answered (default {'10' if one_shot else '0: do not wait'})")
         q.set_defaults(fn=cmd_command, command=name)
 
     s = sub.add_parser("status", help="every run (or one, with its command history): control state, "

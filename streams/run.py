@@ -50,7 +50,7 @@ __all__ = ["MAX_RANKS", "MAX_STEP_JUMP", "RunState", "SUMMARY_METRICS", "TARGET_
 MAX_CHECKPOINTS = 64
 #: the newest checkpoints a run's summary shows, and the longest path it shows
 SUMMARY_CHECKPOINTS = 4
-MAX_SUMMARY_PATH = 1024
+MAX_SUMMARY_PATH = 256
 MAX_PROMPTS = 2000
 MAX_PENDING_STEPS = 8
 MAX_LATEST_METRICS = 512   # metric names remembered per run (a run logging ever new names)
@@ -736,6 +736,12 @@ class RunState:
             if gen is not None and gen.isdigit() and int(gen) > self.generation:
                 out += self._close_open(step, ts, "the run rolled back to a checkpoint")
                 self.generation = int(gen)
+                # the checkpoints after it belong to the timeline the run left: no rollback,
+                # a rule's or an operator's, may go to them (its steps are trained again). A
+                # heartbeat names the step gone back to (the SDK's), any other event a step of
+                # the new timeline, not checkpointed in it yet
+                last = step if event.kind == "heartbeat" else step - 1
+                self.checkpoints = [(s, p) for s, p in self.checkpoints if s <= last]
                 self.last_step.clear()
                 self.last_other.clear()
                 self.ranks.clear()

@@ -14,7 +14,8 @@ Routes
 ``GET /api/run/incidents?run=ID`` the run's incident snapshots kept in Redis (ids and summaries)
 ``POST /api/run/command?run=ID``  pause / resume / stop / adjust / rollback with a reason (operator
                                   token required): an adjust's ``params``, a rollback's ``to_step``
-                                  and ``checkpoint`` (either, or neither: see alerts.operator)
+                                  and ``checkpoint`` (either, or neither: see alerts.operator);
+                                  with ``dry_run`` what it would send, and why, sending nothing
 ``GET /api/stream[?run=ID]``      server-sent events: fleet rows, or a run's new steps and alerts
 ``GET /metrics``                  Prometheus text format (see :mod:`web.metrics`)
 ``GET /healthz``                  liveness
@@ -303,6 +304,8 @@ async def api_command(request: web.Request) -> web.Response:
         params, why = _operator_params(action, body, run, fleet)
     except OperatorError as exc:
         return _json(request, {"error": str(exc)}, status=400)
+    if body.get("dry_run") in (True, "1", "true"):      # what it would send, and why: nothing sent
+        return _json(request, {"run_id": run, "would": {"action": action, "params": params}, "why": why})
     control = request.app[K_STATE].get("control")
     if control is None:
         return _json(request, {"error": "no control channel"}, status=503)
@@ -342,7 +345,7 @@ def _operator_params(action: str, body: dict, run: str, fleet: Fleet) -> tuple[d
             except ValueError:
                 raise OperatorError(f"to_step must be a step number, not {raw!r}") from None
         checkpoint = body.get("checkpoint")
-        checkpoint = str(checkpoint) if checkpoint not in (None, "") else None
+        checkpoint = None if checkpoint in (None, "") else checkpoint     # (not a string: refused)
         return rollback_params(run, fleet.summary(run), to_step, checkpoint)
     return {}, None
 

@@ -77,20 +77,36 @@ def test_an_adjust_sent_while_the_worker_was_away_is_applied_when_it_connects(se
 
 
 def test_the_cli_says_what_each_rank_of_a_paused_run_answered_to_an_adjust_and_a_rollback(services):
-    """`rlwatch adjust` / `rollback` wait for the answers of the run's ranks: "applied" by all is
-    printed; a rank without the callback ("ignored") or whose callback raised ("failed") makes
-    the command fail, saying which rank answered what, so an operator (or a script) does not take
-    it for done. With a control secret, only signed answers count."""
+    """`rlwatch adjust` / `rollback` / `snapshot` wait for the answers of the run's ranks (as
+    many as its fleet record's world size): "applied" by all is printed; a rank without the
+    callback ("ignored") or whose callback raised ("failed") exits 3, saying which rank
+    answered what; a rank that does not answer exits 4. With a control secret, only signed
+    answers count."""
+    import asyncio
     import os
     import subprocess
     import sys
     import threading
 
+    from alerts.control import RedisControl
+    from streams.fleet_store import FleetStore, make_record
     from tests.integration.conftest import ROOT
 
     secret = "edges-" + uuid.uuid4().hex[:6]
+    app = "answers-" + uuid.uuid4().hex[:6]
     run = f"answers-{uuid.uuid4().hex[:6]}"
     rolled: list[dict] = []
+
+    async def record():          # what a worker would have written: a run of two ranks
+        control = RedisControl(services["redis"])
+        try:
+            now = time.time()
+            await FleetStore(control.redis, app).put([make_record(
+                {"run_id": run, "last_step": 10, "last_event_ts": now, "world_size": 2, "open_alerts": []},
+                None, now)])
+        finally:
+            await control.close()
+    asyncio.run(record())
 
     def broken(params, cmd):
         raise RuntimeError("no such parameter: gamma")
@@ -110,10 +126,10 @@ def test_the_cli_says_what_each_rank_of_a_paused_run_answered_to_an_adjust_and_a
                 return
             time.sleep(0.02)
     trainers = [threading.Thread(target=train, args=(m,), daemon=True) for m in mons]
-    env = dict(os.environ, RLWATCH_REDIS=services["redis"], RLWATCH_CONTROL_SECRET=secret)
+    env = dict(os.environ, RLWATCH_REDIS=services["redis"], RLWATCH_CONTROL_SECRET=secret, RLWATCH_APP_ID=app)
 
     def rlwatch(*args, **extra):
-        return subprocess.run([sys.executable, "-m", "rlwatch", *args, "--force"], cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "rlwatch", *args], cwd=ROOT,
                               env=dict(env, **extra), capture_output=True, text=True, timeout=60)
     try:
         for m in mons:
@@ -123,25 +139,30 @@ def test_the_cli_says_what_each_rank_of_a_paused_run_answered_to_an_adjust_and_a
         out = rlwatch("pause", run, "--wait", "10")
         assert out.returncode == 0 and f"{run} answered: applied (ranks 0-1)" in out.stdout, out
         out = rlwatch("rollback", run, "--to-step", "3", "--checkpoint", "/ck/3")
-        assert out.returncode == 1, out
+        assert out.returncode == 3, out
         assert out.stderr.strip() == (f"rlwatch rollback: run {run} answered ignored (rank 1): "
                                       f"no on_rollback callback; applied (rank 0)"), out.stderr
         assert rolled == [{"to_step": 3, "checkpoint": "/ck/3"}]
         out = rlwatch("adjust", run, "gamma=0.5")
-        assert out.returncode == 1, out
+        assert out.returncode == 3, out
         assert ("answered failed (rank 0): no such parameter: gamma; ignored (rank 1): no on_adjust "
                 "callback") in out.stderr, out.stderr
         out = rlwatch("snapshot", run)
-        assert out.returncode == 1 and "answered ignored (ranks 0-1): no on_snapshot callback" in out.stderr, out
+        assert out.returncode == 3 and "answered ignored (ranks 0-1): no on_snapshot callback" in out.stderr, out
         assert all(m.state == "paused" for m in mons)
         out = rlwatch("adjust", run, "beta=2", "--wait", "0")         # not waited for
         assert out.returncode == 0 and "answered" not in out.stdout and "note: the run's script" in out.stdout
         # another secret: the ranks refuse the command, and no answer comes
         out = rlwatch("rollback", run, "--to-step", "3", "--checkpoint", "/ck/3", "--wait", "1.5",
                       RLWATCH_CONTROL_SECRET="not-the-secret")
-        assert out.returncode == 0 and f"{run}: no answer within 1.5s" in out.stdout, out
-        out = rlwatch("resume", run, "--wait", "10")
-        assert out.returncode == 0 and f"{run} answered: applied (ranks 0-1)" in out.stdout, out
+        assert out.returncode == 4 and f"{run}: no answer within 1.5s" in out.stdout, out
+        # rank 1 is gone: rank 0's answer alone does not confirm the command
+        mons[1].close()
+        out = rlwatch("rollback", run, "--to-step", "4", "--checkpoint", "/ck/4", "--wait", "2")
+        assert out.returncode == 4, out
+        assert f"{run} answered: applied (rank 0); no answer yet (rank 1)" in out.stdout, out
+        out = rlwatch("resume", run, "--wait", "2")
+        assert out.returncode == 4 and "applied (rank 0): resumed at step" in out.stdout, out
     finally:
         halt.set()
         for m in mons:

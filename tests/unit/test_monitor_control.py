@@ -169,10 +169,13 @@ def test_rollback_and_snapshot_callbacks(rig):
     rolled, snaps = [], []
     mon, inbox, acks, _ = rig(on_rollback=lambda p, c: rolled.append(p),
                               on_snapshot=lambda c: snaps.append(c.action))
+    mon.log(130, {"kl/mean": 0.5})
     inbox.deliver_command(command("rollback", {"to_step": 100, "checkpoint": "/c/100"}))
     inbox.deliver_command(command("snapshot"))
     mon.step_boundary()
     assert rolled == [{"to_step": 100, "checkpoint": "/c/100"}] and snaps == ["snapshot"]
+    # a new generation, and the step gone back to (what its heartbeat says until a step is logged)
+    assert mon.tags["generation"] == "1" and mon.last_step == 100
     assert sorted(a["action"] for a in acks if a["status"] == "applied") == ["rollback",
                                                                               "snapshot"]
 

@@ -213,6 +213,42 @@ def test_summary_names_the_newest_checkpoints_and_where_a_rollback_for_each_aler
             assert "rollback_to" not in a        # step 30's path is too long to show
 
 
+@pytest.mark.parametrize("first", ["heartbeat", "step"])
+def test_a_rollback_forgets_the_checkpoints_of_the_timeline_it_left(first):
+    """Checkpoints 20..80, the KL blows up from step 60, the run rolls back to 40: a later
+    rollback (a rule's, or an operator's with no alert open) must not go to 60 or 80, taken
+    after the trouble began on a timeline the run left. The SDK's first word of the new
+    timeline is its heartbeat naming step 40, or the step event of step 41."""
+    p = Pipeline(only_rules("kl_above_target"))
+
+    def ck(s, gen, t):
+        p.feed(parse_event({"schema": 1, "kind": "checkpoint", "run_id": "rb", "step": s, "ts": t,
+                            "path": f"/ck/g{gen}/{s}", "tags": {"generation": str(gen)}}, t), t)
+    t = T0
+    for s in range(86):
+        t += 1
+        p.feed(ev("rb", s, {"kl/mean": 0.02 if s < 60 else 0.5}, ts=t, tags={"generation": "0"}), t)
+        if s and s % 20 == 0:
+            ck(s, 0, t)
+    st = p.runs["rb"]
+    assert [c for c, _ in st.checkpoints] == [20, 40, 60, 80]
+    t += 1
+    if first == "heartbeat":
+        p.feed(parse_event({"schema": 1, "kind": "heartbeat", "run_id": "rb", "step": 40, "ts": t,
+                            "tags": {"generation": "1"}}, t), t)
+    else:
+        p.feed(ev("rb", 41, {"kl/mean": 0.02}, ts=t, tags={"generation": "1"}), t)
+    assert st.checkpoints == [(20, "/ck/g0/20"), (40, "/ck/g0/40")] and not st.alerts
+    assert st.summary()["checkpoints"] == [[20, "/ck/g0/20"], [40, "/ck/g0/40"]]
+    assert st.checkpoint_before(70) == {"step": 40, "checkpoint": "/ck/g0/40"}
+    for s in range(42, 62):       # the new timeline checkpoints again
+        t += 1
+        p.feed(ev("rb", s, {"kl/mean": 0.02}, ts=t, tags={"generation": "1"}), t)
+        if s % 20 == 0:
+            ck(s, 1, t)
+    assert st.checkpoints == [(20, "/ck/g0/20"), (40, "/ck/g0/40"), (60, "/ck/g1/60")]
+
+
 def test_summary_smoothed_values_are_the_ema_the_rules_read():
     p = Pipeline(only_rules("clip_frac_high"))
     for s in range(20):

@@ -152,12 +152,14 @@ async function demo() {
   await page.fill("#factors", "beta=1.5");
   await page.click('#controls button[data-action="adjust"]');
   await page.waitForFunction(() => document.querySelector("#control-msg").textContent.includes("adjust beta=1.5 sent"));
-  page.once("dialog", d => d.accept());
+  let asked = "";
+  page.once("dialog", d => { asked = d.message(); d.accept(); });
   await page.fill("#reason", "back to the last checkpoint");
   await page.click('#controls button[data-action="rollback"]');
   await page.waitForFunction(() => document.querySelector("#control-msg").textContent.includes("rollback to step"));
   const rolled = await page.textContent("#control-msg");
   check("the rollback names its checkpoint", /rollback to step \d+ \(its newest checkpoint/.test(rolled), rolled);
+  check("and asked first, naming it", /back to step \d+ \(.+\): its newest checkpoint/.test(asked), asked);
   for (const action of ["adjust", "rollback"]) {
     await page.waitForFunction(a => [...document.querySelectorAll("#audit tr.ack")]
       .some(tr => tr.textContent.includes(a) && tr.textContent.includes("applied")), action, { timeout: 15000 });

@@ -203,6 +203,8 @@ def test_an_operator_adjusts_and_rolls_back_a_run_from_the_web():
         control.subscribe("ppo-b", delivered.append)
         url = base + "/api/run/command?run=ppo-b"
         for body, says in [({"action": "adjust", "reason": "r", "params": {"beta": "lots"}}, "beta=lots"),
+                           ({"action": "adjust", "reason": "r", "params": [1]}, "1 is not name=number"),
+                           ({"action": "rollback", "reason": "r", "checkpoint": 5}, "--checkpoint must be"),
                            ({"action": "adjust", "reason": "r", "params": "beta"}, "not name=number"),
                            ({"action": "rollback", "reason": "r", "to_step": 25}, "no checkpoint at step 25"),
                            ({"action": "rollback", "reason": "r", "to_step": "x"}, "to_step must be a step")]:
@@ -215,6 +217,13 @@ def test_an_operator_adjusts_and_rolls_back_a_run_from_the_web():
         async with s.post(url, data={"action": "adjust", "reason": "and lr", "params": "lr=0.5 beta=2",
                                      "token": TOKEN}) as r:
             assert r.status == 200, await r.text()
+        sent_before = len(delivered)
+        async with s.post(url, json={"action": "rollback", "reason": "look first", "dry_run": True},
+                          headers=auth) as r:
+            out = await r.json()
+            assert r.status == 200 and out["would"] == {"action": "rollback",
+                                                        "params": {"to_step": 20, "checkpoint": "/ck/20"}}
+        assert len(delivered) == sent_before     # a dry run sends nothing
         async with s.post(url, json={"action": "rollback", "reason": "back to before it"}, headers=auth) as r:
             out = await r.json()
             assert r.status == 200 and "before the onset of its red alert kl_above_target" in out["why"]

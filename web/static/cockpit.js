@@ -558,9 +558,21 @@
       sent.params = $("factors").value.trim();
       if (!sent.params) { say("Give factors for Adjust, e.g. beta=1.5", false); $("factors").focus(); return; }
     }
-    if (action === "rollback" && !confirm(`Roll ${runId} back to the newest checkpoint it reported before its worst open alert?`)) return;
     sessionStorage.setItem("rlwatch-token", tokenInput.value);
     let r, body;
+    if (action === "rollback") {      // the server picks the checkpoint: ask which, then confirm
+      try {
+        r = await fetch(`/api/run/command?run=${encodeURIComponent(runId)}`, {
+          method: "POST",
+          headers: { "Content-Type": "application/json", "X-RLWatch-Token": tokenInput.value },
+          body: JSON.stringify(Object.assign({ dry_run: true }, sent)),
+        });
+        body = await r.json();
+      } catch (e) { say(`failed: ${e.message}`, false); return; }
+      if (!r.ok) { say(body.error || `HTTP ${r.status}`, false); return; }
+      const p = body.would.params;
+      if (!confirm(`Roll ${runId} back to step ${p.to_step} (${p.checkpoint}): ${body.why}?`)) return;
+    }
     try {
       r = await fetch(`/api/run/command?run=${encodeURIComponent(runId)}`, {
         method: "POST",

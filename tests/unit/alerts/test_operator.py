@@ -20,8 +20,11 @@ def test_adjust_takes_name_equals_number_pairs_and_mappings():
     (["=1.5"], "is not name=number"),
     (["beta="], "is not name=number"),
     (["beta=abc"], "beta=abc: the value must be a number"),
-    (["beta=nan"], "must be a finite number"),
-    (["beta=inf"], "must be a finite number"),
+    (["beta=nan"], "must be a factor above 0"),
+    (["beta=inf"], "must be a factor above 0"),
+    (["beta=-2"], "beta=-2: the value must be a factor above 0"),
+    (["lr=0"], "lr=0: the value must be a factor above 0"),
+    ([1], "1 is not name=number"),
     (["beta=1.5", "beta=2"], "beta is given twice"),
     (["1beta=2"], "is not a parameter name"),
     (["be ta=2"], "is not a parameter name"),
@@ -43,18 +46,32 @@ def summary(checkpoints=(), alerts=(), last_step=100):
 CKPTS = [(20, "/ck/20"), (40, "/ck/40"), (60, "/ck/60"), (80, "/ck/80")]
 
 
-def test_a_rollback_without_a_target_goes_before_the_worst_open_alert_that_has_one():
-    alerts = [{"rule": "kl_above_target", "severity": "black", "onset_step": 70},   # none before it known
+def test_a_rollback_without_a_target_goes_before_the_earliest_of_the_worst_open_alerts():
+    alerts = [{"rule": "kl_above_target", "severity": "red", "onset_step": 65,
+               "rollback_to": {"step": 60, "checkpoint": "/ck/60"}},
+              {"rule": "entropy_collapse", "severity": "red", "onset_step": 50,
+               "rollback_to": {"step": 40, "checkpoint": "/ck/40"}},
+              {"rule": "kl_rising", "severity": "orange", "onset_step": 30,
+               "rollback_to": {"step": 20, "checkpoint": "/ck/20"}}]
+    params, why = rollback_params("r", summary(CKPTS, alerts))
+    assert params == {"to_step": 40, "checkpoint": "/ck/40"}
+    assert "before the onset of its red alert entropy_collapse (step 50)" in why
+
+
+def test_a_worst_alert_without_a_checkpoint_before_it_is_refused_not_passed_over_for_a_lesser_one():
+    """(The red alert's checkpoint, 60, is after the black alert's onset, 30.)"""
+    alerts = [{"rule": "kl_above_target", "severity": "black", "onset_step": 30},
               {"rule": "kl_above_target", "severity": "red", "onset_step": 65,
                "rollback_to": {"step": 60, "checkpoint": "/ck/60"}}]
-    params, why = rollback_params("r", summary(CKPTS, alerts))
-    assert params == {"to_step": 60, "checkpoint": "/ck/60"}
-    assert "before the onset of its red alert kl_above_target (step 65)" in why
+    with pytest.raises(OperatorError) as exc:
+        rollback_params("r", summary([(60, "/ck/60")], alerts))
+    assert "no checkpoint before the onset of its black alert kl_above_target (step 30" in str(exc.value)
 
 
-def test_a_rollback_without_a_target_on_a_quiet_run_goes_to_its_newest_checkpoint():
+def test_a_rollback_without_a_target_on_a_quiet_run_goes_to_its_newest_checkpoint_not_ahead_of_it():
     params, why = rollback_params("r", summary(CKPTS))
     assert params == {"to_step": 80, "checkpoint": "/ck/80"} and "newest" in why
+    assert rollback_params("r", summary(CKPTS, last_step=70))[0] == {"to_step": 60, "checkpoint": "/ck/60"}
 
 
 def test_a_run_in_trouble_without_a_checkpoint_from_before_is_not_rolled_back_to_a_later_one():
@@ -62,7 +79,7 @@ def test_a_run_in_trouble_without_a_checkpoint_from_before_is_not_rolled_back_to
     with pytest.raises(OperatorError) as exc:
         rollback_params("r", summary(CKPTS, alerts))
     msg = str(exc.value)
-    assert "no checkpoint before the onset of its open alerts (red entropy_collapse from step 10" in msg
+    assert "no checkpoint before the onset of its red alert entropy_collapse (step 10" in msg
     assert "give --to-step N and --checkpoint PATH" in msg
 
 
@@ -85,6 +102,7 @@ def test_both_halves_given_go_as_given_even_for_a_run_nobody_has_seen():
     ({"to_step": -1, "checkpoint": "/x"}, "--to-step must be a step"),
     ({"to_step": 101, "checkpoint": "/x"}, "is at step 100: step 101 is ahead of it"),
     ({"to_step": 5, "checkpoint": " "}, "--checkpoint must be a path"),
+    ({"to_step": 5, "checkpoint": 7}, "--checkpoint must be a path"),
 ])
 def test_a_rollback_that_cannot_be_sent_says_why(kw, says):
     with pytest.raises(OperatorError) as exc:
