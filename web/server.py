@@ -12,7 +12,7 @@ Routes
 ``GET /api/run/samples?run=ID``   latest samples (``category``, ``step``, ``limit``)
 ``GET /api/run/audit?run=ID``     control state and command/ack history (operator token required)
 ``GET /api/run/incidents?run=ID`` the run's incident snapshots kept in Redis (ids and summaries)
-``POST /api/run/command?run=ID``  pause / resume / stop / adjust / rollback with a reason (operator
+``POST /api/run/command?run=ID``  pause / resume / stop / adjust / rollback / snapshot with a reason (operator
                                   token required): an adjust's ``params``, a rollback's ``to_step``
                                   and ``checkpoint`` (either, or neither: see alerts.operator);
                                   with ``dry_run`` what it would send, and why, sending nothing
@@ -65,7 +65,7 @@ log = logging.getLogger("rlwatch.web")
 
 STATIC = Path(__file__).parent / "static"
 TOKEN_HEADER = "X-RLWatch-Token"
-WEB_ACTIONS = ("pause", "resume", "stop", "adjust", "rollback")
+WEB_ACTIONS = ("pause", "resume", "stop", "adjust", "rollback", "snapshot")
 
 K_FLEET = web.AppKey("fleet", Fleet)
 K_CFG = web.AppKey("cfg", dict)

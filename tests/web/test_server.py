@@ -147,7 +147,7 @@ def test_operator_commands_go_through_the_control_channel_signed():
             ({}, {"action": "pause", "reason": "r"}, 401),                                # no token
             ({"X-RLWatch-Token": "wrong"}, {"action": "pause", "reason": "r"}, 401),
             ({"X-RLWatch-Token": TOKEN}, {"action": "pause"}, 400),                       # no reason
-            ({"X-RLWatch-Token": TOKEN}, {"action": "snapshot", "reason": "r"}, 400),     # not from the web
+            ({"X-RLWatch-Token": TOKEN}, {"action": "reboot", "reason": "r"}, 400),       # no such action
             ({"X-RLWatch-Token": TOKEN}, {"action": "rollback", "reason": "r", "to_step": 10_000}, 400),  # ahead
             ({"X-RLWatch-Token": TOKEN}, {"action": "adjust", "reason": "r"}, 400),       # no factors
         ]
@@ -230,10 +230,12 @@ def test_an_operator_adjusts_and_rolls_back_a_run_from_the_web():
         async with s.post(url, data={"action": "rollback", "reason": "further", "to_step": "29",
                                      "token": TOKEN}) as r:
             assert r.status == 200, await r.text()
+        async with s.post(url, json={"action": "snapshot", "reason": "keep the samples"}, headers=auth) as r:
+            assert r.status == 200, await r.text()
         assert [(c.action, c.params) for c in delivered] == [
             ("adjust", {"beta": 1.5}), ("adjust", {"lr": 0.5, "beta": 2.0}),
             ("rollback", {"to_step": 20, "checkpoint": "/ck/20"}),
-            ("rollback", {"to_step": 29, "checkpoint": "/ck/29"})]
+            ("rollback", {"to_step": 29, "checkpoint": "/ck/29"}), ("snapshot", {})]
         assert all(c.verify(SECRET) and c.issuer == "web:operator" for c in delivered)
         assert (await control.status("ppo-b")).state == "running"     # neither changes the state
     run(go, fleet=f, token=TOKEN, secret=SECRET)

@@ -538,7 +538,7 @@
     for (const b of document.querySelectorAll("#controls button")) {
       const a = b.dataset.action;
       b.disabled = !enabled || (a === "pause" && st !== "running") || (a === "resume" && st !== "paused") ||
-                   ((a === "stop" || a === "adjust" || a === "rollback") && st === "stopped");
+                   ((a === "stop" || a === "adjust" || a === "rollback" || a === "snapshot") && st === "stopped");
     }
     $("reason").disabled = tokenInput.disabled = $("factors").disabled = !enabled;
   }
