@@ -549,6 +549,21 @@
     m.className = `msg ${ok ? "ok" : "err"}`;
   }
 
+  // the server's answer to a command (or a dry run of one); null, with the reason said, if refused
+  async function post(sent) {
+    let r, body;
+    try {
+      r = await fetch(`/api/run/command?run=${encodeURIComponent(runId)}`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", "X-RLWatch-Token": tokenInput.value },
+        body: JSON.stringify(sent),
+      });
+      body = await r.json();
+    } catch (e) { say(`failed: ${e.message}`, false); return null; }
+    if (!r.ok) { say(body.error || `HTTP ${r.status}`, false); return null; }
+    return body;
+  }
+
   async function command(action) {
     const reason = $("reason").value.trim();
     if (!reason) { say("Give a reason: it goes to the audit log.", false); $("reason").focus(); return; }
@@ -559,29 +574,14 @@
       if (!sent.params) { say("Give factors for Adjust, e.g. beta=1.5", false); $("factors").focus(); return; }
     }
     sessionStorage.setItem("rlwatch-token", tokenInput.value);
-    let r, body;
     if (action === "rollback") {      // the server picks the checkpoint: ask which, then confirm
-      try {
-        r = await fetch(`/api/run/command?run=${encodeURIComponent(runId)}`, {
-          method: "POST",
-          headers: { "Content-Type": "application/json", "X-RLWatch-Token": tokenInput.value },
-          body: JSON.stringify(Object.assign({ dry_run: true }, sent)),
-        });
-        body = await r.json();
-      } catch (e) { say(`failed: ${e.message}`, false); return; }
-      if (!r.ok) { say(body.error || `HTTP ${r.status}`, false); return; }
-      const p = body.would.params;
-      if (!confirm(`Roll ${runId} back to step ${p.to_step} (${p.checkpoint}): ${body.why}?`)) return;
+      const would = await post(Object.assign({ dry_run: true }, sent));
+      if (!would) return;
+      const p = would.would.params;
+      if (!confirm(`Roll ${runId} back to step ${p.to_step} (${p.checkpoint}): ${would.why}?`)) return;
     }
-    try {
-      r = await fetch(`/api/run/command?run=${encodeURIComponent(runId)}`, {
-        method: "POST",
-        headers: { "Content-Type": "application/json", "X-RLWatch-Token": tokenInput.value },
-        body: JSON.stringify(sent),
-      });
-      body = await r.json();
-    } catch (e) { say(`failed: ${e.message}`, false); return; }
-    if (!r.ok) { say(body.error || `HTTP ${r.status}`, false); return; }
+    const body = await post(sent);
+    if (!body) return;
     const what = action === "rollback" ? `rollback to step ${body.command.params.to_step} (${body.why})`
       : action === "adjust" ? `adjust ${Object.entries(body.command.params).map(([k, v]) => `${k}=${v}`).join(" ")}` : action;
     say(`${what} sent (command ${body.command.id.slice(0, 8)}); run is now ${body.state}`, true);
