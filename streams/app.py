@@ -535,7 +535,9 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     # is taking one after another: the events lane takes a batch a run at a time, so most
     # events come in such streaks (a run's other events, its rank 0's steps, go on through the
     # usual path without ending its streak), and each step after the first is only kept by the
-    # recorder. Valid only while nothing else runs: a streak ends with another run, a failure,
+    # recorder: the lane hands the records that come next to take_run, which takes the run's
+    # routine rank steps among them at once (RunState.rank_steps). Valid only while nothing
+    # else runs: a streak ends with another run, a failure,
     # and at every await (end_streak), as a flush, an eviction or a revocation may happen
     # then. Without streaks when a local observer is given every event (the dashboard of
     # ``rlwatch demo``, tests)
@@ -597,6 +599,33 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         if alerts:
             return _ALERTS, event.run_id, alerts
         return None
+
+    def take_run(records: list, order, k: int, now: float, taken: bytearray):
+        """The routine rank steps of the streak's run at ``order[k:]``, taken one after
+        another by RunState.rank_steps (and marked in ``taken``): the position after them, and
+        None or what must be awaited (the alerts of the cross-rank rules of a step they
+        completed, or the dead letter of the step whose cross-rank rules failed)."""
+        run_id, st, keep = streak
+        try:
+            at, count, complete = st.rank_steps(records, order, k, now, keep, taken)
+        except Exception:  # noqa: BLE001 - a fault here must not stop the worker
+            # (the records not marked taken go through take(), which words any fault per event)
+            log.exception("rlwatch: taking the routine steps of run %s at once failed; they "
+                          "are taken one by one", run_id)
+            end_streak()
+            return k, None
+        if not complete:
+            counters["events"] += count
+            return at, None
+        counters["events"] += count - 1     # (the last is counted below, or by failed())
+        try:
+            alerts = st.steps_complete(complete)
+        except Exception as exc:  # noqa: BLE001 - one bad event must not stop the worker
+            end_streak()
+            record = records[order[at - 1]]
+            return at, failed(exc, record.key, run_id, record.value, now)
+        counters["events"] += 1
+        return at, ((_ALERTS, run_id, alerts) if alerts else None)
 
     def failed(exc: Exception, key, run_id: str, raw, now: float):
         """The dead letter of an event the core failed on."""
@@ -700,18 +729,29 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                 sent = done
 
         try:
-            for i in batch.by_key():
+            order = batch.by_key()
+            k = 0               # order[:k] processed
+            while k < n:
                 if not active():
                     break
+                i = order[k]
+                k += 1
                 record = batch[i]
-                out = take(record.key, record.value, clock())
+                now = clock()
+                out = take(record.key, record.value, now)
                 if out is not None:
                     outs.append(out)
                 taken[i] = 1
-                if i == done:
-                    done += 1
-                    while done < n and taken[done]:
-                        done += 1
+                if streak[0] is not None and k < n:
+                    # the run's routine rank steps that come next, taken at once (they are
+                    # marked in taken)
+                    k, out = take_run(batch, order, k, now, taken)
+                    if out is not None:
+                        outs.append(out)
+                if done < n and taken[done]:
+                    done = taken.find(0, done)
+                    if done < 0:
+                        done = n
                 if not outs and not pending:
                     sent = done
                 if turns.due():

@@ -288,15 +288,21 @@ class PyStepView:
 #: view.rs), number for number the same, and the native all/any/not of compiled tests
 #: (native/src/logic.rs), when the native core is in use (streams.signals.CORE)
 _native_join = _native_scan = _native_compare_call = None
-#: the native reader of a routine step of a rank other than 0 (None: the pure core reads
-#: every event with contract.events.read_event)
-read_rank_step = RankStep = None
+#: the native reader of a routine step of a rank other than 0 and what takes it into a run
+#: (native/src/routine.rs; None: the pure core reads every event with
+#: contract.events.read_event and applies it)
+read_rank_step = RankStep = _routine = None
 spearman, Moments, Series, StepView = py_spearman, _Moments, PySeries, PyStepView
 if signals.CORE == "native":
     from streams._native import Moments, Scan as _native_scan, Series, join as _native_join, spearman  # noqa: F811
     from streams._native import compare_call as _native_compare_call  # noqa: F811
-    from streams._native import RankStep, read_rank_step  # noqa: F811
+    from streams._native import RankStep, Routine, read_rank_step  # noqa: F811
     from streams._native import StepView  # noqa: F811
+    _routine = Routine(MAX_TS_AGE, MAX_TS_AHEAD, MAX_RANKS, MAX_STEP_JUMP, PRESET_TRIES)
+
+#: the most records RunState.rank_steps takes in one call (the events lane looks at its clock
+#: between calls)
+RANK_STEPS_AT_ONCE = 256
 
 
 def _ls_slope(steps: list[int], xs: list[float]) -> float:
@@ -658,58 +664,37 @@ class RunState:
         it: the alerts, as :meth:`apply` gives them. None, with nothing changed, when the step
         is not routine (a new incarnation or new tags, a timestamp to replace, a duplicate, a
         rank whose rules must be read, a run not compiled yet...): :meth:`apply` then takes
-        the event as ``read_event`` reads it. Most events of a fleet take this path."""
-        # (the path most events take, kept short: each check reads what it needs once, and the
-        # step's fields come in one call)
-        ts, rank, step, world, inc, tags, has_metrics = event.routine()
-        if ts is None:
-            ts = now
-        elif not now - MAX_TS_AGE <= ts <= now + MAX_TS_AHEAD:
+        the event as ``read_event`` reads it. Most events of a fleet take this path: its
+        checks and bookkeeping are native (``Routine`` in native/src/routine.rs, whose doc
+        lists them; :meth:`apply` is their reference), the cross-rank rules of a step it
+        completes are evaluated here."""
+        done = _routine.take(self, event, now)
+        if done is None:
             return None
-        if rank >= MAX_RANKS or self.news_on_every_event or (inc is not None and inc != self.incarnation):
-            return None
-        if tags:
-            known = self._tags_raw
-            if known is None or known[1] is not self._tags_seen or known[0] != tags:
-                seen = msgspec.json.decode(tags)     # (checked by read_rank_step)
-                if "generation" in seen or seen != self._tags_seen:
-                    return None
-                self._tags_raw = (tags, self._tags_seen)
-        newest = self.newest
-        if newest >= 0 and step - newest > MAX_STEP_JUMP:
-            return None
-        if self._renamer is not None or (self._preset_tries < PRESET_TRIES and has_metrics):
-            return None
-        last_step = self.last_step
-        last = last_step.get(rank)
-        if last is not None and step <= last:
-            return None
-        program = self.programs.get(rank)
-        if program is None or not program.routine or (program.every_step and rank in self._ranks_open):
-            return None    # (read_rank_step reads finite values only)
-        # as apply() and _rank_step() do (_seen, then the step, then _take_rank_values)
-        self.now = ts
-        self.events += 1
-        self.last_seen[rank] = ts
-        self.closed = False
-        if not ts <= self.last_event_ts:     # (NaN before the first event)
-            self.last_event_ts = ts
-        last_step[rank] = step
-        if step > newest:
-            self.newest = step
-        if self.cross_rank:
-            if (world or self.world_size) > 1:     # _take_rank_values of a RankStep, inline
-                if world and world > self.world_size:
-                    self.world_size = min(world, MAX_RANKS)
-                world = self.world_size
-                done = self.ranks.take_step(event, world) if world > 1 else None
-                if done:
-                    return self._ranks_in(done, ts)
-        return []
+        return self._ranks_in(done, self.now) if done else []
+
+    def rank_steps(self, records: list, order, pos: int, now: float,
+                   keep: Callable[[int, int, bytes], None], taken: bytearray) -> tuple[int, int, list[int]]:
+        """Take the records (Kafka records, each ``value`` an event's bytes) at
+        ``order[pos:]`` one after another while each is a routine step of this run, as
+        :meth:`rank_step` takes one, without reading them into objects first; each is kept by
+        ``keep(step, rank, raw)`` (the snapshot recorder's) and marked in ``taken``. It
+        stops before the first record that is not (rank 0's, another run's, anything
+        :meth:`rank_step` would decline), after one that completes a step of the cross-rank
+        buffer, and after ``RANK_STEPS_AT_ONCE``. ``(the position after the last record
+        taken, how many were taken, the cross-rank buffer's steps the last one completed)``:
+        :meth:`steps_complete` gives the alerts of those."""
+        return _routine.take_run(self, records, order, pos, now, keep, taken, RANK_STEPS_AT_ONCE)
+
+    def steps_complete(self, steps: list[int]) -> list[Alert]:
+        """The alerts of the cross-rank rules of ``steps``, complete at the last step taken
+        (:meth:`rank_steps`)."""
+        return self._ranks_in(steps, self.now)
 
     def _seen(self, rank: int, ts: float, closed: bool) -> None:
         """An event of ``rank`` at ``ts`` is taken (``closed``: it closed the run's monitor).
-        (:meth:`rank_step` does the same inline, on the path most events take: change both.)"""
+        (``Routine.apply`` in native/src/routine.rs does the same for the routine rank steps
+        of :meth:`rank_step`: change both.)"""
         self.now = ts
         self.events += 1
         self.last_seen[rank] = ts
@@ -958,8 +943,9 @@ class RunState:
 
     def _take_rank_values(self, event) -> list[int]:
         """Buffer what cross-rank checks need; return the steps now complete (all ranks in).
-        A step that ``read_rank_step`` read gives its values from its bytes. (:meth:`rank_step`
-        does the same inline for those: change both.)"""
+        A step that ``read_rank_step`` read gives its values from its bytes. (``Routine.apply``
+        in native/src/routine.rs does the same for the steps of :meth:`rank_step`: change
+        both.)"""
         world = event.world_size
         if world and world > self.world_size:
             self.world_size = min(world, MAX_RANKS)

@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 mod dists;
 mod logic;
 mod ranks;
+mod routine;
 mod text;
 mod view;
 mod wire;
@@ -2532,5 +2533,6 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<view::NonFiniteTest>()?;
     m.add_class::<wire::RankStep>()?;
     m.add_function(wrap_pyfunction!(wire::read_rank_step, m)?)?;
+    m.add_class::<routine::Routine>()?;
     Ok(())
 }

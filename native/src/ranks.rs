@@ -164,6 +164,23 @@ pub struct RankBuffer {
     buf: Arc<Mutex<Buf>>,
 }
 
+impl RankBuffer {
+    /// `take` of a step that `read_rank_step` read (its metrics and hashes read from the
+    /// event's bytes): the steps now complete or given up on (also for `routine.rs`).
+    pub(crate) fn take_read(&self, py: Python<'_>, event: &Bound<'_, RankStep>, world: i64) -> PyResult<Vec<i64>> {
+        let ev = event.get();
+        let h = Hashes::Read(event.clone().unbind());
+        let mut b = lock(&self.buf)?;
+        let mut m = Vec::with_capacity(b.tracked.len());
+        for &i in &b.tracked {
+            if let Some(v) = ev.metric(py, b.names[i].bind(py).to_str()?) {
+                m.push((i, PyFloat::new_bound(py, v).into_any().unbind()));
+            }
+        }
+        Ok(keep(&mut b, ev.step(), Entry { rank: ev.rank(), m, h }, world))
+    }
+}
+
 #[pymethods]
 impl RankBuffer {
     #[new]
@@ -217,16 +234,7 @@ impl RankBuffer {
     /// `take` of a step that `read_rank_step` read (its metrics and hashes read from the
     /// event's bytes): the same values kept.
     fn take_step(&self, py: Python<'_>, event: &Bound<'_, RankStep>, world: i64) -> PyResult<Vec<i64>> {
-        let ev = event.get();
-        let h = Hashes::Read(event.clone().unbind());
-        let mut b = lock(&self.buf)?;
-        let mut m = Vec::with_capacity(b.tracked.len());
-        for &i in &b.tracked {
-            if let Some(v) = ev.metric(py, b.names[i].bind(py).to_str()?) {
-                m.push((i, PyFloat::new_bound(py, v).into_any().unbind()));
-            }
-        }
-        Ok(keep(&mut b, ev.step(), Entry { rank: ev.rank(), m, h }, world))
+        self.take_read(py, event, world)
     }
 
     /// Make `step` the step the readers compare (it leaves the buffer).

@@ -22,7 +22,7 @@ const MAX_RANK: i64 = 1_000_000;
 const MAX_WORLD: i64 = 1_000_000;
 const MAX_EVENT_BYTES: usize = 1_000_000;
 
-type Span = (u32, u32);
+pub(crate) type Span = (u32, u32);
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGHS: u64 = 0x8080_8080_8080_8080;
@@ -272,18 +272,18 @@ fn has_repeats(b: &[u8], names: impl Iterator<Item = Span> + Clone) -> bool {
     }
 }
 
-struct Parsed {
-    run_id: Span,
-    rank: i64,
-    step: i64,
-    world_size: Option<i64>,
-    ts: Option<f64>,
-    incarnation: Option<Span>,
-    tags: Span,
-    metrics: Vec<(Span, f64)>,
-    hashes: Vec<(Span, Span)>,
-    batch_ids: Vec<Span>,
-    tag_items: Vec<(Span, Span)>,
+pub(crate) struct Parsed {
+    pub(crate) run_id: Span,
+    pub(crate) rank: i64,
+    pub(crate) step: i64,
+    pub(crate) world_size: Option<i64>,
+    pub(crate) ts: Option<f64>,
+    pub(crate) incarnation: Option<Span>,
+    pub(crate) tags: Span,
+    pub(crate) metrics: Vec<(Span, f64)>,
+    pub(crate) hashes: Vec<(Span, Span)>,
+    pub(crate) batch_ids: Vec<Span>,
+    pub(crate) tag_items: Vec<(Span, Span)>,
 }
 
 const SCHEMA: u32 = 1;
@@ -292,7 +292,7 @@ const RUN_ID: u32 = 4;
 const STEP: u32 = 8;
 const RANK: u32 = 16;
 
-fn parse(b: &[u8]) -> Option<Parsed> {
+pub(crate) fn parse(b: &[u8]) -> Option<Parsed> {
     if b.len() > MAX_EVENT_BYTES {
         return None;
     }
@@ -445,31 +445,56 @@ fn parse(b: &[u8]) -> Option<Parsed> {
 #[pyclass(module = "streams._native", frozen)]
 pub struct RankStep {
     #[pyo3(get)]
-    run_id: Py<PyString>,
+    pub(crate) run_id: Py<PyString>,
     #[pyo3(get)]
-    rank: i64,
+    pub(crate) rank: i64,
     #[pyo3(get)]
-    step: i64,
+    pub(crate) step: i64,
     #[pyo3(get)]
-    world_size: Option<i64>,
+    pub(crate) world_size: Option<i64>,
     #[pyo3(get)]
-    ts: Option<f64>,
+    pub(crate) ts: Option<f64>,
     #[pyo3(get)]
-    incarnation: Option<Py<PyString>>,
+    pub(crate) incarnation: Option<Py<PyString>>,
     /// the bytes of the tags object as written (empty when the event has none, or none in it)
     #[pyo3(get)]
-    tags_json: Py<PyBytes>,
+    pub(crate) tags_json: Py<PyBytes>,
     /// the event has metrics (all of them finite: a non-finite spelling is left to read_event)
     #[pyo3(get)]
-    has_metrics: bool,
-    raw: Py<PyBytes>,
-    metrics: Vec<(Span, f64)>,
-    hashes: Vec<(Span, Span)>,
-    batch_ids: Vec<Span>,
-    tag_items: Vec<(Span, Span)>,
+    pub(crate) has_metrics: bool,
+    pub(crate) raw: Py<PyBytes>,
+    pub(crate) metrics: Vec<(Span, f64)>,
+    pub(crate) hashes: Vec<(Span, Span)>,
+    pub(crate) batch_ids: Vec<Span>,
+    pub(crate) tag_items: Vec<(Span, Span)>,
 }
 
 impl RankStep {
+    /// The step `p` read from `raw`, with its run id, incarnation and tags object as given.
+    pub(crate) fn of(raw: &Bound<'_, PyBytes>, p: Parsed, run_id: Py<PyString>,
+                     incarnation: Option<Py<PyString>>, tags_json: Py<PyBytes>) -> RankStep {
+        RankStep {
+            run_id,
+            rank: p.rank,
+            step: p.step,
+            world_size: p.world_size,
+            ts: p.ts,
+            incarnation,
+            tags_json,
+            tag_items: p.tag_items,
+            has_metrics: !p.metrics.is_empty(),
+            raw: raw.clone().unbind(),
+            metrics: p.metrics,
+            hashes: p.hashes,
+            batch_ids: p.batch_ids,
+        }
+    }
+
+    /// The tags as `read_event` gives them (a dict of name -> text).
+    pub(crate) fn tags_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.strings(py, &self.tag_items)
+    }
+
     pub fn step(&self) -> i64 {
         self.step
     }
@@ -597,19 +622,8 @@ pub fn read_rank_step(py: Python<'_>, raw: &Bound<'_, PyAny>) -> PyResult<Option
         None => return Ok(None),
     };
     let s = |sp: Span| std::str::from_utf8(&b[sp.0 as usize..sp.1 as usize]).unwrap_or("");
-    Ok(Some(RankStep {
-        run_id: PyString::new_bound(py, s(p.run_id)).unbind(),
-        rank: p.rank,
-        step: p.step,
-        world_size: p.world_size,
-        ts: p.ts,
-        incarnation: p.incarnation.map(|i| PyString::new_bound(py, s(i)).unbind()),
-        tags_json: PyBytes::new_bound(py, &b[p.tags.0 as usize..p.tags.1 as usize]).unbind(),
-        tag_items: p.tag_items,
-        has_metrics: !p.metrics.is_empty(),
-        raw: raw.clone().unbind(),
-        metrics: p.metrics,
-        hashes: p.hashes,
-        batch_ids: p.batch_ids,
-    }))
+    let run_id = PyString::new_bound(py, s(p.run_id)).unbind();
+    let incarnation = p.incarnation.map(|i| PyString::new_bound(py, s(i)).unbind());
+    let tags_json = PyBytes::new_bound(py, &b[p.tags.0 as usize..p.tags.1 as usize]).unbind();
+    Ok(Some(RankStep::of(raw, p, run_id, incarnation, tags_json)))
 }

@@ -797,13 +797,17 @@ def test_the_started_producer_is_given_without_a_turn_of_the_event_loop():
 def test_a_runs_rank_steps_taken_in_a_row_are_all_recorded_and_a_commit_between_them_misses_none(
         monkeypatch):
     """The events lane takes a run's routine rank steps in a row without looking the run up
-    again (a streak). Each is still kept for the run's snapshots, and a commit during a turn of
-    the lane (here: the run states written at every turn) ends the streak: a step taken after
-    it marks the state changed again, so the next commit writes it."""
+    again (a streak: after a step of rank 0, its other ranks' steps at once). Each is still
+    kept for the run's snapshots, and a commit during a turn of the lane (here: the run states
+    written at every turn) ends the streak: a step taken after it marks the state changed
+    again, so the next commit writes it."""
     import streams.batch_lane as lane_module
 
     writes: list = []
-    turns_after = {13}         # after step 3's rank 1: its ranks 2 and 3 come after the commit
+    # the lane's turns: step 0's four steps one by one (each rank's first compiles its rules);
+    # step 1's rank 0, then its rank 1 (which starts the streak) with ranks 2-3 at once; the
+    # commit, which ends the streak; step 2 as step 1; step 3's rank 0 with ranks 1-3 at once
+    turns_after = {5}
     taken = [0]
 
     def due(self):
@@ -829,9 +833,10 @@ def test_a_runs_rank_steps_taken_in_a_row_are_all_recorded_and_a_commit_between_
                            "metrics": {"loss/policy": 0.5, "kl/mean": 0.01}}).encode()
 
     run([ranked(s, r) for s in range(4) for r in range(4)], FakeConsumer())
-    assert writes == [1] and table == {"streak": [14]}
+    assert taken[0] == 9, "a step's rank steps were not taken at once"
+    assert writes == [1] and table == {"streak": [8]}
     assert app.rlwatch_states.flush() == 1, "a step taken after the commit was not marked changed"
-    assert table == {"streak": [14, 16]}
+    assert table == {"streak": [8, 16]}
     tape = app.rlwatch_recorder.runs["streak"]
     assert [row[:2] for row in tape.others] == [(s, r) for s in range(4) for r in (1, 2, 3)]
     assert [row[:2] for row in tape.steps] == [(s, 0) for s in range(4)]

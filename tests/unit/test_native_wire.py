@@ -261,6 +261,112 @@ def test_a_fleet_fed_as_the_worker_takes_it_ends_as_one_fed_through_read_event()
     assert fast_states == slow_states       # bookkeeping, duplicates, replaced ts included
 
 
+def _run_at_once(lines: list[bytes], limit: int | None = None):
+    """As the worker's events lane takes a batch: each run's records together, in order (the
+    runs in the order they first come), the routine rank steps after each event taken at once
+    by RunState.rank_steps (``limit``: at most that many a call)."""
+    from types import SimpleNamespace
+
+    import streams.run as run_module
+
+    if limit is not None:
+        run_module.RANK_STEPS_AT_ONCE, kept = limit, run_module.RANK_STEPS_AT_ONCE
+    try:
+        pipe = Pipeline(rlhf_pack())
+        recorder = SnapshotRecorder()
+        now = max(json.loads(raw)["ts"] for raw in lines) + 1.0
+        records = [SimpleNamespace(key=json.loads(raw)["run_id"].encode(), value=raw) for raw in lines]
+        by_run: dict = {}
+        for i, r in enumerate(records):
+            by_run.setdefault(r.key, []).append(i)
+        order = [i for ids in by_run.values() for i in ids]
+        taken = bytearray(len(records))
+        out, calls, at_once = [], 0, 0
+
+        def note(alerts, run_id):
+            for a in alerts:
+                out.append(((a.run_id, a.rule, a.severity, a.state, a.step, a.rank, repr(a.value)),
+                            json.dumps(build_snapshot(a, recorder, pipe.runs[run_id]),
+                                       sort_keys=True, default=repr)))
+        k = 0
+        while k < len(order):
+            i = order[k]
+            k += 1
+            raw = records[i].value
+            rs, before = read_routine(raw), pipe.routine
+            alerts = pipe.feed_raw(raw, now)
+            ev = rs if pipe.routine > before else read_event(raw, now)
+            recorder.observe(ev, raw)
+            taken[i] = 1
+            note(alerts, ev.run_id)
+            st = pipe.runs[ev.run_id]
+            k, count, done = st.rank_steps(records, order, k, now,
+                                           recorder.rank_keeper(ev.run_id), taken)
+            calls += 1
+            at_once += count
+            note(st.steps_complete(done) if done else [], ev.run_id)
+        assert all(taken)
+        states = {k: json.dumps(st.to_state(), sort_keys=True, default=repr)
+                  for k, st in pipe.runs.items()}
+        return out, states, at_once, calls
+    finally:
+        if limit is not None:
+            run_module.RANK_STEPS_AT_ONCE = kept
+
+
+@pytest.mark.parametrize("limit", [None, 1, 3])
+def test_a_fleet_taken_a_run_at_a_time_with_rank_steps_at_once_ends_as_one_fed_through_read_event(
+        limit):
+    """RunState.rank_steps (the worker's events lane) takes what rank_step would, in the same
+    way: the same alerts, snapshots and states as every event through read_event."""
+    lines = _fleet()
+    fast, fast_states, at_once, calls = _run_at_once(lines, limit)
+    slow, slow_states, _ = _run(lines, fast=False)
+    rank_steps = sum(1 for raw in lines if json.loads(raw).get("rank") and b'"step"' in raw)
+    assert at_once > (0.4 if limit is None else 0.2) * rank_steps
+    if limit is not None:
+        assert at_once <= limit * calls
+    def by_run(pairs) -> dict:      # (the runs' alerts come a run at a time)
+        runs: dict = {}
+        for pair in pairs:
+            runs.setdefault(pair[0][0], []).append(pair)
+        return runs
+    assert len(slow) > 20
+    assert by_run(fast) == by_run(zip(slow[::2], slow[1::2]))
+    assert fast_states == slow_states
+
+
+def test_rank_steps_stop_before_what_they_do_not_take():
+    """rank_steps takes this run's routine rank steps and stops before anything else: another
+    run's step, a step of rank 0, a value that is not bytes; each taken one is kept and
+    marked."""
+    from types import SimpleNamespace
+
+    pipe = Pipeline(rlhf_pack())
+    now = 1_700_000_100.0
+
+    def raw(rank: int, step: int, run: str = "ppo-8b-a") -> bytes:
+        return json.dumps(dict(BASE, run_id=run, rank=rank, step=step, world_size=2)).encode()
+    for step in range(8):        # the first steps are read to find the run's framework
+        for rank in range(2):
+            pipe.feed_raw(raw(rank, step), now)
+    st = pipe.runs["ppo-8b-a"]
+    kept = []
+    cases = [([raw(1, 8), raw(1, 9), raw(1, 9, "other")], 2),      # another run's
+             ([raw(1, 10), raw(0, 10)], 1),                        # rank 0's
+             ([raw(1, 11), raw(1, 12).decode()], 1),               # a str, not bytes
+             ([raw(1, 12), raw(1, 12)], 1)]                        # the same step again
+    for values, expected in cases:
+        records = [SimpleNamespace(value=v) for v in values]
+        taken = bytearray(len(records))
+        pos, count, done = st.rank_steps(records, range(len(records)), 0, now,
+                                         lambda *a: kept.append(a[:2]), taken)
+        assert (pos, count) == (expected, expected) and done == []
+        assert list(taken) == [1] * expected + [0] * (len(records) - expected)
+    assert kept == [(8, 1), (9, 1), (10, 1), (11, 1), (12, 1)]
+    assert st.last_step == {0: 7, 1: 12} and st.newest == 12
+
+
 def test_a_routine_step_with_other_tags_leaves_the_routine_path():
     pipe = Pipeline(rlhf_pack())
     now = 1_700_000_100.0
