@@ -22,7 +22,7 @@ from rules.compile import (CompiledRule, CompiledTier, Program, RuleList, Source
 from rules.schema import Condition, Pack, Rule, Threshold, leaves
 from rules.state import AlertState, advance
 
-__all__ = ["RuleEngine", "RunRules", "evaluate", "render"]
+__all__ = ["RuleEngine", "RunRules", "advance_hits", "evaluate", "render"]
 
 
 class _SafeFormatter(string.Formatter):
@@ -89,17 +89,10 @@ def evaluate(run_id: str, rules: Iterable[CompiledRule], targets: dict[str, floa
     :class:`RuleList` at once and names the tiers to take through the state machine: those
     whose test holds or that have a state. The loop below is its reference: a tier with no
     state whose test does not hold changes nothing."""
-    out: list[Alert] = []
     if scanner is not None and rank is None and type(rules) is RuleList:
-        tiers = rules.tiers()
-        for i, holds in rules.scan(scanner)(states):
-            _, key, cr, ct = tiers[i]
-            st = states.get(key)
-            if st is None:
-                st = states[key] = AlertState()
-            _advance(run_id, cr, ct, st, key, holds, states, targets, step, ts, rank,
-                     checkpoint_before, out)
-        return out
+        return advance_hits(run_id, rules, rules.scan(scanner)(states), states, targets, step,
+                            ts, checkpoint_before)
+    out: list[Alert] = []
     keyed = rank is not None
     get = states.get
     for test, key, cr, ct in (rules.tiers() if type(rules) is RuleList else flat_tiers(rules)):
@@ -112,6 +105,23 @@ def evaluate(run_id: str, rules: Iterable[CompiledRule], targets: dict[str, floa
                 continue
             st = states[key] = AlertState()
         _advance(run_id, cr, ct, st, key, holds, states, targets, step, ts, rank,
+                 checkpoint_before, out)
+    return out
+
+
+def advance_hits(run_id: str, rules: RuleList, hits: list, states: dict[str, AlertState],
+                 targets: dict[str, float], step: int, ts: float,
+                 checkpoint_before: Callable[[int], dict | None]) -> list[Alert]:
+    """The tiers a native scan of ``rules`` named (``(index, verdict)``, see :func:`evaluate`)
+    through their alert states, at a step of rank 0's rules; the alerts of the changes."""
+    out: list[Alert] = []
+    tiers = rules.tiers()
+    for i, holds in hits:
+        _, key, cr, ct = tiers[i]
+        st = states.get(key)
+        if st is None:
+            st = states[key] = AlertState()
+        _advance(run_id, cr, ct, st, key, holds, states, targets, step, ts, None,
                  checkpoint_before, out)
     return out
 

@@ -37,8 +37,8 @@ from msgspec import Raw
 from contract.alert import SEVERITIES, Alert, severity_rank
 from contract.events import EventError, StepEvent
 from contract.presets import PRESETS, Preset, guess_preset
-from rules.compile import Program, every_rule, per_rule, resolve_threshold
-from rules.engine import RunRules, evaluate
+from rules.compile import Program, RuleList, every_rule, per_rule, resolve_threshold
+from rules.engine import RunRules, advance_hits, evaluate
 from rules.state import AlertState
 from streams import signals
 from streams.ranks import RankBuffer
@@ -798,8 +798,7 @@ class RunState:
         else:
             rules = program.step_rules(metrics)
         if rules:
-            out = evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
-                           rank=None, checkpoint_before=self.checkpoint_before, scanner=_native_scan)
+            out = self._evaluate(rules, step, ts)
         if self.cross_rank and (event.world_size or self.world_size) > 1:
             done = self._take_rank_values(event)
             if done:
@@ -849,12 +848,12 @@ class RunState:
         """Evaluate the cross-rank rules of ``steps`` (now complete, or given up on)."""
         out: list[Alert] = []
         ranks = self.ranks
+        rules = self.programs[0].by_trigger.get("ranks")
         try:
             for done in steps:
                 ranks.open(done)
-                out += evaluate(self.run_id, self.programs[0].by_trigger.get("ranks", ()),
-                                self.rules.targets, self.alerts, step=done, ts=ts, rank=None,
-                                checkpoint_before=self.checkpoint_before, scanner=_native_scan)
+                if rules:
+                    out += self._evaluate(rules, done, ts)
         finally:
             ranks.close()
         return out
@@ -862,9 +861,7 @@ class RunState:
     def _samples(self, event, ts: float) -> list[Alert]:
         self._tally(event)
         self.samples = event.samples
-        out = evaluate(self.run_id, self.program(0).by_trigger.get("samples", ()),
-                       self.rules.targets, self.alerts, step=event.step, ts=ts, rank=None,
-                       checkpoint_before=self.checkpoint_before, scanner=_native_scan)
+        out = self._evaluate(self.program(0).by_trigger.get("samples", ()), event.step, ts)
         self.samples = []
         return out
 
@@ -875,9 +872,20 @@ class RunState:
             return []
         self.now = now
         step = max(self.last_step.values(), default=0)
-        return evaluate(self.run_id, self.program(0).by_trigger.get("tick", ()),
-                        self.rules.targets, self.alerts, step=step, ts=now, rank=None,
-                        checkpoint_before=self.checkpoint_before, scanner=_native_scan)
+        return self._evaluate(self.program(0).by_trigger.get("tick", ()), step, now)
+
+    def _evaluate(self, rules, step: int, ts: float) -> list[Alert]:
+        """:func:`rules.engine.evaluate` of rules of the whole run (rank 0's, the cross-rank
+        ones) at ``step``: with the native core, its scan straight (at most steps no tier needs
+        its alert state: nothing more to do)."""
+        if _native_scan is not None and type(rules) is RuleList:
+            hits = rules.scan(_native_scan)(self.alerts)
+            if not hits:
+                return []
+            return advance_hits(self.run_id, rules, hits, self.alerts, self.rules.targets, step,
+                                ts, self.checkpoint_before)
+        return evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
+                        rank=None, checkpoint_before=self.checkpoint_before, scanner=_native_scan)
 
     def _close_open(self, step: int, ts: float, reason: str) -> list[Alert]:
         """Resolved notices for every firing alert of the run (escalated ones too)."""
