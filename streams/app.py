@@ -537,10 +537,9 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     # usual path without ending its streak), and each step after the first is only kept by the
     # recorder: the lane hands the records that come next to take_run, which takes the run's
     # routine rank steps among them at once (RunState.rank_steps). Valid only while nothing
-    # else runs: a streak ends with another run, a failure,
-    # and at every await (end_streak), as a flush, an eviction or a revocation may happen
-    # then. Without streaks when a local observer is given every event (the dashboard of
-    # ``rlwatch demo``, tests)
+    # else runs: a streak ends with another run, a failure, and at every await (end_streak),
+    # as a flush, an eviction or a revocation may happen then. Without streaks when a local
+    # observer is given every event (the dashboard of ``rlwatch demo``, tests)
     streak: list = [None, None, None]
     streaks = observer is None
 

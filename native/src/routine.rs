@@ -62,8 +62,13 @@ struct Run<'py> {
 
 impl<'py> Run<'py> {
     /// The run's state as the checks read it; None when no step of it can be routine (it
-    /// looks for news on every event, or its buffer is not the native one).
+    /// looks for news on every event, its buffer is not the native one, or a field is not of
+    /// the type the run writes: RunState.apply then takes the step as it takes any other).
     fn read(st: &Bound<'py, PyAny>) -> PyResult<Option<Run<'py>>> {
+        Ok(Run::fields(st).unwrap_or(None))
+    }
+
+    fn fields(st: &Bound<'py, PyAny>) -> PyResult<Option<Run<'py>>> {
         let py = st.py();
         if st.getattr(intern!(py, "news_on_every_event"))?.is_truthy()? {
             return Ok(None);
