@@ -602,23 +602,23 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
     def take_run(records: list, order, k: int, now: float, taken: bytearray):
         """The routine rank steps of the streak's run at ``order[k:]``, taken one after
         another by RunState.rank_steps (and marked in ``taken``): the position after them, and
-        None or what must be awaited (the alerts of the cross-rank rules of a step they
-        completed, or the dead letter of the step whose cross-rank rules failed)."""
+        None or what must be awaited (the alerts of the rules the last one left due, or the
+        dead letter of the step whose rules failed)."""
         run_id, st, keep = streak
         try:
-            at, count, complete = st.rank_steps(records, order, k, now, keep, taken)
+            at, count, complete, due = st.rank_steps(records, order, k, now, keep, taken)
         except Exception:  # noqa: BLE001 - a fault here must not stop the worker
             # (the records not marked taken go through take(), which words any fault per event)
             log.exception("rlwatch: taking the routine steps of run %s at once failed; they "
                           "are taken one by one", run_id)
             end_streak()
             return k, None
-        if not complete:
+        if not complete and due is None:
             counters["events"] += count
             return at, None
         counters["events"] += count - 1     # (the last is counted below, or by failed())
         try:
-            alerts = st.steps_complete(complete)
+            alerts = st.after_rank_steps(complete, due)
         except Exception as exc:  # noqa: BLE001 - one bad event must not stop the worker
             end_streak()
             record = records[order[at - 1]]

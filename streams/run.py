@@ -663,33 +663,42 @@ class RunState:
         """A routine step of a rank other than 0 as ``streams._native.read_rank_step`` read
         it: the alerts, as :meth:`apply` gives them. None, with nothing changed, when the step
         is not routine (a new incarnation or new tags, a timestamp to replace, a duplicate, a
-        rank whose rules must be read, a run not compiled yet...): :meth:`apply` then takes
-        the event as ``read_event`` reads it. Most events of a fleet take this path: its
-        checks and bookkeeping are native (``Routine`` in native/src/routine.rs, whose doc
-        lists them; :meth:`apply` is their reference), the cross-rank rules of a step it
-        completes are evaluated here."""
-        done = _routine.take(self, event, now)
-        if done is None:
+        run not compiled yet...): :meth:`apply` then takes the event as ``read_event`` reads
+        it. Most events of a fleet take this path: its checks and bookkeeping are native
+        (``Routine`` in native/src/routine.rs, whose doc lists them; :meth:`apply` is their
+        reference); the rules it leaves due are evaluated here (:meth:`after_rank_steps`)."""
+        got = _routine.take(self, event, now)
+        if got is None:
             return None
-        return self._ranks_in(done, self.now) if done else []
+        done, due = got
+        return self.after_rank_steps(done, event if due else None) if done or due else []
 
     def rank_steps(self, records: list, order, pos: int, now: float,
-                   keep: Callable[[int, int, bytes], None], taken: bytearray) -> tuple[int, int, list[int]]:
+                   keep: Callable[[int, int, bytes], None],
+                   taken: bytearray) -> tuple[int, int, list[int], Any]:
         """Take the records (Kafka records, each ``value`` an event's bytes) at
         ``order[pos:]`` one after another while each is a routine step of this run, as
         :meth:`rank_step` takes one, without reading them into objects first; each is kept by
         ``keep(step, rank, raw)`` (the snapshot recorder's) and marked in ``taken``. It
         stops before the first record that is not (rank 0's, another run's, anything
-        :meth:`rank_step` would decline), after one that completes a step of the cross-rank
-        buffer, and after ``RANK_STEPS_AT_ONCE``. ``(the position after the last record
-        taken, how many were taken, the cross-rank buffer's steps the last one completed)``:
-        :meth:`steps_complete` gives the alerts of those."""
+        :meth:`rank_step` would decline), after ``RANK_STEPS_AT_ONCE``, and after one that
+        leaves rules due: ``(the position after the last record taken, how many were taken,
+        the cross-rank buffer's steps the last one completed, the last one when its rank's own
+        rules are due, else None)``. :meth:`after_rank_steps` gives the alerts of those."""
         return _routine.take_run(self, records, order, pos, now, keep, taken, RANK_STEPS_AT_ONCE)
 
-    def steps_complete(self, steps: list[int]) -> list[Alert]:
-        """The alerts of the cross-rank rules of ``steps``, complete at the last step taken
-        (:meth:`rank_steps`)."""
-        return self._ranks_in(steps, self.now)
+    def after_rank_steps(self, steps: list[int], due=None) -> list[Alert]:
+        """The alerts of the rules a routine rank step left due (:meth:`rank_step`,
+        :meth:`rank_steps`): its rank's own rules when an alert is open on the rank (``due``:
+        the step), then the cross-rank rules of ``steps``, complete with it; as
+        :meth:`apply` evaluates them."""
+        out: list[Alert] = []
+        if due is not None:
+            out = self._rank_rules(self.programs[due.rank].every_step, due.rank, due.step,
+                                   due.metrics, self.now)
+        if steps:
+            out += self._ranks_in(steps, self.now)
+        return out
 
     def _seen(self, rank: int, ts: float, closed: bool) -> None:
         """An event of ``rank`` at ``ts`` is taken (``closed``: it closed the run's monitor).

@@ -1,24 +1,27 @@
 //! A routine step of a rank other than 0, taken natively: what `RunState.rank_step` does
 //! (streams/run.py) for the commonest event of a fleet. The checks that the step is routine,
 //! against the run's state, and the bookkeeping taking it makes; anything else is left to
-//! `RunState.apply`, the reference, which takes every event and words every rejection.
+//! `RunState.apply`, the reference, which takes every event and words every rejection. A rank
+//! reads its own rules (checks for non-finite values, in the built-in pack) at a step with a
+//! non-finite value and at each step while an alert is open on it: such steps are routine too,
+//! and the caller evaluates those rules.
 //!
-//! * `Routine.take(state, step, now)` takes one step that `read_rank_step` read: the steps of
-//!   the cross-rank buffer now complete (a list, most often empty), or None when the step is
-//!   not routine, with nothing changed.
+//! * `Routine.take(state, step, now)` takes one step that `read_rank_step` read: ``(the steps
+//!   of the cross-rank buffer now complete (most often none), whether the rank's own rules
+//!   are due)``, or None when the step is not routine, with nothing changed.
 //! * `Routine.take_run(state, records, order, pos, now, keep, taken, limit)` takes the run's
 //!   next records of a batch one after another (the worker's events lane, which takes a batch
 //!   a run at a time): it reads the run's state once, takes records while each is a routine
 //!   step of this run, and writes the state back once. It stops before the first record that
 //!   is not (another run's, rank 0's, anything `take` would refuse), after a step that
-//!   completes a step of the cross-rank buffer (whose rules the caller then evaluates), and
-//!   after `limit` records.
+//!   completes a step of the cross-rank buffer or whose rank's rules are due (the caller
+//!   evaluates those rules), and after `limit` records.
 //!
 //! The checks, in `rank_step`'s order: a timestamp within the limits (`now` when it has none),
 //! a rank under the limit, the run's incarnation, the run's tags (compared as bytes with the
 //! last tags known to read as them), a step not too far ahead, no preset to rename by or to
 //! look for, a step after the rank's last one, and a compiled rank program that lets its
-//! steps skip its rules (and, when it has rules for every step, no alert open on the rank).
+//! steps skip its rules when their values are finite.
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -138,6 +141,7 @@ struct Fields<'a> {
     incarnation: Option<&'a [u8]>,
     tags: &'a [u8],
     has_metrics: bool,
+    finite: bool,
 }
 
 /// Text items (spans of `b`) as a dict of str -> str, as `read_event` reads them.
@@ -151,15 +155,17 @@ fn dict_of<'py>(py: Python<'py>, b: &[u8], items: &[(Span, Span)]) -> PyResult<B
 }
 
 impl Routine {
-    /// The time of step `f` when it is routine for `run` (`now` when it has none); None when
-    /// it is not. Only the tags may change (`_tags_raw`, as rank_step notes them).
+    /// The time of step `f` when it is routine for `run` (`now` when it has none), and whether
+    /// its rank's own rules are due (an alert is open on the rank: they are read at each of its
+    /// steps); None when it is not routine. Only the tags may change (`_tags_raw`, as
+    /// rank_step notes them).
     fn check<'py>(
         &self,
         run: &mut Run<'py>,
         f: &Fields<'_>,
         tags_dict: impl FnOnce() -> PyResult<Bound<'py, PyDict>>,
         now: f64,
-    ) -> PyResult<Option<f64>> {
+    ) -> PyResult<Option<(f64, bool)>> {
         let py = run.st.py();
         let ts = match f.ts {
             None => now,
@@ -199,13 +205,14 @@ impl Routine {
         let Some(program) = run.programs.get_item(f.rank)? else {
             return Ok(None);
         };
-        if !program.getattr(intern!(py, "routine"))?.is_truthy()?
-            || (program.getattr(intern!(py, "every_step"))?.is_truthy()?
-                && run.ranks_open.contains(f.rank)?)
-        {
+        if !program.getattr(intern!(py, "routine"))?.is_truthy()? {
             return Ok(None);
         }
-        Ok(Some(ts))
+        // (a routine program with rules for every step skips them when its values are finite
+        // and no alert is open on the rank: RunState._rank_step)
+        let due = program.getattr(intern!(py, "every_step"))?.is_truthy()?
+            && (!f.finite || run.ranks_open.contains(f.rank)?);
+        Ok(Some((ts, due)))
     }
 
     /// Take routine step `f` at `ts` into `run` (`ev`: the step, for the cross-rank buffer);
@@ -252,8 +259,9 @@ impl Routine {
     }
 
     /// Take `event` (a step `read_rank_step` read) into run state `st` at wall time `now`:
-    /// the cross-rank buffer's steps now complete, or None when the step is not routine.
-    fn take(&self, st: &Bound<'_, PyAny>, event: &Bound<'_, RankStep>, now: f64) -> PyResult<Option<Vec<i64>>> {
+    /// ``(the cross-rank buffer's steps now complete, whether its rank's own rules are due)``,
+    /// or None when the step is not routine.
+    fn take(&self, st: &Bound<'_, PyAny>, event: &Bound<'_, RankStep>, now: f64) -> PyResult<Option<(Vec<i64>, bool)>> {
         let py = st.py();
         let Some(mut run) = Run::read(st)? else {
             return Ok(None);
@@ -272,20 +280,23 @@ impl Routine {
             incarnation: inc,
             tags: ev.tags_json.bind(py).as_bytes(),
             has_metrics: ev.has_metrics,
+            finite: ev.finite,
         };
-        let Some(ts) = self.check(&mut run, &f, || ev.tags_dict(py), now)? else {
+        let Some((ts, due)) = self.check(&mut run, &f, || ev.tags_dict(py), now)? else {
             return Ok(None);
         };
         let done = self.apply(&mut run, &f, ts, Some(event));
         run.write()?;
-        done.map(Some)
+        Ok(Some((done?, due)))
     }
 
     /// Take the records of `records` (Kafka records: their ``value`` is an event's bytes) at
     /// ``order[pos:]`` into run state `st` while each is a routine step of the run, at most
     /// `limit`; each one taken is kept by ``keep(step, rank, raw)`` (the snapshot recorder)
     /// and marked in `taken` (``taken[i] = 1``). ``(the position after the last one taken,
-    /// how many were taken, the cross-rank buffer's steps the last one completed)``.
+    /// how many were taken, the cross-rank buffer's steps the last one completed, the last one
+    /// when its rank's own rules are due, else None)``: it stops after a step that completes
+    /// a step of the buffer or whose rules are due.
     #[allow(clippy::too_many_arguments)]
     fn take_run(
         &self,
@@ -297,17 +308,18 @@ impl Routine {
         keep: &Bound<'_, PyAny>,
         taken: &Bound<'_, PyByteArray>,
         limit: usize,
-    ) -> PyResult<(usize, usize, Vec<i64>)> {
+    ) -> PyResult<(usize, usize, Vec<i64>, Option<Py<RankStep>>)> {
         let py = st.py();
         let Some(mut run) = Run::read(st)? else {
-            return Ok((pos, 0, Vec::new()));
+            return Ok((pos, 0, Vec::new(), None));
         };
         let run_id = st.getattr(intern!(py, "run_id"))?.downcast_into::<PyString>()?;
         let mut pos = pos;
         let mut count = 0;
         let got = self.take_records(&mut run, &run_id, records, order, &mut pos, &mut count, now, keep, taken, limit);
         run.write()?;
-        Ok((pos, count, got?))
+        let (done, due) = got?;
+        Ok((pos, count, done, due.map(Bound::unbind)))
     }
 }
 
@@ -326,7 +338,7 @@ impl Routine {
         keep: &Bound<'py, PyAny>,
         taken: &Bound<'py, PyByteArray>,
         limit: usize,
-    ) -> PyResult<Vec<i64>> {
+    ) -> PyResult<(Vec<i64>, Option<Bound<'py, RankStep>>)> {
         let py = run.st.py();
         let id = run_id.to_str()?.as_bytes();
         let listed = order.downcast::<PyList>().ok();
@@ -360,12 +372,13 @@ impl Routine {
                 incarnation: p.incarnation.map(|s| &b[s.0 as usize..s.1 as usize]),
                 tags: &b[p.tags.0 as usize..p.tags.1 as usize],
                 has_metrics: !p.metrics.is_empty(),
+                finite: p.finite(),
             };
-            let Some(ts) = self.check(run, &f, || dict_of(py, b, &p.tag_items), now)? else {
+            let Some((ts, due)) = self.check(run, &f, || dict_of(py, b, &p.tag_items), now)? else {
                 break;
             };
             let (rank, step) = (f.rank, f.step);
-            let ev = if run.cross_rank {
+            let ev = if run.cross_rank || due {
                 // (the step's incarnation and tags are the run's, checked above)
                 let incarnation = match f.incarnation {
                     Some(_) => Some(run.incarnation.downcast::<PyString>()?.clone().unbind()),
@@ -385,10 +398,13 @@ impl Routine {
             unsafe { taken.as_bytes_mut()[i] = 1 };
             *pos += 1;
             *count += 1;
+            if due {
+                return Ok((done, ev));
+            }
             if !done.is_empty() {
-                return Ok(done);
+                return Ok((done, None));
             }
         }
-        Ok(Vec::new())
+        Ok((Vec::new(), None))
     }
 }

@@ -1,11 +1,11 @@
 //! The commonest event of a fleet, a step of a rank other than 0, read straight from its JSON
 //! bytes (`streams.run.read_rank_step`). A fast path of `contract.events.read_event` for that
 //! one shape: it takes only what is plainly valid under the contract and plainly routine, and
-//! gives None for anything else (an escape or a non-ASCII byte in a text, a non-finite
-//! spelling, an integral float, dists, an unknown or repeated key, a value at a limit's edge,
-//! rank 0...), which then takes `read_event`, the one that words every rejection. What it
-//! takes, it reads as `read_event` does: the same numbers (correctly rounded, as msgspec's),
-//! the same texts.
+//! gives None for anything else (an escape or a non-ASCII byte in a text, an integral float,
+//! dists, an unknown or repeated key, a value at a limit's edge, rank 0...), which then takes
+//! `read_event`, the one that words every rejection. What it takes, it reads as `read_event`
+//! does: the same numbers (correctly rounded, as msgspec's; a metric's text that spells a
+//! non-finite value, as a diverged run sends them, read as that value), the same texts.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyFloat, PyList, PyString};
@@ -201,6 +201,30 @@ impl<'a> Reader<'a> {
         Some(x)
     }
 
+    /// A metric's value: a number as `float` reads it, or a text that spells a non-finite
+    /// value as `contract.events` reads one (`_NONFINITE_IN`, its spaces stripped and its case
+    /// ignored: a diverged run sends "NaN" in every event).
+    fn value(&mut self) -> Option<f64> {
+        if self.peek()? != b'"' {
+            return self.float();
+        }
+        let t = self.text()?;
+        let mut word = self.bytes_of(t);
+        while let [b' ', rest @ ..] = word {
+            word = rest;
+        }
+        while let [rest @ .., b' '] = word {
+            word = rest;
+        }
+        let word = word.to_ascii_lowercase();
+        match word.as_slice() {
+            b"nan" | b"+nan" | b"-nan" => Some(f64::NAN),
+            b"inf" | b"+inf" | b"infinity" | b"+infinity" => Some(f64::INFINITY),
+            b"-inf" | b"-infinity" => Some(f64::NEG_INFINITY),
+            _ => None,
+        }
+    }
+
     fn null(&mut self) -> bool {
         self.ws();
         if self.b[self.i..].starts_with(b"null") {
@@ -284,6 +308,13 @@ pub(crate) struct Parsed {
     pub(crate) hashes: Vec<(Span, Span)>,
     pub(crate) batch_ids: Vec<Span>,
     pub(crate) tag_items: Vec<(Span, Span)>,
+}
+
+impl Parsed {
+    /// Whether every metric is finite.
+    pub(crate) fn finite(&self) -> bool {
+        self.metrics.iter().all(|m| m.1.is_finite())
+    }
 }
 
 const SCHEMA: u32 = 1;
@@ -379,7 +410,7 @@ pub(crate) fn parse(b: &[u8]) -> Option<Parsed> {
                     if (name.1 - name.0) as usize > MAX_NAME_LEN {
                         return None;
                     }
-                    metrics.push((name, r.float()?));
+                    metrics.push((name, r.value()?));
                     Some(())
                 })?;
                 if n > MAX_METRICS {
@@ -459,9 +490,12 @@ pub struct RankStep {
     /// the bytes of the tags object as written (empty when the event has none, or none in it)
     #[pyo3(get)]
     pub(crate) tags_json: Py<PyBytes>,
-    /// the event has metrics (all of them finite: a non-finite spelling is left to read_event)
+    /// the event has metrics
     #[pyo3(get)]
     pub(crate) has_metrics: bool,
+    /// every metric is finite (a text spelling a non-finite value reads as that value)
+    #[pyo3(get)]
+    pub(crate) finite: bool,
     pub(crate) raw: Py<PyBytes>,
     pub(crate) metrics: Vec<(Span, f64)>,
     pub(crate) hashes: Vec<(Span, Span)>,
@@ -473,6 +507,7 @@ impl RankStep {
     /// The step `p` read from `raw`, with its run id, incarnation and tags object as given.
     pub(crate) fn of(raw: &Bound<'_, PyBytes>, p: Parsed, run_id: Py<PyString>,
                      incarnation: Option<Py<PyString>>, tags_json: Py<PyBytes>) -> RankStep {
+        let finite = p.finite();
         RankStep {
             run_id,
             rank: p.rank,
@@ -483,6 +518,7 @@ impl RankStep {
             tags_json,
             tag_items: p.tag_items,
             has_metrics: !p.metrics.is_empty(),
+            finite,
             raw: raw.clone().unbind(),
             metrics: p.metrics,
             hashes: p.hashes,
@@ -541,23 +577,6 @@ impl RankStep {
 
 #[pymethods]
 impl RankStep {
-    /// `(ts, rank, step, world_size, incarnation, tags_json, has_metrics)` in one call: what
-    /// `RunState.rank_step` reads of every routine step (seven getters cost seven calls)
-    fn routine<'py>(&self, py: Python<'py>) -> Bound<'py, pyo3::types::PyTuple> {
-        pyo3::types::PyTuple::new_bound(
-            py,
-            [
-                self.ts.into_py(py),
-                self.rank.into_py(py),
-                self.step.into_py(py),
-                self.world_size.into_py(py),
-                self.incarnation.as_ref().map(|i| i.clone_ref(py)).into_py(py),
-                self.tags_json.clone_ref(py).into_any(),
-                self.has_metrics.into_py(py),
-            ],
-        )
-    }
-
     /// "step": the step reads as a step event wherever one is read (the recorder, the
     /// fleet view); the fields below are made on each read, as read_event gives them
     #[getter]

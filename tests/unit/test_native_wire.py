@@ -71,9 +71,7 @@ def _same_as_read_event(raw: bytes) -> str:
     assert all(math.copysign(1, a) == math.copysign(1, b)
                for a, b in zip(got["metrics"].values(), want["metrics"].values()))
     assert rs.rank > 0
-    # what RunState.rank_step reads in one call: the same as the getters give
-    assert rs.routine() == (rs.ts, rs.rank, rs.step, rs.world_size, rs.incarnation, rs.tags_json,
-                            rs.has_metrics)
+    assert rs.finite is all(math.isfinite(v) for v in want["metrics"].values())
     return "taken"
 
 
@@ -125,7 +123,6 @@ def test_texts_the_reader_cannot_judge_are_left_to_read_event():
         b'{"schema":1,"kind":"step","run_id":"r","rank":1,"step":1,"metrics":{"a":1},"metrics":{"a":2}}',
         b'{"schema":1,"kind":"step","run_id":"r","rank":1,"step":1,"metrics":{"a":1,"a":2}}',
         b'{"schema":1,"kind":"step","run_id":"r","rank":1,"step":1,"metrics":{"a":NaN}}',
-        b'{"schema":1,"kind":"step","run_id":"r","rank":1,"step":1,"metrics":{"a":"NaN"}}',
         b'{"schema":1,"kind":"step","run_id":"r","rank":1,"step":1,"metrics":{"\\u0061":1}}',
         b'{"schema":1,"kind":"step","run_id":"r","rank":1,"step":1.0}',
         b'{"schema":1,"kind":"step","run_id":"r","rank":0,"step":1}',
@@ -142,6 +139,7 @@ def test_texts_the_reader_cannot_judge_are_left_to_read_event():
         b'{"schema":1,"kind":"step","run_id":"r","rank":1,"step":1,"metrics":{"a":1}',
         b'{"schema":1,"kind":"step","run_id":"r","rank":1,"step":1,"ts":null,"world_size":null}',
         b'  {"schema" : 1 , "kind":"step","run_id":"r","rank":1,"step":1,"tags":{}} \n',
+        b'{"schema":1,"kind":"step","run_id":"r","rank":1,"step":1,"metrics":{"a":"NaN","b":1.5}}',
         b'{"schema":1,"kind":"step","run_id":"r","rank":1,"step":1' + b',"batch_ids":["a"]' * 2 + b'}',
         b'{"schema":1,"kind":"step","run_id":"r","rank":1,"step":1,"metrics":{' +
         b",".join(b'"m%d":%d' % (i, i) for i in range(4097)) + b"}}",
@@ -150,9 +148,26 @@ def test_texts_the_reader_cannot_judge_are_left_to_read_event():
         b'{"schema":1,"kind":"step","run_id":"r","rank":1,"step":1,"metrics":{"a":0.1000000000000000055511151231257827}}',
     ]
     got = [_same_as_read_event(raw) for raw in cases]
-    # the last but three: nulls and blanks the reader takes; the rest is declined or refused
-    assert got[18] == got[19] == "taken"
-    assert "taken" not in got[:18] + got[20:], got
+    # the last but four: nulls, blanks and a spelt NaN the reader takes; the rest is declined
+    # or refused
+    assert got[17] == got[18] == got[19] == "taken"
+    assert "taken" not in got[:17] + got[20:], got
+
+
+def test_a_metric_spelt_as_a_non_finite_value_reads_as_read_event_reads_it():
+    """A diverged run sends "NaN" in every event: the reader takes the spellings read_event
+    takes (any case, spaces around), with the same values, and no other text."""
+    from contract.events import _NONFINITE_IN
+
+    def ev(value) -> bytes:
+        return json.dumps(dict(BASE, metrics={"loss/policy": value, "grad_norm/actor": 1.5})).encode()
+    spellings = [*_NONFINITE_IN, *(w.upper() for w in _NONFINITE_IN), " NaN ", "  -Infinity", "nAn"]
+    for word in spellings:
+        assert _same_as_read_event(ev(word)) == "taken", word
+        assert read_routine(ev(word)).finite is False
+    assert read_routine(ev(0.5)).finite is True
+    for word in ["nann", "1.5", "", "none", "in f", "--inf", "nan\u00a0"]:
+        assert _same_as_read_event(ev(word)) != "taken", word
 
 
 def test_byte_level_damage_never_makes_the_reader_disagree():
@@ -281,7 +296,7 @@ def _run_at_once(lines: list[bytes], limit: int | None = None):
             by_run.setdefault(r.key, []).append(i)
         order = [i for ids in by_run.values() for i in ids]
         taken = bytearray(len(records))
-        out, calls, at_once = [], 0, 0
+        out, calls, at_once, opened = [], 0, 0, 0
 
         def note(alerts, run_id):
             for a in alerts:
@@ -300,15 +315,16 @@ def _run_at_once(lines: list[bytes], limit: int | None = None):
             taken[i] = 1
             note(alerts, ev.run_id)
             st = pipe.runs[ev.run_id]
-            k, count, done = st.rank_steps(records, order, k, now,
-                                           recorder.rank_keeper(ev.run_id), taken)
+            k, count, done, due = st.rank_steps(records, order, k, now,
+                                                recorder.rank_keeper(ev.run_id), taken)
             calls += 1
             at_once += count
-            note(st.steps_complete(done) if done else [], ev.run_id)
+            opened += due is not None
+            note(st.after_rank_steps(done, due) if done or due else [], ev.run_id)
         assert all(taken)
         states = {k: json.dumps(st.to_state(), sort_keys=True, default=repr)
                   for k, st in pipe.runs.items()}
-        return out, states, at_once, calls
+        return out, states, at_once, calls, opened
     finally:
         if limit is not None:
             run_module.RANK_STEPS_AT_ONCE = kept
@@ -320,10 +336,11 @@ def test_a_fleet_taken_a_run_at_a_time_with_rank_steps_at_once_ends_as_one_fed_t
     """RunState.rank_steps (the worker's events lane) takes what rank_step would, in the same
     way: the same alerts, snapshots and states as every event through read_event."""
     lines = _fleet()
-    fast, fast_states, at_once, calls = _run_at_once(lines, limit)
+    fast, fast_states, at_once, calls, opened = _run_at_once(lines, limit)
     slow, slow_states, _ = _run(lines, fast=False)
     rank_steps = sum(1 for raw in lines if json.loads(raw).get("rank") and b'"step"' in raw)
     assert at_once > (0.4 if limit is None else 0.2) * rank_steps
+    assert opened >= 20       # steps of ranks with an alert open, their rules read at once
     if limit is not None:
         assert at_once <= limit * calls
     def by_run(pairs) -> dict:      # (the runs' alerts come a run at a time)
@@ -359,9 +376,9 @@ def test_rank_steps_stop_before_what_they_do_not_take():
     for values, expected in cases:
         records = [SimpleNamespace(value=v) for v in values]
         taken = bytearray(len(records))
-        pos, count, done = st.rank_steps(records, range(len(records)), 0, now,
-                                         lambda *a: kept.append(a[:2]), taken)
-        assert (pos, count) == (expected, expected) and done == []
+        pos, count, done, due = st.rank_steps(records, range(len(records)), 0, now,
+                                              lambda *a: kept.append(a[:2]), taken)
+        assert (pos, count) == (expected, expected) and done == [] and due is None
         assert list(taken) == [1] * expected + [0] * (len(records) - expected)
     assert kept == [(8, 1), (9, 1), (10, 1), (11, 1), (12, 1)]
     assert st.last_step == {0: 7, 1: 12} and st.newest == 12
