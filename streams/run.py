@@ -682,10 +682,14 @@ class RunState:
         ``keep(step, rank, raw)`` (the snapshot recorder's) and marked in ``taken``. It
         stops before the first record that is not (rank 0's, another run's, anything
         :meth:`rank_step` would decline), after ``RANK_STEPS_AT_ONCE``, and after one that
-        leaves rules due: ``(the position after the last record taken, how many were taken,
+        leaves rules due (the cross-rank rules of a step it completes are read natively
+        first: it goes on when none holds and none has an alert state): ``(the position after the last record taken, how many were taken,
         the cross-rank buffer's steps the last one completed, the last one when its rank's own
         rules are due, else None)``. :meth:`after_rank_steps` gives the alerts of those."""
-        return _routine.take_run(self, records, order, pos, now, keep, taken, RANK_STEPS_AT_ONCE)
+        p0 = self.programs.get(0)
+        rules = p0.by_trigger.get("ranks") if p0 is not None else None
+        return _routine.take_run(self, records, order, pos, now, keep, taken, RANK_STEPS_AT_ONCE,
+                                 rules.scan(_native_scan) if rules else None)
 
     def after_rank_steps(self, steps: list[int], due=None) -> list[Alert]:
         """The alerts of the rules a routine rank step left due (:meth:`rank_step`,

@@ -331,12 +331,28 @@ impl Scan {
         py: Python<'_>,
         states: &Bound<'_, pyo3::types::PyDict>,
     ) -> PyResult<Vec<(usize, Option<bool>)>> {
+        self.hits(py, states, usize::MAX)
+    }
+}
+
+impl Scan {
+    /// What `__call__` gives, its first `most` tiers at most (reading stops there: the tests
+    /// only read).
+    pub(crate) fn hits(
+        &self,
+        py: Python<'_>,
+        states: &Bound<'_, pyo3::types::PyDict>,
+        most: usize,
+    ) -> PyResult<Vec<(usize, Option<bool>)>> {
         let any_state = !states.is_empty();
         let mut out = Vec::new();
         for (i, &at) in self.starts.iter().enumerate() {
             let v = eval_flat(py, &self.ops, at)?.0;
             if v == Some(true) || (any_state && states.contains(self.keys[i].bind(py))?) {
                 out.push((i, v));
+                if out.len() >= most {
+                    break;
+                }
             }
         }
         Ok(out)

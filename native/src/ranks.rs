@@ -179,6 +179,37 @@ impl RankBuffer {
         }
         Ok(keep(&mut b, ev.step(), Entry { rank: ev.rank(), m, h }, world))
     }
+
+    /// `open(step)`, and where the step was in the buffer (None: it was not there), for
+    /// `put_back`.
+    pub(crate) fn open_at(&self, step: i64) -> PyResult<Option<usize>> {
+        let mut b = lock(&self.buf)?;
+        let at = b.pending.iter().position(|p| p.step == step);
+        b.current = match at {
+            Some(at) => b.pending.remove(at).ranks,
+            None => Vec::new(),
+        };
+        b.memo.clear();
+        Ok(at)
+    }
+
+    /// Undo `open_at(step)`, which gave `at`: the step goes back where it was, as if it had
+    /// never been opened.
+    pub(crate) fn put_back(&self, step: i64, at: Option<usize>) -> PyResult<()> {
+        let mut b = lock(&self.buf)?;
+        let ranks = std::mem::take(&mut b.current);
+        if let Some(at) = at {
+            b.pending.insert(at, Pending { step, ranks });
+        }
+        b.close();
+        Ok(())
+    }
+
+    /// `close()`.
+    pub(crate) fn shut(&self) -> PyResult<()> {
+        lock(&self.buf)?.close();
+        Ok(())
+    }
 }
 
 #[pymethods]

@@ -15,7 +15,9 @@
 //!   step of this run, and writes the state back once. It stops before the first record that
 //!   is not (another run's, rank 0's, anything `take` would refuse), after a step that
 //!   completes a step of the cross-rank buffer or whose rank's rules are due (the caller
-//!   evaluates those rules), and after `limit` records.
+//!   evaluates those rules), and after `limit` records. Given the native scan of the
+//!   cross-rank rules, it reads them itself at a step they complete, and goes on when none
+//!   holds and none has an alert state (evaluating them would change nothing).
 //!
 //! The checks, in `rank_step`'s order: a timestamp within the limits (`now` when it has none),
 //! a rank under the limit, the run's incarnation, the run's tags (compared as bytes with the
@@ -27,6 +29,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PySet, PyString, PyTuple};
 
+use crate::logic::Scan;
 use crate::ranks::RankBuffer;
 use crate::wire::{parse, RankStep, Span};
 
@@ -298,6 +301,7 @@ impl Routine {
     /// when its rank's own rules are due, else None)``: it stops after a step that completes
     /// a step of the buffer or whose rules are due.
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (st, records, order, pos, now, keep, taken, limit, ranks_scan))]
     fn take_run(
         &self,
         st: &Bound<'_, PyAny>,
@@ -308,6 +312,7 @@ impl Routine {
         keep: &Bound<'_, PyAny>,
         taken: &Bound<'_, PyByteArray>,
         limit: usize,
+        ranks_scan: Option<&Bound<'_, Scan>>,
     ) -> PyResult<(usize, usize, Vec<i64>, Option<Py<RankStep>>)> {
         let py = st.py();
         let Some(mut run) = Run::read(st)? else {
@@ -316,7 +321,8 @@ impl Routine {
         let run_id = st.getattr(intern!(py, "run_id"))?.downcast_into::<PyString>()?;
         let mut pos = pos;
         let mut count = 0;
-        let got = self.take_records(&mut run, &run_id, records, order, &mut pos, &mut count, now, keep, taken, limit);
+        let got = self.take_records(&mut run, &run_id, records, order, &mut pos, &mut count, now, keep, taken, limit,
+                                    ranks_scan);
         run.write()?;
         let (done, due) = got?;
         Ok((pos, count, done, due.map(Bound::unbind)))
@@ -324,6 +330,33 @@ impl Routine {
 }
 
 impl Routine {
+    /// The steps of `done` (complete in the cross-rank buffer) from the first whose cross-rank
+    /// rules (`scan`, their native scan) may change something: the steps before it have no
+    /// test that holds and no alert state, so evaluating them (as `RunState._ranks_in` does:
+    /// open the step, scan, close it) changes nothing but taking the step out of the buffer,
+    /// which is done here. That first step is put back as it was, for the caller's
+    /// `_ranks_in` (so is one whose scan fails: it fails there again, where a failure is
+    /// handled).
+    fn quiet_steps<'py>(&self, run: &Run<'py>, scan: &Bound<'py, Scan>, done: Vec<i64>) -> PyResult<Vec<i64>> {
+        let py = run.st.py();
+        let Some(ranks) = &run.ranks else {
+            return Ok(done);
+        };
+        let (ranks, scan) = (ranks.get(), scan.get());
+        let alerts = run.st.getattr(intern!(py, "alerts"))?.downcast_into::<PyDict>()?;
+        for (i, &step) in done.iter().enumerate() {
+            let at = ranks.open_at(step)?;
+            match scan.hits(py, &alerts, 1) {
+                Ok(hits) if hits.is_empty() => ranks.shut()?,
+                _ => {
+                    ranks.put_back(step, at)?;
+                    return Ok(done[i..].to_vec());
+                }
+            }
+        }
+        Ok(Vec::new())
+    }
+
     /// The loop of `take_run` (its state written back by the caller, whatever happens here).
     #[allow(clippy::too_many_arguments)]
     fn take_records<'py>(
@@ -338,6 +371,7 @@ impl Routine {
         keep: &Bound<'py, PyAny>,
         taken: &Bound<'py, PyByteArray>,
         limit: usize,
+        ranks_scan: Option<&Bound<'py, Scan>>,
     ) -> PyResult<(Vec<i64>, Option<Bound<'py, RankStep>>)> {
         let py = run.st.py();
         let id = run_id.to_str()?.as_bytes();
@@ -402,7 +436,13 @@ impl Routine {
                 return Ok((done, ev));
             }
             if !done.is_empty() {
-                return Ok((done, None));
+                let left = match ranks_scan {
+                    Some(scan) => self.quiet_steps(run, scan, done)?,
+                    None => done,
+                };
+                if !left.is_empty() {
+                    return Ok((left, None));
+                }
             }
         }
         Ok((Vec::new(), None))
