@@ -264,7 +264,7 @@ def core_time_report(path: str, rate: float) -> str:
     with open(path) as f:
         spent = json.load(f)
     threads = spent.pop(THREADS, None)
-    events = spent.get("the native reader", [0.0, 0])[1]
+    events = spent.pop(EVENTS, 0)
     if not events:
         return "core timed: no event was taken"
     wall = 1e6 / rate if rate == rate and rate > 0 else math.nan
@@ -403,19 +403,24 @@ SKIPPED = {"ranks": "no core for ranks 1+", "rank0": "no core for rank 0",
 # heavier steps of an alert's way out and of the state writes. Each is a module-level name the
 # worker calls, wrapped: a Python frame and two clock reads more per call, so the timed worker
 # runs slower than the worker as it is. Written as JSON {piece: [seconds, calls]} to
-# BENCH_CORE_TIME every 20,000 events and at exit. "the native reader" is called once per
-# event: its calls are the events taken.
-TIMED_PIECES = [("streams.app", "", "read_routine", "the native reader", 20_000),
-                ("streams.run", "RunState", "rank_step", "RunState.rank_step", 0),
-                ("streams.app", "", "read_event", "read_event", 0),
-                ("streams.processor", "Processor", "process", "Processor.process", 0),
-                ("streams.app", "RunStates", "get", "RunStates.get", 0),
-                ("streams.snapshot", "SnapshotRecorder", "observe", "SnapshotRecorder.observe", 0),
-                ("streams.fleet_store", "FleetWriter", "note", "FleetWriter.note", 0),
+# BENCH_CORE_TIME every 20,000 events and at exit. The events taken are counted as "the native
+# reader"'s calls (it is offered every event take() takes) and the records RunState.rank_steps
+# took (the run's routine rank steps that come next, taken at once): the last field says which.
+TIMED_PIECES = [("streams.app", "", "read_routine", "the native reader", "call"),
+                ("streams.run", "RunState", "rank_step", "RunState.rank_step", ""),
+                ("streams.run", "RunState", "rank_steps", "RunState.rank_steps", "taken"),
+                ("streams.run", "RunState", "after_rank_steps", "RunState.after_rank_steps", ""),
+                ("streams.app", "", "read_event", "read_event", ""),
+                ("streams.processor", "Processor", "process", "Processor.process", ""),
+                ("streams.app", "RunStates", "get", "RunStates.get", ""),
+                ("streams.snapshot", "SnapshotRecorder", "observe", "SnapshotRecorder.observe", ""),
+                ("streams.fleet_store", "FleetWriter", "note", "FleetWriter.note", ""),
                 # and, outside take(), the heavier steps of an alert's way out
-                ("streams.app", "", "attach_snapshot", "attach_snapshot", 0),
-                ("contract.alert", "Alert", "to_json", "Alert.to_json", 0),
-                ("streams.app", "", "encode_state", "encode_state (state writes)", 0)]
+                ("streams.app", "", "attach_snapshot", "attach_snapshot", ""),
+                ("contract.alert", "Alert", "to_json", "Alert.to_json", ""),
+                ("streams.app", "", "encode_state", "encode_state (state writes)", "")]
+#: the timed worker's count of the events taken (see TIMED_PIECES)
+EVENTS = "(events)"
 CORE_TIMED = "rlwatch worker, core timed"
 #: the timed worker's record of its threads' CPU: {"events": events taken, "cpu": {thread:
 #: [user, system] seconds}}, both from its first record (at 20,000 events: start-up left out)
@@ -465,6 +470,7 @@ NO_CORE_WORKER = LANE_PROGRESS + """
 import os, sys
 TIMED_PIECES = """ + repr(TIMED_PIECES) + """
 THREADS = """ + repr(THREADS) + """
+EVENTS = """ + repr(EVENTS) + """
 import streams.processor
 skip = os.environ.get("BENCH_SKIP", "all")
 if skip == "brakes":
@@ -501,8 +507,9 @@ elif skip == "time":    # the worker as it is, each of TIMED_PIECES timed
             cpu[1] += int(fields[12]) / tick
         return got
     base, cpu = [], {}   # (events, thread CPU) at the first dump: start-up left out
+    taken = [0, 20_000]  # events taken, and the count at which to dump next
     def dump():
-        events = spent["the native reader"][1]
+        events = taken[0]
         cpu.update(thread_cpu())    # (a thread stopped before the exit keeps its last figures)
         if not base:
             base.append((events, dict(cpu)))
@@ -511,25 +518,30 @@ elif skip == "time":    # the worker as it is, each of TIMED_PIECES timed
             user0, system0 = cpu0.get(name, (0.0, 0.0))
             threads[name] = [user - user0, system - system0]
         with open(path + ".new", "w") as f:
-            json.dump({**spent, THREADS: {"events": events - events0, "cpu": threads}}, f)
+            json.dump({**spent, EVENTS: events, THREADS: {"events": events - events0, "cpu": threads}}, f)
         os.replace(path + ".new", path)
-    def timed(owner, name, label, every=0):
+    def timed(owner, name, label, counts):
         f, got = getattr(owner, name), spent.setdefault(label, [0.0, 0])
         def piece(*a, **k):
-            t = pc()
+            t, out = pc(), None
             try:
-                return f(*a, **k)
+                out = f(*a, **k)
+                return out
             finally:
                 got[0] += pc() - t
                 got[1] += 1
-                if every and got[1] % every == 0:
-                    dump()
+                if counts:
+                    taken[0] += 1 if counts == "call" else out[1] if out is not None else 0
+                    if taken[0] >= taken[1]:
+                        taken[1] += 20_000
+                        dump()
         setattr(owner, name, piece)
-    for module, owner, name, label, every in TIMED_PIECES:
+    for module, owner, name, label, counts in TIMED_PIECES:
         module = importlib.import_module(module)
-        timed(getattr(module, owner) if owner else module, name, label, every)
+        timed(getattr(module, owner) if owner else module, name, label, counts)
     atexit.register(dump)
 else:
+    import streams.run
     process = streams.processor.Processor.process
     def skipping(self, state, event, now):
         if skip == "alerts":
@@ -539,6 +551,18 @@ else:
             return []
         return process(self, state, event, now)
     streams.processor.Processor.process = skipping
+    # the routine steps of ranks other than 0 are taken by RunState.rank_step, or several at
+    # once by rank_steps: skipping the core for them, each is read by the native reader and
+    # taken by a rank_step that does nothing; dropping alerts, those of the rules they leave
+    # due are dropped
+    RunState = streams.run.RunState
+    rank_step, after = RunState.rank_step, RunState.after_rank_steps
+    if skip in ("all", "ranks"):
+        RunState.rank_steps = lambda self, records, order, pos, *a: (pos, 0, [], None)
+        RunState.rank_step = lambda self, event, now: []
+    elif skip == "alerts":
+        RunState.rank_step = lambda self, event, now: None if rank_step(self, event, now) is None else []
+        RunState.after_rank_steps = lambda self, *a: after(self, *a) and []
 """ + RUN_CLI
 
 
@@ -779,7 +803,7 @@ def main() -> None:
                     "variable set (repeatable), e.g. PYTHONPATH=<a copy of an older tree>")
     ap.add_argument("--core-time", metavar="FILE",
                     help="also run the worker with each piece of its events lane's take() timed "
-                    "(the native reader, rank_step, read_event, Processor.process, the run "
+                    "(the native reader, rank_step, rank_steps, read_event, Processor.process, the run "
                     "states, the snapshot recorder, the fleet view), and the snapshots, alert "
                     "JSON and state encoding (the wrapping slows it down), "
                     "into FILE (JSON), and print each piece's µs per event and share of the "

@@ -91,11 +91,12 @@ def test_the_kafka_benchmark_reads_each_threads_idle_share_from_a_py_spy_record(
 
 def test_the_kafka_benchmark_core_time_gives_each_piece_per_event_and_what_is_left(tmp_path):
     """``bench_worker_kafka.py --core-time F``: each timed piece of the worker in µs per event
-    taken (the native reader's calls count the events) and as a share of the
-    worker's wall time per event, their sum, and what is left outside them; then each thread's
-    CPU time per event (a thread that used none is left out)."""
+    taken (the count the timed worker kept) and as a share of the worker's wall time per
+    event, their sum, and what is left outside them; then each thread's CPU time per event (a
+    thread that used none is left out)."""
     record = tmp_path / "core.json"
-    record.write_text('{"the native reader": [0.5, 10000], "Processor.process": [1.0, 1250], '
+    record.write_text('{"the native reader": [0.2, 1500], "RunState.rank_steps": [0.3, 1250], '
+                      '"Processor.process": [1.0, 1250], "(events)": 10000, '
                       '"(threads)": {"events": 8000, "cpu": {"MainThread": [0.8, 0.1], '
                       '"Thread-1": [0.2, 0.2], "rlwatch-brake": [0.0, 0.0]}}}')
     out = subprocess.run(
@@ -108,7 +109,8 @@ def test_the_kafka_benchmark_core_time_gives_each_piece_per_event_and_what_is_le
     assert "10000 events; the worker's wall time 200.0 µs per event at 5,000 events/s" in out.stdout
     rows = {m.group(1).strip(): (m.group(2), float(m.group(3)), float(m.group(4)))
             for m in re.finditer(r"^  (.{28}) +(\d*) +([\d.]+) +([\d.]+)%$", out.stdout, re.M)}
-    assert rows == {"the native reader": ("10000", 50.0, 25.0),
+    assert rows == {"the native reader": ("1500", 20.0, 10.0),
+                    "RunState.rank_steps": ("1250", 30.0, 15.0),
                     "Processor.process": ("1250", 100.0, 50.0),
                     "the pieces": ("", 150.0, 75.0),
                     "outside them": ("", 50.0, 25.0)}, out.stdout
@@ -136,12 +138,13 @@ def test_every_piece_the_kafka_benchmark_times_is_what_the_worker_calls():
     rename would otherwise stop the timed worker at start)."""
     out = python("import importlib\n"
                  "from bench_worker_kafka import TIMED_PIECES\n"
-                 "for module, owner, name, label, every in TIMED_PIECES:\n"
+                 "for module, owner, name, label, counts in TIMED_PIECES:\n"
                  "    m = importlib.import_module(module)\n"
                  "    print(label, callable(getattr(getattr(m, owner) if owner else m, name)))")
     found = dict(line.rsplit(" ", 1) for line in out.splitlines())
     assert found and set(found.values()) == {"True"}, out
     assert "the native reader" in found and "Processor.process" in found
+    assert "RunState.rank_steps" in found
 
 
 def test_the_kafka_benchmark_times_the_worker_by_its_lane_batches():
