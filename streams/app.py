@@ -608,10 +608,14 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         try:
             at, count, complete, due = st.rank_steps(records, order, k, now, keep, taken)
         except Exception:  # noqa: BLE001 - a fault here must not stop the worker
-            # (the records not marked taken go through take(), which words any fault per event)
+            # (those it took before the fault are marked taken; the others go through take(),
+            # which words any fault per event)
             log.exception("rlwatch: taking the routine steps of run %s at once failed; they "
                           "are taken one by one", run_id)
             end_streak()
+            while k < len(order) and taken[order[k]]:
+                k += 1
+                counters["events"] += 1
             return k, None
         if not complete and due is None:
             counters["events"] += count

@@ -683,9 +683,10 @@ class RunState:
         stops before the first record that is not (rank 0's, another run's, anything
         :meth:`rank_step` would decline), after ``RANK_STEPS_AT_ONCE``, and after one that
         leaves rules due (the cross-rank rules of a step it completes are read natively
-        first: it goes on when none holds and none has an alert state): ``(the position after the last record taken, how many were taken,
-        the cross-rank buffer's steps the last one completed, the last one when its rank's own
-        rules are due, else None)``. :meth:`after_rank_steps` gives the alerts of those."""
+        first: it goes on when none holds and none has an alert state). ``(the position
+        after the last record taken, how many were taken, the cross-rank buffer's steps the
+        last one completed, the last one when its rank's own rules are due, else None)``:
+        :meth:`after_rank_steps` gives the alerts of those."""
         p0 = self.programs.get(0)
         rules = p0.by_trigger.get("ranks") if p0 is not None else None
         return _routine.take_run(self, records, order, pos, now, keep, taken, RANK_STEPS_AT_ONCE,
@@ -693,9 +694,9 @@ class RunState:
 
     def after_rank_steps(self, steps: list[int], due=None) -> list[Alert]:
         """The alerts of the rules a routine rank step left due (:meth:`rank_step`,
-        :meth:`rank_steps`): its rank's own rules when an alert is open on the rank (``due``:
-        the step), then the cross-rank rules of ``steps``, complete with it; as
-        :meth:`apply` evaluates them."""
+        :meth:`rank_steps`): its rank's own rules when it has a non-finite value or an alert
+        is open on the rank (``due``: the step), then the cross-rank rules of ``steps``,
+        complete with it; as :meth:`apply` evaluates them."""
         out: list[Alert] = []
         if due is not None:
             out = self._rank_rules(self.programs[due.rank].every_step, due.rank, due.step,

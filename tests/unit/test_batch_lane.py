@@ -859,3 +859,39 @@ def test_the_changelog_records_a_fetch_loop_drops_are_read_again_from_the_first_
     read = {tp[log, 0]: 6, tp[log, 2]: 11, tp[events, 0]: 40}
     assert dropped_changelogs(records, changelogs, read) == {tp[log, 0]: 7, tp[log, 1]: 0}
     assert dropped_changelogs({}, changelogs) == {}
+
+
+def test_a_fault_in_taking_rank_steps_at_once_loses_and_repeats_no_event(monkeypatch, caplog):
+    """When RunState.rank_steps fails partway (a fault of the native core), the lane logs it
+    and takes the records it had not taken one by one: every event is taken once, none is
+    dead-lettered or counted twice, and the batch is acknowledged whole."""
+    import time
+
+    import streams.run as run_module
+
+    real = run_module.RunState.rank_steps
+    faults = [0]
+
+    def failing(self, records, order, pos, now, keep, taken):
+        # the first call takes one record and then fails
+        if faults[0] == 0:
+            faults[0] += 1
+            got = real(self, records, order, pos, now, keep, taken)
+            if got[1]:
+                taken[order[pos]] = 1
+                raise RuntimeError("native fault")
+        return real(self, records, order, pos, now, keep, taken)
+    monkeypatch.setattr(run_module.RunState, "rank_steps", failing)
+    run, _sent, app, _settings = worker_lane(monkeypatch)
+    t0 = time.time() - 60
+
+    def ranked(s: int, rank: int) -> bytes:
+        return json.dumps({"schema": 1, "kind": "step", "run_id": "faulty", "step": s, "rank": rank,
+                           "world_size": 4, "ts": t0 + s, "metrics": {"loss/policy": 0.5}}).encode()
+    values = [ranked(s, r) for s in range(12) for r in range(4)]
+    batch = run(values, FakeConsumer())
+    assert faults[0] == 1 and "taking the routine steps of run faulty at once failed" in caplog.text
+    assert app.rlwatch_counters["events"] == len(values) and app.rlwatch_counters["dlq"] == 0
+    assert batch.acked == len(values)
+    st = app.rlwatch_states.get("faulty")
+    assert st.last_step == {0: 11, 1: 11, 2: 11, 3: 11} and st.duplicates == 0
