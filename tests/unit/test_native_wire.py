@@ -276,73 +276,71 @@ def test_a_fleet_fed_as_the_worker_takes_it_ends_as_one_fed_through_read_event()
     assert fast_states == slow_states       # bookkeeping, duplicates, replaced ts included
 
 
-def _run_at_once(lines: list[bytes], limit: int | None = None):
+def _run_at_once(lines: list[bytes]):
     """As the worker's events lane takes a batch: each run's records together, in order (the
     runs in the order they first come), the routine rank steps after each event taken at once
-    by RunState.rank_steps (``limit``: at most that many a call)."""
+    by RunState.rank_steps."""
     from types import SimpleNamespace
 
-    import streams.run as run_module
+    pipe = Pipeline(rlhf_pack())
+    recorder = SnapshotRecorder()
+    now = max(json.loads(raw)["ts"] for raw in lines) + 1.0
+    records = [SimpleNamespace(key=json.loads(raw)["run_id"].encode(), value=raw) for raw in lines]
+    by_run: dict = {}
+    for i, r in enumerate(records):
+        by_run.setdefault(r.key, []).append(i)
+    order = [i for ids in by_run.values() for i in ids]
+    taken = bytearray(len(records))
+    out, calls, at_once, opened = [], 0, 0, 0
 
-    if limit is not None:
-        run_module.RANK_STEPS_AT_ONCE, kept = limit, run_module.RANK_STEPS_AT_ONCE
-    try:
-        pipe = Pipeline(rlhf_pack())
-        recorder = SnapshotRecorder()
-        now = max(json.loads(raw)["ts"] for raw in lines) + 1.0
-        records = [SimpleNamespace(key=json.loads(raw)["run_id"].encode(), value=raw) for raw in lines]
-        by_run: dict = {}
-        for i, r in enumerate(records):
-            by_run.setdefault(r.key, []).append(i)
-        order = [i for ids in by_run.values() for i in ids]
-        taken = bytearray(len(records))
-        out, calls, at_once, opened = [], 0, 0, 0
-
-        def note(alerts, run_id):
-            for a in alerts:
-                out.append(((a.run_id, a.rule, a.severity, a.state, a.step, a.rank, repr(a.value)),
-                            json.dumps(build_snapshot(a, recorder, pipe.runs[run_id]),
-                                       sort_keys=True, default=repr)))
-        k = 0
-        while k < len(order):
-            i = order[k]
-            k += 1
-            raw = records[i].value
-            rs, before = read_routine(raw), pipe.routine
-            alerts = pipe.feed_raw(raw, now)
-            ev = rs if pipe.routine > before else read_event(raw, now)
-            recorder.observe(ev, raw)
-            taken[i] = 1
-            note(alerts, ev.run_id)
-            st = pipe.runs[ev.run_id]
-            k, count, done, due = st.rank_steps(records, order, k, now,
-                                                recorder.rank_keeper(ev.run_id), taken)
-            calls += 1
-            at_once += count
-            opened += due is not None
-            note(st.after_rank_steps(done, due) if done or due else [], ev.run_id)
-        assert all(taken)
-        states = {k: json.dumps(st.to_state(), sort_keys=True, default=repr)
-                  for k, st in pipe.runs.items()}
-        return out, states, at_once, calls, opened
-    finally:
-        if limit is not None:
-            run_module.RANK_STEPS_AT_ONCE = kept
+    def note(alerts, run_id):
+        for a in alerts:
+            out.append(((a.run_id, a.rule, a.severity, a.state, a.step, a.rank, repr(a.value)),
+                        json.dumps(build_snapshot(a, recorder, pipe.runs[run_id]),
+                                   sort_keys=True, default=repr)))
+    k = 0
+    while k < len(order):
+        i = order[k]
+        k += 1
+        raw = records[i].value
+        rs, before = read_routine(raw), pipe.routine
+        alerts = pipe.feed_raw(raw, now)
+        ev = rs if pipe.routine > before else read_event(raw, now)
+        recorder.observe(ev, raw)
+        taken[i] = 1
+        note(alerts, ev.run_id)
+        st = pipe.runs[ev.run_id]
+        k, count, done, due = st.rank_steps(records, order, k, now,
+                                            recorder.rank_keeper(ev.run_id), taken)
+        calls += 1
+        at_once += count
+        opened += due is not None
+        note(st.after_rank_steps(done, due) if done or due else [], ev.run_id)
+    assert all(taken)
+    states = {k: json.dumps(st.to_state(), sort_keys=True, default=repr)
+              for k, st in pipe.runs.items()}
+    return out, states, at_once, calls, opened
 
 
 @pytest.mark.parametrize("limit", [None, 1, 3])
 def test_a_fleet_taken_a_run_at_a_time_with_rank_steps_at_once_ends_as_one_fed_through_read_event(
-        limit):
+        limit, monkeypatch):
     """RunState.rank_steps (the worker's events lane) takes what rank_step would, in the same
-    way: the same alerts, snapshots and states as every event through read_event."""
+    way: the same alerts, snapshots and states as every event through read_event (with at
+    most ``limit`` records a call, when given)."""
+    import streams.run as run_module
+
+    if limit is not None:
+        monkeypatch.setattr(run_module, "RANK_STEPS_AT_ONCE", limit)
     lines = _fleet()
-    fast, fast_states, at_once, calls, opened = _run_at_once(lines, limit)
+    fast, fast_states, at_once, calls, opened = _run_at_once(lines)
     slow, slow_states, _ = _run(lines, fast=False)
     rank_steps = sum(1 for raw in lines if json.loads(raw).get("rank") and b'"step"' in raw)
     assert at_once > (0.4 if limit is None else 0.2) * rank_steps
-    assert opened >= 20       # steps of ranks with an alert open, their rules read at once
+    assert opened >= 20       # steps whose rank's own rules were due (NaN, an alert open)
     if limit is not None:
         assert at_once <= limit * calls
+
     def by_run(pairs) -> dict:      # (the runs' alerts come a run at a time)
         runs: dict = {}
         for pair in pairs:
