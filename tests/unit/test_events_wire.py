@@ -341,3 +341,45 @@ def test_wire_samples_share_no_mutable_state():
     a.samples.append(a.samples[0])
     a.tags["algo"] = "grpo"
     assert len(b.samples) == 3 and b.samples[0].reward == 0.25 and b.tags == {"algo": "ppo"}
+
+
+HEARTBEAT = {"schema": 1, "kind": "heartbeat", "run_id": "ppo-8b-a", "step": 12, "rank": 3,
+             "world_size": 8, "ts": 99.5, "tags": {"algo": "ppo"}, "incarnation": "inc-1"}
+
+
+def _heartbeat_cases() -> list[dict]:
+    """Heartbeats and checkpoints: plain ones, and one change each that the models refuse or
+    that the quick path leaves to them."""
+    cp = dict(HEARTBEAT, kind="checkpoint", path="/ckpt/step-12")
+    plain = [HEARTBEAT, cp, {k: v for k, v in HEARTBEAT.items() if k not in ("ts", "tags")},
+             dict(HEARTBEAT, ts=100, world_size=None, incarnation=None), dict(cp, rank=0),
+             dict(cp, path="/ckpt/é ü")]
+    odd = [dict(HEARTBEAT, final=True), dict(HEARTBEAT, extra="x"), dict(HEARTBEAT, schema=True),
+           dict(HEARTBEAT, schema=2), dict(HEARTBEAT, step=-1), dict(HEARTBEAT, step=1.0),
+           dict(HEARTBEAT, rank="3"), dict(HEARTBEAT, run_id="a b"), dict(HEARTBEAT, run_id=""),
+           dict(HEARTBEAT, ts="NaN"), dict(HEARTBEAT, ts=True), dict(HEARTBEAT, world_size=0),
+           dict(HEARTBEAT, tags={"a": 1}), dict(HEARTBEAT, incarnation="i j"),
+           dict(cp, path=""), dict(cp, path=5), dict(cp, path=None),
+           {k: v for k, v in cp.items() if k != "path"}, dict(HEARTBEAT, path="/x")]
+    return plain + odd
+
+
+def test_heartbeats_and_checkpoints_give_what_the_models_give_without_them(monkeypatch):
+    """Every rank sends a heartbeat every few seconds: a plain one (and a plain checkpoint
+    event) is built without the pydantic models, with what they give; anything else is left to
+    them, which give the same outcome as before."""
+    dicts = _heartbeat_cases()
+    cases = [json.dumps(d).encode() for d in dicts]
+    want = outcomes_of_the_models(monkeypatch, cases)
+    strict = []
+    real = ce._strict
+    monkeypatch.setattr(ce, "_strict", lambda raw, at: strict.append(raw) or real(raw, at))
+    got = [outcome(raw) for raw in cases]
+    for g, w, d in zip(got, want, dicts):
+        assert g == w, d
+    assert [w[0] for w in want[:6]] == ["HeartbeatEvent", "CheckpointEvent", "HeartbeatEvent",
+                                        "HeartbeatEvent", "CheckpointEvent", "CheckpointEvent"]
+    assert len(strict) == len(dicts) - 6       # the plain ones never reached the models
+    assert sum(w[0] == "rejected" for w in want) >= 14
+    final = ce.read_event(cases[6], 7.0)
+    assert final.kind == "heartbeat" and final.final is True     # (an extra field, kept)
