@@ -291,12 +291,12 @@ _native_join = _native_scan = _native_compare_call = None
 #: the native reader of a routine step of a rank other than 0 and what takes it into a run
 #: (native/src/routine.rs; None: the pure core reads every event with
 #: contract.events.read_event and applies it)
-read_rank_step = RankStep = _routine = None
+read_rank_step = _routine = None
 spearman, Moments, Series, StepView = py_spearman, _Moments, PySeries, PyStepView
 if signals.CORE == "native":
     from streams._native import Moments, Scan as _native_scan, Series, join as _native_join, spearman  # noqa: F811
     from streams._native import compare_call as _native_compare_call  # noqa: F811
-    from streams._native import RankStep, Routine, read_rank_step  # noqa: F811
+    from streams._native import Routine, read_rank_step  # noqa: F811
     from streams._native import StepView  # noqa: F811
     _routine = Routine(MAX_TS_AGE, MAX_TS_AHEAD, MAX_RANKS, MAX_STEP_JUMP, PRESET_TRIES)
 
@@ -552,7 +552,8 @@ class RunState:
         self._tags_seen: dict = {}
         self._tags_obj: dict | None = None
         #: (the bytes of a tags object known to read as _tags_seen, without a "generation"
-        #: tag, _tags_seen then): rank_step() compares an event's tags as bytes
+        #: tag, _tags_seen then): the native routine step (native/src/routine.rs) compares an
+        #: event's tags as bytes
         self._tags_raw: tuple[bytes, dict] | None = None
         self.newest = -1                # the newest step of any rank (limits, relaunch)
         self.closed = False             # the training script closed its monitor (final heartbeat)
@@ -965,16 +966,13 @@ class RunState:
 
     def _take_rank_values(self, event) -> list[int]:
         """Buffer what cross-rank checks need; return the steps now complete (all ranks in).
-        A step that ``read_rank_step`` read gives its values from its bytes. (``Routine.apply``
-        in native/src/routine.rs does the same for the steps of :meth:`rank_step`: change
-        both.)"""
+        (``Routine.apply`` in native/src/routine.rs does the same for the steps of
+        :meth:`rank_step` and :meth:`rank_steps`: change both.)"""
         world = event.world_size
         if world and world > self.world_size:
             self.world_size = min(world, MAX_RANKS)
         if self.world_size <= 1:
             return []
-        if type(event) is RankStep:
-            return self.ranks.take_step(event, self.world_size)
         return self.ranks.take(event.step, event.rank, event.metrics, event.hashes, self.world_size)
 
     # -- dists, groups, samples ----------------------------------------------------------------
