@@ -20,6 +20,7 @@ use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 use std::sync::{Arc, Mutex};
 
+use super::view::{DistStat, GroupStat, NonFiniteTest};
 use super::{lock, Core, Reader};
 
 #[derive(Clone, Copy)]
@@ -203,6 +204,12 @@ pub fn join(py: Python<'_>, op: &str, tests: Vec<PyObject>) -> PyResult<Option<N
 enum Flat {
     Compare { core: Arc<Mutex<Core>>, idx: usize, cmp: Cmp, thr: f64 },
     Call { read: PyObject, first: bool, cmp: Cmp, thr: f64 },
+    /// a native reader of the step view (native/src/view.rs) compared with its threshold,
+    /// read straight instead of through Python's call protocol (what `Call` of it gives)
+    Dist { read: Py<DistStat>, cmp: Cmp, thr: f64 },
+    Group { read: Py<GroupStat>, cmp: Cmp, thr: f64 },
+    /// a non-finite check (what `Python` of it gives)
+    NonFinite(Py<NonFiniteTest>),
     Python(PyObject),
     Join { op: Op, span: usize },
 }
@@ -217,6 +224,9 @@ impl Flat {
                 Flat::Call { read: read.clone_ref(py), first: *first, cmp: *cmp, thr: *thr }
             }
             Flat::Python(f) => Flat::Python(f.clone_ref(py)),
+            Flat::Dist { read, cmp, thr } => Flat::Dist { read: read.clone_ref(py), cmp: *cmp, thr: *thr },
+            Flat::Group { read, cmp, thr } => Flat::Group { read: read.clone_ref(py), cmp: *cmp, thr: *thr },
+            Flat::NonFinite(t) => Flat::NonFinite(t.clone_ref(py)),
             Flat::Join { op, span } => Flat::Join { op: *op, span: *span },
         }
     }
@@ -225,6 +235,9 @@ impl Flat {
         match self {
             Flat::Call { read, .. } => visit.call(read),
             Flat::Python(f) => visit.call(f),
+            Flat::Dist { read, .. } => visit.call(read),
+            Flat::Group { read, .. } => visit.call(read),
+            Flat::NonFinite(t) => visit.call(t),
             _ => Ok(()),
         }
     }
@@ -238,13 +251,21 @@ fn flatten(py: Python<'_>, t: &Bound<'_, PyAny>, ops: &mut Vec<Flat>) -> bool {
         ops.push(Flat::Compare { core: c.core.clone(), idx: c.idx, cmp: c.cmp, thr: c.thr });
     } else if let Ok(c) = t.downcast::<CallCompare>() {
         let c = c.get();
-        ops.push(Flat::Call { read: c.read.clone_ref(py), first: c.first, cmp: c.cmp, thr: c.thr });
+        let read = c.read.bind(py);
+        if let (Ok(d), false) = (read.downcast::<DistStat>(), c.first) {
+            ops.push(Flat::Dist { read: d.clone().unbind(), cmp: c.cmp, thr: c.thr });
+        } else if let (Ok(g), true) = (read.downcast::<GroupStat>(), c.first) {
+            ops.push(Flat::Group { read: g.clone().unbind(), cmp: c.cmp, thr: c.thr });
+        } else {
+            ops.push(Flat::Call { read: c.read.clone_ref(py), first: c.first, cmp: c.cmp, thr: c.thr });
+        }
+    } else if let Ok(n) = t.downcast::<NonFiniteTest>() {
+        ops.push(Flat::NonFinite(n.clone().unbind()));
     } else if let Ok(n) = t.downcast::<Node>() {
         ops.extend(n.get().ops.iter().map(|op| op.clone_ref(py)));
     } else {
         ops.push(Flat::Python(t.clone().unbind()));
-        // (a native test is called without a Python frame: a join of it is native too)
-        return t.downcast::<crate::view::NonFiniteTest>().is_ok();
+        return false;
     }
     true
 }
@@ -259,6 +280,9 @@ fn eval_flat(py: Python<'_>, ops: &[Flat], i: usize) -> PyResult<(Option<bool>, 
             Ok((cmp.test(v, *thr), i + 1))
         }
         Flat::Call { read, first, cmp, thr } => Ok((cmp.test(call_read(py, read, *first)?, *thr), i + 1)),
+        Flat::Dist { read, cmp, thr } => Ok((cmp.test(read.get().value(py)?, *thr), i + 1)),
+        Flat::Group { read, cmp, thr } => Ok((cmp.test(read.get().value(py)?, *thr), i + 1)),
+        Flat::NonFinite(t) => Ok((Some(t.get().test(py)?), i + 1)),
         Flat::Python(f) => {
             let r = f.call0(py)?;
             let r = r.bind(py);

@@ -189,14 +189,21 @@ pub struct DistStat {
     cap: Option<f64>,
 }
 
-#[pymethods]
 impl DistStat {
-    fn __call__(&self, py: Python<'_>) -> PyResult<f64> {
+    /// What a call gives (the rule scan calls this straight, without the call protocol).
+    pub(crate) fn value(&self, py: Python<'_>) -> PyResult<f64> {
         let m = moments_of(py, &mut *data_lock(&self.data)?, self.name.bind(py))?;
         match m {
             None => Ok(NAN),
             Some(m) => m.bind(py).borrow_mut().value(&self.stat, self.cap),
         }
+    }
+}
+
+#[pymethods]
+impl DistStat {
+    fn __call__(&self, py: Python<'_>) -> PyResult<f64> {
+        self.value(py)
     }
 }
 
@@ -218,21 +225,50 @@ pub struct GroupStat {
     stat: GroupSig,
 }
 
+impl GroupStat {
+    /// The trends of the step's group, None when it has none.
+    fn trends(&self, py: Python<'_>) -> PyResult<Option<Py<PyTuple>>> {
+        let d = data_lock(&self.data)?;
+        let key = self.key.bind(py);
+        for (k, t) in &d.groups {
+            if k.as_ptr() == key.as_ptr() || k.bind(py).as_any().eq(key)? {
+                return Ok(Some(t.clone_ref(py)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The value of what a call gives, ``call()[0]`` as a float, without the tuple (the rule
+    /// scan reads this straight).
+    pub(crate) fn value(&self, py: Python<'_>) -> PyResult<f64> {
+        let Some(t) = self.trends(py)? else {
+            return Ok(NAN);
+        };
+        let t = t.bind(py);
+        let item = |i: usize| -> PyResult<Bound<'_, PyAny>> { t.get_item(i) };
+        Ok(match self.stat {
+            GroupSig::Gap => item(2)?.extract()?,
+            GroupSig::GapSlope => item(1)?.extract()?,
+            _ => {
+                let lo = item(3)?;
+                if lo.is_none() {
+                    NAN
+                } else {
+                    match self.stat {
+                        GroupSig::Min => lo.extract()?,
+                        GroupSig::Max => item(4)?.extract()?,
+                        _ => item(4)?.extract::<f64>()? - lo.extract::<f64>()?,
+                    }
+                }
+            }
+        })
+    }
+}
+
 #[pymethods]
 impl GroupStat {
     fn __call__(&self, py: Python<'_>) -> PyResult<PyObject> {
-        let trends = {
-            let d = data_lock(&self.data)?;
-            let key = self.key.bind(py);
-            let mut found = None;
-            for (k, t) in &d.groups {
-                if k.as_ptr() == key.as_ptr() || k.bind(py).as_any().eq(key)? {
-                    found = Some(t.clone_ref(py));
-                    break;
-                }
-            }
-            found
-        };
+        let trends = self.trends(py)?;
         let none = py.None();
         let Some(t) = trends else {
             return Ok((NAN, none).into_py(py));
@@ -329,9 +365,16 @@ pub struct NonFiniteTest {
     names: Option<Vec<Py<PyString>>>,
 }
 
+impl NonFiniteTest {
+    /// What a call gives (the rule scan calls this straight).
+    pub(crate) fn test(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(!nonfinite_of(py, &self.data, &self.names, true)?.is_empty())
+    }
+}
+
 #[pymethods]
 impl NonFiniteTest {
     fn __call__(&self, py: Python<'_>) -> PyResult<bool> {
-        Ok(!nonfinite_of(py, &self.data, &self.names, true)?.is_empty())
+        self.test(py)
     }
 }

@@ -227,3 +227,46 @@ def test_a_group_has_its_trends_set_at_each_step_it_is_in():
               "metrics": {"reward/mean": 0.1}, "groups": {"reward/mean": {"a": 0.1 * step, "b": 0.2}}}
         proc.process(st, parse_event(ev, 1.0 + step), 1.0 + step)
     assert len(seen) == 30 and set(seen) == {k for k in st.groups}
+
+
+@pytest.mark.parametrize("kind", ["above", "below", "abs_above"])
+def test_the_scan_reads_the_view_readers_straight_with_the_verdicts_of_a_call(kind):
+    """The rule scan reads a compared dist or group reader of the view and a non-finite test
+    straight (native/src/logic.rs: Flat::Dist, Group, NonFinite), not through Python's call
+    protocol: alone, in a join and in a scan, each gives the verdict of the Python closures of
+    rules/compile.py over the same reader called as a Python object, step after step."""
+    from rules.compile import _compare_pair, _compare_value
+
+    rnd = random.Random(11)
+    view = native.StepView()
+    cases = []
+    for name in ("reward", "response_length", "missing"):
+        for stat in STATS:
+            for thr in (0.0, 0.5, 1.0):
+                reader = view.dist_stat(name, stat, 0.5)
+                py, _ = _compare_value(reader, kind, thr, name)
+                cases.append((py, native.compare_call(reader, kind, thr, False)))
+    for key in ("reward/mean|100", "kl|100"):
+        for stat in GROUP_STATS:
+            for thr in (-0.2, 0.0, 0.3):
+                reader = view.group_stat(key, stat)
+                py, _ = _compare_pair(reader, kind, thr, key, lambda d: d)
+                cases.append((py, native.compare_call(reader, kind, thr, True)))
+    for names in (None, ["m1", "m2"], ["nowhere"]):
+        test = view.nonfinite_test(names)
+        cases.append((lambda t=test: bool(t()), test))
+    scan = native.Scan([nat for _, nat in cases], [f"k{i}/" for i in range(len(cases))])
+    named = {f"k{i}/": 1 for i in range(len(cases))}
+    seen = set()
+    for _ in range(120):
+        view.set(_metrics(rnd), _dists(rnd))
+        for k in ("reward/mean|100", "kl|100"):
+            if rnd.random() < 0.7:
+                view.set_group(k, _trends(rnd))
+        want = [py() for py, _ in cases]
+        assert scan(named) == list(enumerate(want))
+        for (py, nat), w in zip(cases, want):
+            joined = native.join("all", [nat, lambda: True])
+            assert joined() is w
+            seen.add(w)
+    assert seen == {True, False, None}
