@@ -675,12 +675,12 @@ class RunState:
         return self.after_rank_steps(done, event if due else None) if done or due else []
 
     def rank_steps(self, records: list, order, pos: int, now: float,
-                   keep: Callable[[int, int, bytes], None],
-                   taken: bytearray) -> tuple[int, int, list[int], Any]:
+                   keep, taken: bytearray) -> tuple[int, int, list[int], Any]:
         """Take the records (Kafka records, each ``value`` an event's bytes) at
         ``order[pos:]`` one after another while each is a routine step of this run, as
         :meth:`rank_step` takes one, without reading them into objects first; each is kept by
-        ``keep(step, rank, raw)`` (the snapshot recorder's) and marked in ``taken``. It
+        ``keep`` (the snapshot recorder's ``RankKeeper``: the row ``(step, rank, raw,
+        keep.unread)`` given to ``keep.append``) and marked in ``taken``. It
         stops before the first record that is not (rank 0's, another run's, anything
         :meth:`rank_step` would decline), after ``RANK_STEPS_AT_ONCE``, and after one that
         leaves rules due (the cross-rank rules of a step it completes are read natively

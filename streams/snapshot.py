@@ -124,16 +124,12 @@ class SnapshotRecorder:
             self.runs.move_to_end(run_id)
         return t
 
-    def rank_keeper(self, run_id: str) -> Callable[[int, int, bytes], None]:
+    def rank_keeper(self, run_id: str) -> "RankKeeper":
         """``keep(step, rank, raw)``: keeps a step of a rank other than 0 of ``run_id`` as
         ``observe(event, raw)`` keeps it, without looking the run up again: for a run's steps
         taken one after another (the worker's events lane). Valid while nothing else is
         observed: another run's events may push this one's history out."""
-        append = self.tape(run_id).others.append
-
-        def keep(step: int, rank: int, raw: bytes) -> None:
-            append((step, rank, raw, _UNREAD))
-        return keep
+        return RankKeeper(self.tape(run_id).others.append)
 
     def observe(self, event, raw: bytes | None = None) -> None:
         """Feed one parsed event (any kind; only steps and samples are kept). Call it before the
@@ -163,6 +159,21 @@ class SnapshotRecorder:
 
 
 _UNREAD = object()    # a step kept as its raw event: metrics and batch ids not read yet
+
+
+class RankKeeper:
+    """``keep(step, rank, raw)`` of :meth:`SnapshotRecorder.rank_keeper`: appends the row
+    ``(step, rank, raw, unread)`` to the run's tape with ``append``. The native routine
+    (``Routine.take_run``) appends its rows itself, with ``append`` and ``unread``, without a
+    Python call per step."""
+
+    __slots__ = ("append", "unread")
+
+    def __init__(self, append: Callable[[tuple], None]):
+        self.append, self.unread = append, _UNREAD
+
+    def __call__(self, step: int, rank: int, raw: bytes) -> None:
+        self.append((step, rank, raw, _UNREAD))
 
 
 def _read_row(row: tuple) -> tuple:

@@ -295,8 +295,10 @@ impl Routine {
 
     /// Take the records of `records` (Kafka records: their ``value`` is an event's bytes) at
     /// ``order[pos:]`` into run state `st` while each is a routine step of the run, at most
-    /// `limit`; each one taken is kept by ``keep(step, rank, raw)`` (the snapshot recorder)
-    /// and marked in `taken` (``taken[i] = 1``). ``(the position after the last one taken,
+    /// `limit`; each one taken is kept by `keep` (the snapshot recorder's keeper: the row
+    /// ``(step, rank, raw, keep.unread)`` given to ``keep.append``, which is what calling
+    /// ``keep(step, rank, raw)`` does, without a Python frame per step) and marked in `taken`
+    /// (``taken[i] = 1``). ``(the position after the last one taken,
     /// how many were taken, the cross-rank buffer's steps the last one completed, the last one
     /// when its rank's own rules are due, else None)``: it stops after a step that completes
     /// a step of the buffer or whose rules are due.
@@ -379,6 +381,8 @@ impl Routine {
         let n = order.len()?;
         let value = intern!(py, "value");
         let no_tags = PyBytes::new_bound(py, b"");
+        let append = keep.getattr(intern!(py, "append"))?;
+        let unread = keep.getattr(intern!(py, "unread"))?;
         while *pos < n && *count < limit {
             let i: usize = match listed {
                 Some(l) => l.get_item(*pos)?.extract()?,
@@ -427,7 +431,7 @@ impl Routine {
                 None
             };
             let done = self.apply(run, &f, ts, ev.as_ref())?;
-            keep.call1((step, rank, raw))?;
+            append.call1(((step, rank, raw, &unread),))?;
             // SAFETY: nothing else runs meanwhile (the GIL is held); `i` is in range (above)
             unsafe { taken.as_bytes_mut()[i] = 1 };
             *pos += 1;

@@ -20,7 +20,7 @@ from contract.events import EventError, dump_event, read_event
 from producers.sim import SimConfig, simulate
 from streams import signals
 from streams.processor import Pipeline, read_routine
-from streams.snapshot import SnapshotRecorder, build_snapshot
+from streams.snapshot import RankKeeper, SnapshotRecorder, build_snapshot
 from tests.unit._core import rlhf_pack
 
 if os.environ.get("RLWATCH_NATIVE", "1") == "0":
@@ -375,7 +375,7 @@ def test_rank_steps_stop_before_what_they_do_not_take():
         records = [SimpleNamespace(value=v) for v in values]
         taken = bytearray(len(records))
         pos, count, done, due = st.rank_steps(records, range(len(records)), 0, now,
-                                              lambda *a: kept.append(a[:2]), taken)
+                                              RankKeeper(lambda row: kept.append(row[:2])), taken)
         assert (pos, count) == (expected, expected) and done == [] and due is None
         assert list(taken) == [1] * expected + [0] * (len(records) - expected)
     assert kept == [(8, 1), (9, 1), (10, 1), (11, 1), (12, 1)]
