@@ -52,9 +52,12 @@ def fleet(runs: int, steps: int) -> list[bytes]:
     return out
 
 
-def child(path: str, batch: int) -> dict:
+def child(path: str, batch: int, passes: int = 1) -> dict:
     """One pass of this process's worker (its tree is on ``sys.path``) over the fleet in
-    ``path``: events per second of wall and of CPU, and the worker's counters."""
+    ``path``: events per second of wall and of CPU, and the worker's counters. With
+    ``passes`` > 1 the fleet is taken again as other runs (each run id prefixed with the pass:
+    the same work, on fresh run states), for an instruction count by difference
+    (``bench_instructions.py --lane``)."""
     import faust.topics
     from aiokafka.structs import ConsumerRecord
     from faust.types import TP
@@ -91,8 +94,14 @@ def child(path: str, batch: int) -> dict:
     app = worker.build_app(settings)
     lane = app.batch_lanes[settings.events_topic]
     topic = settings.events_topic
-    records = [ConsumerRecord(topic, 0, i, 0, 0, json.loads(raw)["run_id"].encode(), raw, None,
-                              0, len(raw), ()) for i, raw in enumerate(lines)]
+    records = []
+    for p in range(passes):
+        for raw in lines:
+            if p:
+                raw = raw.replace(b'"run_id": "', f'"run_id": "p{p}-'.encode(), 1)
+            records.append(ConsumerRecord(topic, 0, len(records), 0, 0,
+                                          json.loads(raw)["run_id"].encode(), raw, None, 0,
+                                          len(raw), ()))
     tps = {0: TP(topic, 0)}
     heap = getattr(app, "rlwatch_heap", None)
     if heap is not None:     # the collector as `rlwatch worker` sets it (streams.heap)
@@ -130,9 +139,10 @@ def main() -> None:
     ap.add_argument("--tree", action="append", default=[], type=Path, metavar="DIR",
                     help="also run this tree's events lane (repeatable), to compare in one run")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--passes", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.batch)))
+        print(json.dumps(child(args.child, args.batch, args.passes)))
         return
     if args.batch < 1 or args.rounds < 1:
         raise SystemExit("--batch and --rounds must be at least 1")

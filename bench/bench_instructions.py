@@ -12,16 +12,26 @@ imports and the fleet's making cancel out), with hash randomisation and address-
 randomisation off, so that a count repeats to within about 0.2 %. It counts the native core's
 instructions too. Slow (callgrind runs the code about 50 times slower): a few minutes.
 
-    python bench/bench_instructions.py [--runs 6] [--steps 400] [--tree OLD_TREE ...]
+``--lane`` counts the worker's events lane instead (``bench_events_lane.py``: ``process_batch``
+of ``rlwatch worker`` as it takes a fetched batch, a run's rank steps at once, without Kafka),
+whose speed in events per second swings by 10 % from round to round on this kind of host: a
+change of a few per cent shows only as a count. One pass there is the difference of a process
+taking the fleet once and one taking it twice (the second time as other runs, on fresh run
+states).
+
+    python bench/bench_instructions.py [--runs 6] [--steps 400] [--lane] [--tree OLD_TREE ...]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import pickle
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -54,18 +64,30 @@ print(len(lines))
 """
 
 
-def count(tree: Path, runs: int, steps: int, passes: int) -> tuple[int, int]:
-    """(instructions, events) of a process making ``passes`` passes with ``tree``'s code."""
+def count(tree: Path, runs: int, steps: int, passes: int, lane: str | None = None) -> tuple[int, int]:
+    """(instructions, events of one pass) of a process making ``passes`` passes with
+    ``tree``'s code: through ``Pipeline.feed_raw``, or through the events lane over the fleet
+    pickled in ``lane``."""
     env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=str(tree))
-    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-           sys.executable, "-c", CHILD, str(tree), str(runs), str(steps), str(passes)]
+    if lane is None:
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+               sys.executable, "-c", CHILD, str(tree), str(runs), str(steps), str(passes)]
+    else:
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+               str(ROOT / "bench" / "bench_events_lane.py"), "--child", lane, "--passes", str(passes)]
     if shutil.which("setarch"):
         cmd = ["setarch", "-R", *cmd]      # the same addresses every time
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     found = re.search(r"Collected : (\d+)", out.stderr)
     if out.returncode != 0 or not found:
         raise SystemExit(f"callgrind failed for {tree}:\n{out.stderr[-2000:]}")
-    return int(found.group(1)), int(out.stdout.split()[-1])
+    if lane is None:
+        return int(found.group(1)), int(out.stdout.split()[-1])
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if got["counters"]["events"] != got["events"]:
+        raise SystemExit(f"the events lane of {tree} took {got['counters']['events']} of "
+                         f"{got['events']} events")
+    return int(found.group(1)), got["events"] // passes
 
 
 def main() -> None:
@@ -74,19 +96,36 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--tree", action="append", default=[], type=Path,
                     help="another copy of the code to count beside this one (repeatable)")
+    ap.add_argument("--lane", action="store_true",
+                    help="count the worker's events lane (bench_events_lane.py) instead of "
+                    "Pipeline.feed_raw")
     args = ap.parse_args()
     if not shutil.which("valgrind"):
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     trees = [ROOT, *[t.resolve() for t in args.tree]]
     jobs = [(t, p) for t in trees for p in (1, 2)]
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        got = dict(zip(jobs, pool.map(lambda j: count(j[0], args.runs, args.steps, j[1]), jobs)))
+    lane = None
+    if args.lane:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from bench_events_lane import fleet
+
+        with tempfile.NamedTemporaryFile(suffix=".pkl", delete=False) as f:
+            pickle.dump(fleet(args.runs, args.steps), f)
+            lane = f.name
+    try:
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            got = dict(zip(jobs, pool.map(lambda j: count(j[0], args.runs, args.steps, j[1], lane),
+                                          jobs)))
+    finally:
+        if lane is not None:
+            os.unlink(lane)
     per_event = {}
     for t in trees:
         (one, n), (two, _) = got[(t, 1)], got[(t, 2)]
         per_event[t] = (two - one) / n
+    what = "the events lane" if args.lane else "parse + core"
     print(f"fleet: {args.runs} runs x {args.steps} steps x 8 ranks: {got[(ROOT, 1)][1]} events; "
-          "instructions of one pass (parse + core) per event")
+          f"instructions of one pass ({what}) per event")
     for t in trees:
         print(f"  {per_event[t]:10,.0f}  {per_event[t] / per_event[ROOT]:.3f}  {t}")
 
