@@ -228,24 +228,49 @@ fn bisect_left(a: &[f64], x: f64, mut lo: usize) -> usize {
     lo
 }
 
-/// The sorted values `srt` without those of `gone` (sorted, each among them), into `out`
-/// (emptied first): what removing each of `gone` at `bisect_left` gives (the first of the
-/// values equal to it); false, `out` then unspecified, if one of `gone` is not there. Each of
-/// `gone` is found by bisection and the values between copied in runs.
-fn without_into(srt: &[f64], gone: &[f64], out: &mut Vec<f64>) -> bool {
+/// The places in `srt` (sorted) of the values of `gone` (sorted, each among them), ascending,
+/// into `out`: where removing each of `gone` at `bisect_left` (the first of the values equal
+/// to it, after the place of the one before) takes it from; false if one is not there.
+fn places_of(srt: &[f64], gone: &[f64], out: &mut Vec<usize>) -> bool {
     out.clear();
-    out.reserve(srt.len().saturating_sub(gone.len()));
     let mut lo = 0;
     for &g in gone {
         let p = bisect_left(srt, g, lo);
         if p >= srt.len() || srt[p] != g {
             return false;
         }
+        out.push(p);
+        lo = p + 1;
+    }
+    true
+}
+
+/// The place in a sorted slice of its `m`-th value once the values at `gone` (ascending
+/// places) are left out.
+#[inline]
+fn skipping(gone: &[usize], m: usize) -> usize {
+    let mut at = m;
+    for &p in gone {
+        if p <= at {
+            at += 1;
+        } else {
+            break;
+        }
+    }
+    at
+}
+
+/// `srt` without the values at places `gone` (ascending), into `out` (emptied first), the
+/// values between copied in runs.
+fn without_places(srt: &[f64], gone: &[usize], out: &mut Vec<f64>) {
+    out.clear();
+    out.reserve(srt.len().saturating_sub(gone.len()));
+    let mut lo = 0;
+    for &p in gone {
         out.extend_from_slice(&srt[lo..p]);
         lo = p + 1;
     }
     out.extend_from_slice(&srt[lo..]);
-    true
 }
 
 /// `srt.remove(lo)` then `srt.insert(bisect_right(srt, x, 0), x)`, with one shift of the
@@ -928,11 +953,22 @@ impl Track {
 
 // -- Window -----------------------------------------------------------------------------------
 
+/// A window split into its current level (the median of its last `k` values) and the
+/// reference before it: the window's sorted values without those last ones (at the places
+/// `places_of` finds). The reference is not copied out: its median and largest value
+/// are read from the sorted window at the places `gone` skips, and it is laid out (into
+/// `Window::reference`) only for its robust scale (`shift_z`), read after a cheaper condition
+/// of the same tier held, most often.
 #[derive(Clone)]
 struct Split {
     level: f64,
     med: f64,
-    reference: Option<Vec<f64>>,
+    /// whether there is a reference (enough values before the level's)
+    has_ref: bool,
+    /// the reference's largest value (NaN without one)
+    top: f64,
+    /// the places in the sorted window of the last values, ascending (none without a reference)
+    gone: Vec<usize>,
     k: i64,
     scale: Option<f64>,
 }
@@ -952,6 +988,8 @@ struct Window {
     cache_at: i64,
     cache_noise: Option<(i64, f64)>,
     cache_split: Option<(i64, Split)>,
+    /// the reference of the split, laid out for its robust scale (reused from step to step)
+    reference: Vec<f64>,
     cache_flip: Option<(i64, (f64, f64))>,
     cache_ac: Option<f64>,
     sums: bool,
@@ -981,6 +1019,7 @@ impl Window {
             cache_at: -1,
             cache_noise: None,
             cache_split: None,
+            reference: Vec::new(),
             cache_flip: None,
             cache_ac: None,
             sums: false,
@@ -1535,23 +1574,28 @@ impl Core {
             k += 1;
         }
         let k = k.max(LEVEL_POINTS);
+        // (the places of the split before, filled again: no allocation per step)
+        let mut gone = match win.cache_split.take() {
+            Some((_, sp)) => sp.gone,
+            None => Vec::new(),
+        };
+        gone.clear();
         let out = if n - k < SPLIT_REF_POINTS {
-            Split { level: NAN, med: NAN, reference: None, k, scale: Some(NAN) }
+            Split { level: NAN, med: NAN, has_ref: false, top: NAN, gone, k, scale: Some(NAN) }
         } else {
             let lastv: Vec<f64> = (0..k).map(|i| win.xs[(n - 1 - i) as usize]).collect();
             let last_sorted = sorted(py, lastv)?;
             // (the last values are among the window's: the window holds what its track does)
-            // the reference vector of the split before, filled again (no allocation per step)
-            let mut reference = match win.cache_split.take() {
-                Some((_, Split { reference: Some(v), .. })) => v,
-                _ => Vec::new(),
-            };
-            if !without_into(win.srt(), &last_sorted, &mut reference) {
+            let srt = win.srt();
+            if !places_of(srt, &last_sorted, &mut gone) {
                 return Err(index_error());
             }
-            let level = median_of(&last_sorted);
-            let med = median_of(&reference);
-            Split { level, med, reference: Some(reference), k, scale: None }
+            let len = srt.len() - gone.len();
+            let at = |m: usize| srt[skipping(&gone, m)];
+            // median_of of the reference
+            let med = if len % 2 == 1 { at(len / 2) } else { 0.5 * (at(len / 2 - 1) + at(len / 2)) };
+            let top = at(len - 1);
+            Split { level: median_of(&last_sorted), med, has_ref: true, top, gone, k, scale: None }
         };
         win.cache_split = Some((total, out));
         Ok(())
@@ -1559,12 +1603,16 @@ impl Core {
 
     fn split_ref_scale(&mut self, py: Python<'_>, w: usize) -> PyResult<f64> {
         let win = &mut self.windows[w];
-        let sp = &mut win.cache_split.as_mut().unwrap().1;
+        let (_, sp) = win.cache_split.as_ref().unwrap();
         if let Some(s) = sp.scale {
             return Ok(s);
         }
-        let s = robust_scale_sorted(py, sp.reference.as_deref().unwrap_or(&[]), sp.med)?;
-        sp.scale = Some(s);
+        let mut reference = std::mem::take(&mut win.reference);
+        without_places(win.srt(), &sp.gone, &mut reference);
+        let s = robust_scale_sorted(py, &reference, sp.med);
+        win.reference = reference;
+        let s = s?;
+        win.cache_split.as_mut().unwrap().1.scale = Some(s);
         Ok(s)
     }
 
@@ -1650,7 +1698,7 @@ impl Core {
                 self.split(py, r.win)?;
                 let (level, med, has_ref) = {
                     let sp = &self.windows[r.win].cache_split.as_ref().unwrap().1;
-                    (sp.level, sp.med, sp.reference.is_some())
+                    (sp.level, sp.med, sp.has_ref)
                 };
                 if !has_ref {
                     return Ok(NAN);
@@ -1671,19 +1719,19 @@ impl Core {
             LevelToMax => {
                 self.split(py, r.win)?;
                 let sp = &self.windows[r.win].cache_split.as_ref().unwrap().1;
-                match &sp.reference {
-                    None => Ok(NAN),
-                    Some(rf) => Ok(ratio(sp.level, last(rf)?)),
+                if !sp.has_ref {
+                    return Ok(NAN);
                 }
+                Ok(ratio(sp.level, sp.top))
             }
             OverMaxZ => {
                 self.split(py, r.win)?;
                 let w = &self.windows[r.win];
                 let sp = &w.cache_split.as_ref().unwrap().1;
-                let Some(rf) = &sp.reference else {
+                if !sp.has_ref {
                     return Ok(NAN);
-                };
-                let top = last(rf)?;
+                }
+                let top = sp.top;
                 let end = (w.xs.len() as i64 - sp.k).max(0) as usize;
                 let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
                 let level = sp.level;
