@@ -52,19 +52,31 @@ def fleet(runs: int, steps: int) -> list[bytes]:
     return out
 
 
-def child(path: str, batch: int, passes: int = 1) -> dict:
+def child(path: str, batch: int, passes: int = 1, turn_every: int = 0) -> dict:
     """One pass of this process's worker (its tree is on ``sys.path``) over the fleet in
     ``path``: events per second of wall and of CPU, and the worker's counters. With
     ``passes`` > 1 the fleet is taken again as other runs (each run id prefixed with the pass:
     the same work, on fresh run states), for an instruction count by difference
-    (``bench_instructions.py --lane``)."""
+    (``bench_instructions.py --lane``). With ``turn_every``, the lane gives the loop a turn
+    every that many records instead of every ``LANE_TURN_SECONDS`` of work: under callgrind,
+    which runs the code about 50 times slower, a turn by the clock would come 50 times as
+    often per record as it does at full speed."""
     import faust.topics
     from aiokafka.structs import ConsumerRecord
     from faust.types import TP
 
     import streams.app as worker
+    import streams.batch_lane as batch_lane
     from contract.settings import Settings
     from streams.batch_lane import LaneBatch
+
+    if turn_every:
+        records_seen = [0]
+
+        def due(self) -> bool:
+            records_seen[0] += 1
+            return records_seen[0] % turn_every == 0
+        batch_lane.Turns.due = due
 
     with open(path, "rb") as f:
         lines = pickle.load(f)
@@ -99,8 +111,10 @@ def child(path: str, batch: int, passes: int = 1) -> dict:
         for raw in lines:
             if p:
                 raw = raw.replace(b'"run_id": "', f'"run_id": "p{p}-'.encode(), 1)
-            records.append(ConsumerRecord(topic, 0, len(records), 0, 0,
-                                          json.loads(raw)["run_id"].encode(), raw, None, 0,
+            # the key, the run id as json.dumps wrote it (cut out: an instruction count of the
+            # lane takes the difference of one pass and two, these records' making included)
+            key = raw.split(b'"run_id": "', 1)[1].split(b'"', 1)[0]
+            records.append(ConsumerRecord(topic, 0, len(records), 0, 0, key, raw, None, 0,
                                           len(raw), ()))
     tps = {0: TP(topic, 0)}
     heap = getattr(app, "rlwatch_heap", None)
@@ -140,9 +154,10 @@ def main() -> None:
                     help="also run this tree's events lane (repeatable), to compare in one run")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--passes", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--turn-every", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.batch, args.passes)))
+        print(json.dumps(child(args.child, args.batch, args.passes, args.turn_every)))
         return
     if args.batch < 1 or args.rounds < 1:
         raise SystemExit("--batch and --rounds must be at least 1")

@@ -17,7 +17,7 @@ of ``rlwatch worker`` as it takes a fetched batch, a run's rank steps at once, w
 whose speed in events per second swings by 10 % from round to round on this kind of host: a
 change of a few per cent shows only as a count. One pass there is the difference of a process
 taking the fleet once and one taking it twice (the second time as other runs, on fresh run
-states).
+states); the lane's turns come every ``LANE_TURN_RECORDS`` records, not by the clock.
 
     python bench/bench_instructions.py [--runs 6] [--steps 400] [--lane] [--tree OLD_TREE ...]
 """
@@ -64,6 +64,11 @@ print(len(lines))
 """
 
 
+#: the lane's turns, every this many records (about what 10 ms of work takes at full speed: by
+#: the clock, under callgrind, they would come about 50 times as often)
+LANE_TURN_RECORDS = 1000
+
+
 def count(tree: Path, runs: int, steps: int, passes: int, lane: str | None = None) -> tuple[int, int]:
     """(instructions, events of one pass) of a process making ``passes`` passes with
     ``tree``'s code: through ``Pipeline.feed_raw``, or through the events lane over the fleet
@@ -74,7 +79,8 @@ def count(tree: Path, runs: int, steps: int, passes: int, lane: str | None = Non
                sys.executable, "-c", CHILD, str(tree), str(runs), str(steps), str(passes)]
     else:
         cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-               str(ROOT / "bench" / "bench_events_lane.py"), "--child", lane, "--passes", str(passes)]
+               str(ROOT / "bench" / "bench_events_lane.py"), "--child", lane, "--passes", str(passes),
+               "--turn-every", str(LANE_TURN_RECORDS)]
     if shutil.which("setarch"):
         cmd = ["setarch", "-R", *cmd]      # the same addresses every time
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
