@@ -27,25 +27,16 @@ pub(crate) type Span = (u32, u32);
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGHS: u64 = 0x8080_8080_8080_8080;
 
-/// Whether a byte of `v` is zero (exact as a yes or no: a borrow only ever spreads above a byte
-/// that is zero).
+/// The high bit of each byte of `v` that `Reader::text` does not take without a second look (a
+/// byte outside printable ASCII, `"` or `\\`), at least for the first such byte: a flag above
+/// a flagged byte may be false (a borrow), the lowest one never is.
 #[inline]
-fn has_zero(v: u64) -> bool {
-    v.wrapping_sub(ONES) & !v & HIGHS != 0
-}
-
-/// Whether the eight bytes of `v` are all printable ASCII other than `"` and `\\`: bytes that
-/// `Reader::text` takes without a second look.
-#[inline]
-fn plain8(v: u64) -> bool {
+fn special8(v: u64) -> u64 {
     // a byte under 0x20: subtracting 0x20 borrows into its high bit (bytes of 0x80 and over
-    // are refused by the high-bit test anyway)
+    // are flagged by the high-bit test)
     let low = v.wrapping_sub(0x20 * ONES) & !v & HIGHS;
-    v & HIGHS == 0
-        && low == 0
-        && !has_zero(v ^ (0x7f * ONES))
-        && !has_zero(v ^ (b'"' as u64 * ONES))
-        && !has_zero(v ^ (b'\\' as u64 * ONES))
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+    (v & HIGHS) | low | zero(v ^ (0x7f * ONES)) | zero(v ^ (b'"' as u64 * ONES)) | zero(v ^ (b'\\' as u64 * ONES))
 }
 
 struct Reader<'a> {
@@ -86,13 +77,22 @@ impl<'a> Reader<'a> {
     fn text(&mut self) -> Option<Span> {
         self.eat(b'"')?;
         let start = self.i;
-        // eight bytes at a time while none of them ends the text or is refused
+        // eight bytes at a time: the first byte that is not plain ends the text (`"`) or
+        // refuses it
         while let Some(chunk) = self.b.get(self.i..self.i + 8) {
-            if !plain8(u64::from_le_bytes(chunk.try_into().unwrap())) {
-                break;
+            let m = special8(u64::from_le_bytes(chunk.try_into().unwrap()));
+            if m == 0 {
+                self.i += 8;
+                continue;
             }
-            self.i += 8;
+            self.i += (m.trailing_zeros() / 8) as usize;
+            if self.b[self.i] != b'"' {
+                return None;
+            }
+            self.i += 1;
+            return Some((start as u32, (self.i - 1) as u32));
         }
+        // (the last bytes of the event, fewer than eight)
         while let Some(&c) = self.b.get(self.i) {
             if c == b'"' {
                 self.i += 1;
