@@ -112,7 +112,7 @@ def main() -> None:
     jobs = [(t, p) for t in trees for p in (1, 2)]
     lane = None
     if args.lane:
-        sys.path.insert(0, str(ROOT / "bench"))
+        sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
         from bench_events_lane import fleet
 
         with tempfile.NamedTemporaryFile(suffix=".pkl", delete=False) as f:

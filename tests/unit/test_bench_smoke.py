@@ -196,3 +196,34 @@ def test_the_events_lane_benchmark_takes_every_event_of_the_fleet_and_prints_its
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_events_lane.py"), "--tree",
                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "is not an rlwatch tree" in out.stderr
+
+
+def test_the_events_lane_child_takes_the_fleet_again_as_other_runs_for_an_instruction_count(tmp_path):
+    """``bench_instructions.py --lane`` counts one pass of the lane as the difference of a
+    child taking the fleet once and one taking it twice: the second time as other runs (the
+    same work on fresh run states, so the same alerts again), with the lane's turns every so
+    many records rather than by the clock."""
+    import json
+    import pickle
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from bench_events_lane import fleet
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    path = tmp_path / "fleet.pkl"
+    lines = fleet(4, 100)      # (the fourth run has a fault by step 100: alerts)
+    path.write_bytes(pickle.dumps(lines))
+    got = {}
+    for passes in (1, 2):
+        out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_events_lane.py"),
+                              "--child", str(path), "--batch", "50", "--passes", str(passes),
+                              "--turn-every", "7"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        got[passes] = json.loads(out.stdout.strip().splitlines()[-1])
+    one, two = got[1], got[2]
+    assert one["events"] == len(lines) and two["events"] == 2 * len(lines)
+    assert one["counters"]["events"] == one["events"] and two["counters"]["events"] == two["events"]
+    assert two["counters"]["dlq"] == 0
+    assert one["counters"]["alerts"] > 0 and two["counters"]["alerts"] == 2 * one["counters"]["alerts"]
