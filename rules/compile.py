@@ -112,14 +112,16 @@ class RuleList(list):
             self._tiers = flat_tiers(self)
             return self._tiers
 
-    def scan(self, scanner: Callable):
+    def scan(self, scanner: Callable, suffix: str = ""):
         """``scanner(tests, keys)``, made once per scanner: a native reader of every tier's
-        test at a step (see :func:`rules.engine.evaluate`)."""
+        test at a step (see :func:`rules.engine.evaluate`). ``suffix``: what the tiers' alert
+        states are keyed with after their key (the rank of a rank's own rules)."""
         made = getattr(self, "_scan", None)
-        if made is None or made[0] is not scanner:
+        if made is None or made[0] is not scanner or made[1] != suffix:
             tiers = self.tiers()
-            made = self._scan = (scanner, scanner([t[0] for t in tiers], [t[1] for t in tiers]))
-        return made[1]
+            made = self._scan = (scanner, suffix,
+                                 scanner([t[0] for t in tiers], [t[1] + suffix for t in tiers]))
+        return made[2]
 
 
 def flat_tiers(rules) -> list[tuple]:

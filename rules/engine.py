@@ -87,11 +87,13 @@ def evaluate(run_id: str, rules: Iterable[CompiledRule], targets: dict[str, floa
 
     ``scanner(tests, keys)``, when given (the native ``Scan``), reads all the tests of a
     :class:`RuleList` at once and names the tiers to take through the state machine: those
-    whose test holds or that have a state. The loop below is its reference: a tier with no
-    state whose test does not hold changes nothing."""
-    if scanner is not None and rank is None and type(rules) is RuleList:
-        return advance_hits(run_id, rules, rules.scan(scanner)(states), states, targets, step,
-                            ts, checkpoint_before)
+    whose test holds or that have a state (under the rank's key, for a rank's own rules). The
+    loop below is its reference: a tier with no state whose test does not hold changes
+    nothing."""
+    if scanner is not None and type(rules) is RuleList:
+        suffix = "" if rank is None else str(rank)
+        return advance_hits(run_id, rules, rules.scan(scanner, suffix)(states), states, targets,
+                            step, ts, checkpoint_before, rank)
     out: list[Alert] = []
     keyed = rank is not None
     get = states.get
@@ -111,17 +113,21 @@ def evaluate(run_id: str, rules: Iterable[CompiledRule], targets: dict[str, floa
 
 def advance_hits(run_id: str, rules: RuleList, hits: list, states: dict[str, AlertState],
                  targets: dict[str, float], step: int, ts: float,
-                 checkpoint_before: Callable[[int], dict | None]) -> list[Alert]:
+                 checkpoint_before: Callable[[int], dict | None],
+                 rank: int | None = None) -> list[Alert]:
     """The tiers a native scan of ``rules`` named (``(index, verdict)``, see :func:`evaluate`)
-    through their alert states, at a step of rank 0's rules; the alerts of the changes."""
+    through their alert states, at a step of the run's rules (``rank`` None) or of a rank's
+    own (their states keyed with the rank); the alerts of the changes."""
     out: list[Alert] = []
     tiers = rules.tiers()
+    suffix = "" if rank is None else str(rank)
     for i, holds in hits:
         _, key, cr, ct = tiers[i]
+        key += suffix
         st = states.get(key)
         if st is None:
             st = states[key] = AlertState()
-        _advance(run_id, cr, ct, st, key, holds, states, targets, step, ts, None,
+        _advance(run_id, cr, ct, st, key, holds, states, targets, step, ts, rank,
                  checkpoint_before, out)
     return out
 

@@ -307,14 +307,17 @@ def test_a_group_step_refuses_a_series_of_another_kind():
 
 # -- the scan of a rule list's tiers (rules.engine.evaluate) -----------------------------------
 
+@pytest.mark.parametrize("rank", [None, 3])
 @pytest.mark.parametrize("seed", range(30))
-def test_the_native_scan_gives_the_alerts_and_states_of_the_python_loop(seed):
+def test_the_native_scan_gives_the_alerts_and_states_of_the_python_loop(seed, rank):
     """evaluate() with the native Scan and with its Python loop, over the same tiers (native and
     Python tests, every verdict) and steps: the same alerts, the same states, every test read
-    once per step in both."""
+    once per step in both. For a rank's own rules (``rank``) the states are keyed with the
+    rank: another rank's state of the same tier is left alone."""
     from rules.compile import CompiledRule, CompiledTier, RuleList
     from rules.engine import evaluate
     from rules.schema import Rule
+    from rules.state import AlertState
 
     rng = random.Random(seed)
     steps = 30
@@ -333,17 +336,21 @@ def test_the_native_scan_gives_the_alerts_and_states_of_the_python_loop(seed):
         return rules
 
     state = rng.getstate()
-    py_rules, py_states, py_out = build(), {}, []
+    other = {"r1/orange/5": AlertState(status="pending", onset_step=0)}
+    py_rules, py_states, py_out = build(), dict(other), []
     rng.setstate(state)
-    nat_rules, nat_states, nat_out = build(), {}, []
+    nat_rules, nat_states, nat_out = build(), dict(other), []
     for step in range(steps):
-        py_out += evaluate("run", py_rules, {}, py_states, step=step, ts=float(step), rank=None)
-        nat_out += evaluate("run", nat_rules, {}, nat_states, step=step, ts=float(step), rank=None,
+        py_out += evaluate("run", py_rules, {}, py_states, step=step, ts=float(step), rank=rank)
+        nat_out += evaluate("run", nat_rules, {}, nat_states, step=step, ts=float(step), rank=rank,
                             scanner=native.Scan)
         assert {k: v.to_state() for k, v in nat_states.items()} == \
                {k: v.to_state() for k, v in py_states.items()}
+        assert nat_states["r1/orange/5"] is other["r1/orange/5"]
     assert [a.model_dump() for a in nat_out] == [a.model_dump() for a in py_out]
     assert any(a.state == "firing" for a in py_out)        # the case is not empty
+    assert {a.rank for a in nat_out} == {rank}
+    assert nat_rules._scan[1] == ("" if rank is None else "3")     # (the native scan read them)
     assert [cr.tiers[0].test.calls for cr in nat_rules] == [steps] * 6
 
 
