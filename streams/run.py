@@ -846,17 +846,18 @@ class RunState:
 
     def _rank_rules(self, rules, rank: int, step: int, metrics: dict, ts: float) -> list[Alert]:
         """Evaluate a rank's own rules at its step (and note whether it keeps an alert open)."""
+        held = len(self.alerts)
         self.view.set(metrics, _NOTHING)
         try:
-            out = evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
-                           rank=rank, checkpoint_before=self.checkpoint_before, scanner=_native_scan)
+            out = self._evaluate(rules, step, ts, rank)
         finally:
             self.view.set(_NOTHING, _NOTHING)
-        suffix = f"/{rank}"
-        if any(k.endswith(suffix) for k in self.alerts):
-            self._ranks_open.add(rank)
-        else:
-            self._ranks_open.discard(rank)
+        if len(self.alerts) != held:    # (only this rank's states came or went)
+            suffix = f"/{rank}"
+            if any(k.endswith(suffix) for k in self.alerts):
+                self._ranks_open.add(rank)
+            else:
+                self._ranks_open.discard(rank)
         return out
 
     def _ranks_in(self, steps: list[int], ts: float) -> list[Alert]:
@@ -889,18 +890,18 @@ class RunState:
         step = max(self.last_step.values(), default=0)
         return self._evaluate(self.program(0).by_trigger.get("tick", ()), step, now)
 
-    def _evaluate(self, rules, step: int, ts: float) -> list[Alert]:
+    def _evaluate(self, rules, step: int, ts: float, rank: int | None = None) -> list[Alert]:
         """:func:`rules.engine.evaluate` of rules of the whole run (rank 0's, the cross-rank
-        ones) at ``step``: with the native core, its scan straight (at most steps no tier needs
-        its alert state: nothing more to do)."""
+        ones; ``rank`` None) or of a rank's own at ``step``: with the native core, its scan
+        straight (at most steps no tier needs its alert state: nothing more to do)."""
         if _native_scan is not None and type(rules) is RuleList:
-            hits = rules.scan(_native_scan)(self.alerts)
+            hits = rules.scan(_native_scan, "" if rank is None else str(rank))(self.alerts)
             if not hits:
                 return []
             return advance_hits(self.run_id, rules, hits, self.alerts, self.rules.targets, step,
-                                ts, self.checkpoint_before)
+                                ts, self.checkpoint_before, rank)
         return evaluate(self.run_id, rules, self.rules.targets, self.alerts, step=step, ts=ts,
-                        rank=None, checkpoint_before=self.checkpoint_before, scanner=_native_scan)
+                        rank=rank, checkpoint_before=self.checkpoint_before, scanner=_native_scan)
 
     def _close_open(self, step: int, ts: float, reason: str) -> list[Alert]:
         """Resolved notices for every firing alert of the run (escalated ones too)."""

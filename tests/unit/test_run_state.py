@@ -271,3 +271,28 @@ def test_summary_of_a_run_without_kl_rule_omits_the_kl_lines():
     p.feed(ev("n", 0, {"x": 1.0}), T0)
     s = p.runs["n"].summary()
     assert "kl_lines" not in s and s["worst"] is None and s["open_alerts"] == []
+
+
+@pytest.mark.parametrize("via", ["feed", "feed_raw"])
+def test_the_ranks_with_an_alert_state_of_their_own_are_known_as_their_states_come_and_go(via):
+    """A rank whose own rules (the non-finite checks) hold keeps an alert state; the run knows
+    which ranks have one (their finite steps are then evaluated, not skipped), and forgets a
+    rank once its states are gone: after every event, what it knows is what its states say."""
+    p = Pipeline(rlhf_pack())
+    seen = set()
+    for step in range(40):
+        for rank in (0, 1):
+            bad = rank == 1 and 10 <= step < 14
+            loss = "NaN" if bad else 0.5
+            raw = {"schema": 1, "kind": "step", "run_id": "r", "step": step, "rank": rank,
+                   "world_size": 2, "ts": T0 + step,
+                   "metrics": {"loss/policy": loss, "loss/value": 0.3, "reward/mean": 0.1}}
+            if via == "feed":
+                p.feed(parse_event(raw, T0), T0 + step)
+            else:
+                p.feed_raw(json.dumps(raw).encode(), T0 + step)
+            st = p.runs["r"]
+            have = {r for r in (0, 1) if r and any(k.endswith(f"/{r}") for k in st.alerts)}
+            assert st._ranks_open == have, (step, rank, sorted(st.alerts))
+            seen |= have
+    assert seen == {1} and st._ranks_open == set()
