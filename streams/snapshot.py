@@ -240,11 +240,17 @@ def build_snapshot(alert: Alert, recorder: SnapshotRecorder, state=None, before:
     tape = recorder.runs.get(alert.run_id)
     onset = alert.onset_step if alert.onset_step is not None else alert.step
     rank = alert.rank or 0
-    steps = (list(tape.steps) + list(tape.others)) if tape else []   # (step, rank, metrics, ids)
     batches = list(tape.samples) if tape else []              # [step, rank, count, samples, shown]
     lo, hi = onset - before, max(alert.step, onset + after)
     read = recorder.read_row
-    mine = [r for r in steps if r[1] == rank]      # (kept rows: read only where shown)
+    # the rank's kept rows (step, rank, metrics, ids), read only where shown: rank 0's are the
+    # tape's steps, the other ranks' among its others
+    if not tape:
+        mine = []
+    elif rank:
+        mine = [r for r in tape.others if r[1] == rank]
+    else:
+        mine = list(tape.steps)
     window = [{"step": r[0], "metrics": read(r)[2]} for r in mine if lo <= r[0] <= hi]
     if len(window) > MAX_WINDOW:  # a long way from onset to alert: both ends, not the middle
         head = min(before + after, MAX_WINDOW // 2)
@@ -257,15 +263,16 @@ def build_snapshot(alert: Alert, recorder: SnapshotRecorder, state=None, before:
     stable = _samples_at(batches, None, stable_step)
     offending_step = offending[0] if offending else alert.step
     ranks: dict[str, dict] = {}
-    for r in steps:
-        if r[0] == alert.step:
-            r = read(r)
-            entry: dict[str, Any] = {}
-            if alert.metric and alert.metric in r[2]:
-                entry["value"] = r[2][alert.metric]
-            if r[3] is not None:
-                entry["batch_ids"] = list(r[3])
-            ranks[str(r[1])] = entry
+    at = alert.step
+    rows = ([r for r in tape.steps if r[0] == at] + [r for r in tape.others if r[0] == at]) if tape else []
+    for r in rows:
+        r = read(r)
+        entry: dict[str, Any] = {}
+        if alert.metric and alert.metric in r[2]:
+            entry["value"] = r[2][alert.metric]
+        if r[3] is not None:
+            entry["batch_ids"] = list(r[3])
+        ranks[str(r[1])] = entry
     snap: dict[str, Any] = {
         "run_id": alert.run_id, "rule": alert.rule, "severity": alert.severity, "rank": alert.rank,
         "step": alert.step, "onset_step": alert.onset_step, "metric": alert.metric,

@@ -94,3 +94,24 @@ def test_steps_kept_as_their_raw_events_give_the_same_snapshots():
             assert json.dumps(got, sort_keys=True) == want
             assert got["window"]["steps"] and got["ranks"]
     assert 50 < len(raw_kept._read) <= 4096 and len(small._read) == 50 and not uncached._read
+
+
+def test_an_alert_of_a_rank_shows_that_ranks_steps_and_every_rank_at_its_step():
+    """The window of an alert about rank 2 holds rank 2's steps only (the other ranks' steps
+    are kept apart from rank 0's), and ``ranks`` every rank that reported the alert's step, in
+    rank order as they came."""
+    rec = SnapshotRecorder()
+    for s in range(30):
+        for rank in (0, 1, 2):
+            rec.observe(step_event("r", s, {"kl/mean": rank + 0.01 * s}, rank=rank,
+                                   batch_ids=[f"b{s}-{rank}"]))
+    snap = build_snapshot(alert(run_id="r", step=20, onset_step=18, metric="kl/mean", rank=2,
+                                value=2.2, threshold=2.15), rec)
+    window = snap["window"]["steps"]
+    assert [w["step"] for w in window] == list(range(30))
+    assert all(w["metrics"]["kl/mean"] == 2 + 0.01 * w["step"] for w in window)
+    assert snap["ranks"] == {str(r): {"value": r + 0.2, "batch_ids": [f"b20-{r}"]} for r in (0, 1, 2)}
+    assert list(snap["ranks"]) == ["0", "1", "2"]
+    # rank 0's alert: rank 0's steps
+    snap0 = build_snapshot(alert(run_id="r", step=20, onset_step=18, metric="kl/mean"), rec)
+    assert all(w["metrics"]["kl/mean"] == 0.01 * w["step"] for w in snap0["window"]["steps"])
