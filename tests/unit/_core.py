@@ -8,13 +8,22 @@ second); ``Pack`` objects are never mutated by the code under test (overrides us
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
+
+import pytest
 
 from contract.events import parse_event
 from rules.loader import load_pack
 from rules.schema import Pack
 
 T0 = 1_700_000_000.0
+
+#: a test of what only the native core does (the routine steps read from their bytes, a run's
+#: rank steps taken at once): skipped when RLWATCH_NATIVE=0 asks for the pure core, which has
+#: no such path (CI builds and runs the native core)
+needs_native = pytest.mark.skipif(os.environ.get("RLWATCH_NATIVE", "1") == "0",
+                                  reason="RLWATCH_NATIVE=0: the pure core was asked for")
 
 
 @functools.lru_cache(maxsize=1)

@@ -20,6 +20,7 @@ from faust.types import TP  # noqa: E402
 from faust.types.tuples import ConsumerMessage  # noqa: E402
 
 from streams.batch_lane import BatchApp, LaneBatch, Turns, dropped_changelogs, round_robin  # noqa: E402
+from tests.unit._core import needs_native  # noqa: E402
 
 TOPIC = "lane.events"
 
@@ -794,6 +795,7 @@ def test_the_started_producer_is_given_without_a_turn_of_the_event_loop():
     asyncio.run(go())
 
 
+@needs_native
 def test_a_runs_rank_steps_taken_in_a_row_are_all_recorded_and_a_commit_between_them_misses_none(
         monkeypatch):
     """The events lane takes a run's routine rank steps in a row without looking the run up
@@ -861,6 +863,7 @@ def test_the_changelog_records_a_fetch_loop_drops_are_read_again_from_the_first_
     assert dropped_changelogs({}, changelogs) == {}
 
 
+@needs_native
 def test_a_fault_in_taking_rank_steps_at_once_loses_and_repeats_no_event(monkeypatch, caplog):
     """When RunState.rank_steps fails partway (a fault of the native core), the lane logs it
     and takes the records it had not taken one by one: every event is taken once, none is

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.unit._core import needs_native
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,6 +38,7 @@ def test_the_fleet_benchmark_prints_every_reader_and_both_ratios():
         assert native.group(1) == native.group(2)
 
 
+@needs_native      # (routine rank steps are the native core's)
 def test_the_fleet_benchmark_by_kind_counts_every_event_once_and_shares_the_whole_pass():
     text = bench("bench_fleet_replay.py", "--runs", "2", "--steps", "60", "--repeats", "1",
                  "--slices", "5", "--by-kind")

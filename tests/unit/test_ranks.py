@@ -7,7 +7,6 @@ native module is missing, unless RLWATCH_NATIVE=0 says the pure core is wanted: 
 from __future__ import annotations
 
 import math
-import os
 import random
 
 import msgspec
@@ -16,10 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streams.ranks import PyRankBuffer
+from tests.unit._core import needs_native
 
-PURE_ASKED = os.environ.get("RLWATCH_NATIVE", "1") == "0"
-needs_native = pytest.mark.skipif(PURE_ASKED,
-                                  reason="RLWATCH_NATIVE=0: the pure core was asked for")
 
 STATS = ("max_over_median", "max", "median")
 
