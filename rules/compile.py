@@ -112,16 +112,22 @@ class RuleList(list):
             self._tiers = flat_tiers(self)
             return self._tiers
 
-    def scan(self, scanner: Callable, suffix: str = ""):
+    def scan(self, scanner: Callable, rank: int | None = None):
         """``scanner(tests, keys)``, made once per scanner: a native reader of every tier's
-        test at a step (see :func:`rules.engine.evaluate`). ``suffix``: what the tiers' alert
-        states are keyed with after their key (the rank of a rank's own rules)."""
+        test at a step (see :func:`rules.engine.evaluate`). ``rank``: a rank's own rules,
+        whose alert states are keyed with the rank after the tier's key."""
+        suffix = state_suffix(rank)
         made = getattr(self, "_scan", None)
         if made is None or made[0] is not scanner or made[1] != suffix:
             tiers = self.tiers()
             made = self._scan = (scanner, suffix,
                                  scanner([t[0] for t in tiers], [t[1] + suffix for t in tiers]))
         return made[2]
+
+
+def state_suffix(rank: int | None) -> str:
+    """What a tier's alert-state key ends with: the rank, for a rank's own rules."""
+    return "" if rank is None else str(rank)
 
 
 def flat_tiers(rules) -> list[tuple]:

@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 
 from contract.alert import SEVERITIES, Alert
 from rules.compile import (CompiledRule, CompiledTier, Program, RuleList, Source, bind_rules,
-                           every_rule, flat_tiers, plan_rules)
+                           every_rule, flat_tiers, plan_rules, state_suffix)
 from rules.schema import Condition, Pack, Rule, Threshold, leaves
 from rules.state import AlertState, advance
 
@@ -91,8 +91,7 @@ def evaluate(run_id: str, rules: Iterable[CompiledRule], targets: dict[str, floa
     loop below is its reference: a tier with no state whose test does not hold changes
     nothing."""
     if scanner is not None and type(rules) is RuleList:
-        suffix = "" if rank is None else str(rank)
-        return advance_hits(run_id, rules, rules.scan(scanner, suffix)(states), states, targets,
+        return advance_hits(run_id, rules, rules.scan(scanner, rank)(states), states, targets,
                             step, ts, checkpoint_before, rank)
     out: list[Alert] = []
     keyed = rank is not None
@@ -120,7 +119,7 @@ def advance_hits(run_id: str, rules: RuleList, hits: list, states: dict[str, Ale
     own (their states keyed with the rank); the alerts of the changes."""
     out: list[Alert] = []
     tiers = rules.tiers()
-    suffix = "" if rank is None else str(rank)
+    suffix = state_suffix(rank)
     for i, holds in hits:
         _, key, cr, ct = tiers[i]
         key += suffix

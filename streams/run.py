@@ -895,7 +895,7 @@ class RunState:
         ones; ``rank`` None) or of a rank's own at ``step``: with the native core, its scan
         straight (at most steps no tier needs its alert state: nothing more to do)."""
         if _native_scan is not None and type(rules) is RuleList:
-            hits = rules.scan(_native_scan, "" if rank is None else str(rank))(self.alerts)
+            hits = rules.scan(_native_scan, rank)(self.alerts)
             if not hits:
                 return []
             return advance_hits(self.run_id, rules, hits, self.alerts, self.rules.targets, step,

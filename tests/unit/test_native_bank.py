@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import struct
 
@@ -22,7 +21,9 @@ from rules.schema import MIN_POINTS, READY_POINTS
 from streams import signals
 from streams.signals import PyBank
 
-if os.environ.get("RLWATCH_NATIVE", "1") == "0":
+from tests.unit._core import PURE_ASKED  # noqa: E402
+
+if PURE_ASKED:
     pytest.skip("RLWATCH_NATIVE=0: the pure core was asked for", allow_module_level=True)
 
 try:

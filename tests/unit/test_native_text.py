@@ -7,14 +7,15 @@ missing, unless RLWATCH_NATIVE=0 says the pure core is wanted: CI builds it.
 """
 from __future__ import annotations
 
-import os
 import struct
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-if os.environ.get("RLWATCH_NATIVE", "1") == "0":
+from tests.unit._core import PURE_ASKED  # noqa: E402
+
+if PURE_ASKED:
     pytest.skip("RLWATCH_NATIVE=0: the pure core was asked for", allow_module_level=True)
 
 try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 
 import pytest
@@ -23,7 +22,9 @@ from streams.processor import Pipeline, read_routine
 from streams.snapshot import RankKeeper, SnapshotRecorder, build_snapshot
 from tests.unit._core import rlhf_pack
 
-if os.environ.get("RLWATCH_NATIVE", "1") == "0":
+from tests.unit._core import PURE_ASKED  # noqa: E402
+
+if PURE_ASKED:
     pytest.skip("RLWATCH_NATIVE=0: the pure core was asked for", allow_module_level=True)
 # (a missing native build fails here rather than skipping: the worker would read every event
 # the slower way without a word in the tests)
