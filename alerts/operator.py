@@ -19,6 +19,9 @@ caller reads the record and sends the command.
   ``ignored`` without the callback, ``failed`` when it raised); :func:`answers_of` reads them
   from the run's audit entries (signed ones only, with a control secret) and
   :func:`say_answers` words them, failures first.
+* the notice: :func:`operator_notice` is the alert that tells the run's receivers (Slack, a
+  webhook...) that an operator sent a command, who and why (:mod:`alerts.announce` sends it):
+  a brake pulled by hand is news for everyone watching the run, as a rule's is.
 """
 
 from __future__ import annotations
@@ -28,9 +31,14 @@ import math
 import re
 from typing import Any, Iterable, Mapping
 
-from contract.commands import ack_signature
+from contract.alert import Alert
+from contract.commands import Command, ack_signature
 
-__all__ = ["OperatorError", "adjust_params", "answers_of", "rollback_params", "say_answers", "say_ranks"]
+__all__ = ["OPERATOR_RULE", "OperatorError", "adjust_params", "answers_of", "operator_notice",
+           "rollback_params", "say_answers", "say_ranks", "say_sent"]
+
+#: the rule name of an operator's notice (a routes file routes it by ``rule: operator_command``)
+OPERATOR_RULE = "operator_command"
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
 
@@ -181,3 +189,34 @@ def say_ranks(ranks: list[int]) -> str:
         if r is not None:
             start = prev = r
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(spans)
+
+
+def say_sent(cmd: Command, why: str | None = None) -> str:
+    """A command in a few words: ``pause``, ``adjust beta=1.5, lr=0.5``, ``rollback to step 120
+    (/ck/120: why that one)``."""
+    p = cmd.params or {}
+    if cmd.action == "adjust" and p:
+        return "adjust " + ", ".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}"
+                                     for k, v in p.items())
+    if cmd.action == "rollback" and "to_step" in p:
+        return f"rollback to step {p['to_step']} ({p.get('checkpoint')}" + (f": {why})" if why else ")")
+    return cmd.action
+
+
+def operator_notice(cmd: Command, state: str, now: float, step: int | None = None,
+                    why: str | None = None) -> Alert:
+    """The alert that tells a run's receivers an operator sent ``cmd`` (severity ``info``,
+    rule :data:`OPERATOR_RULE`: a notice, never a brake; it names no action, so nothing acts
+    on it). ``state``: the run's state after it (running, paused, stopped); ``step``: the
+    run's last step known to the monitor; ``why``: why a rollback goes to that checkpoint."""
+    summary = f"run {cmd.run_id}: {say_sent(cmd, why)} sent by {cmd.issuer or 'an operator'}"
+    if cmd.reason:
+        summary += f": {cmd.reason}"
+    summary += f"; the run is {state}" + ("" if cmd.action in ("pause", "resume", "stop") else
+                                         " (the script applies it at its next step boundary)")
+    return Alert(rule=OPERATOR_RULE, severity="info", state="firing", run_id=cmd.run_id,
+                 step=step if isinstance(step, int) and step >= 0 else 0, actions=[],
+                 summary=summary[:2900],
+                 labels={"command": cmd.action, "command_id": cmd.id, "issuer": cmd.issuer or "",
+                         "run_state": state},
+                 ts=now)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from alerts.operator import OPERATOR_RULE
 from contract.alert import Alert
 
 __all__ = ["TIER_COLOURS", "num", "slack_batch", "slack_blocks", "text"]
@@ -42,12 +43,22 @@ def slack_blocks(alert: Alert, done: list[str] | None = None) -> tuple[str, list
     title = f"{icon} {alert.severity.upper()} {alert.rule} — {alert.run_id}"
     if alert.state == "resolved":
         title = f"{icon} RESOLVED {alert.rule} — {alert.run_id}"
-    fields = [
-        {"type": "mrkdwn", "text": f"*Run*\n`{alert.run_id}`"},
-        {"type": "mrkdwn", "text": f"*Step*\n{alert.step} (onset {alert.onset_step})"},
-        {"type": "mrkdwn", "text": f"*Value*\n{_num(alert.value)} vs {_num(alert.threshold)}"},
-        {"type": "mrkdwn", "text": f"*Rank*\n{'all' if alert.rank is None else alert.rank}"},
-    ]
+    by_hand = alert.rule == OPERATOR_RULE
+    if by_hand:
+        title = f"{icon} {alert.labels.get('command', 'command').upper()} by hand — {alert.run_id}"
+        fields = [
+            {"type": "mrkdwn", "text": f"*Run*\n`{alert.run_id}`"},
+            {"type": "mrkdwn", "text": f"*Now*\n{alert.labels.get('run_state', '?')}"},
+            {"type": "mrkdwn", "text": f"*Sent by*\n{alert.labels.get('issuer') or 'an operator'}"},
+            {"type": "mrkdwn", "text": f"*Last step seen*\n{alert.step}"},
+        ]
+    else:
+        fields = [
+            {"type": "mrkdwn", "text": f"*Run*\n`{alert.run_id}`"},
+            {"type": "mrkdwn", "text": f"*Step*\n{alert.step} (onset {alert.onset_step})"},
+            {"type": "mrkdwn", "text": f"*Value*\n{_num(alert.value)} vs {_num(alert.threshold)}"},
+            {"type": "mrkdwn", "text": f"*Rank*\n{'all' if alert.rank is None else alert.rank}"},
+        ]
     blocks: list[dict] = [
         {"type": "header", "text": {"type": "plain_text", "text": title[:150]}},
         {"type": "section", "text": {"type": "mrkdwn", "text": alert.summary[:2900] or alert.rule},
@@ -57,6 +68,8 @@ def slack_blocks(alert: Alert, done: list[str] | None = None) -> tuple[str, list
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": alert.diagnosis[:2900]}})
     did = ", ".join(done) if done else ("nothing (notify only)" if alert.state == "firing" else "—")
     context = f"monitor did: *{did}*"
+    if by_hand:   # an operator's command, not the monitor's
+        context = f"sent by hand · command `{alert.labels.get('command_id', '')}`"
     advisory = getattr(alert, "actions_advisory", None)
     if advisory and alert.state == "firing":
         context += f" · advisory, not enforced for this run: {', '.join(advisory)}"

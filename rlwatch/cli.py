@@ -185,7 +185,10 @@ def _start_fleet_web(address: str, settings, mode: str, metrics_scope: str = "al
     from streams.fleet_store import FleetStore
     from web.server import start_web
 
+    from alerts.announce import Announcer
+
     return start_web(address, control_factory=lambda: RedisControl(settings.redis),
+                     announcer_factory=lambda control: Announcer.from_settings(settings, control.redis),
                      store_factory=lambda: FleetStore.from_url(settings.redis, settings.app_id,
                                                                settings.run_ttl_hours * 3600),
                      pack=settings.rules, mode=mode, secret=settings.control_secret,
@@ -428,6 +431,30 @@ def _say_answers(what: str, run: str, waited: float, answers: dict, world: int |
         raise SystemExit(UNANSWERED)
 
 
+async def _announce(settings, redis, cmd, state: str, step, why) -> None:
+    """Tell the run's receivers (Slack, webhooks: as a worker routes) that ``cmd`` was sent;
+    say which took it, and on stderr which could not (the command stands either way)."""
+    from alerts.announce import Announcer
+
+    try:
+        announcer = Announcer.from_settings(settings, redis)
+    except (SystemExit, Exception) as exc:  # noqa: BLE001 - a bad receiver setting: the brake is sent
+        print(f"rlwatch {cmd.action}: the command was sent, but its receivers are not configured "
+              f"right, so nobody was told: {exc}", file=sys.stderr)
+        return
+    try:
+        if not announcer.receivers:
+            return      # none configured (RLWATCH_SLACK_WEBHOOK, ... or a routes file)
+        got = await announcer.announce(cmd, state, step=step if isinstance(step, int) else None, why=why)
+    finally:
+        await announcer.close()
+    if got.sent:
+        print(f"{cmd.run_id}: told {', '.join(got.sent)}")
+    for name, error in got.failed.items():
+        print(f"rlwatch {cmd.action}: the command was sent, but telling {name} failed: {error}",
+              file=sys.stderr)
+
+
 ONE_SHOT_NOTE = ("note: the run's script applies it at its next step boundary, or at once while paused "
                  "(its on_{action} callback; without one it answers \"ignored\"), and a paused run stays "
                  "paused; `rlwatch status {run}` shows its answer.")
@@ -435,7 +462,7 @@ ONE_SHOT_NOTE = ("note: the run's script applies it at its next step boundary, o
 
 def cmd_command(args) -> int:
     """pause, resume, stop, adjust, rollback and snapshot of one run, over Redis."""
-    from alerts.operator import OperatorError, adjust_params, rollback_params
+    from alerts.operator import OperatorError, adjust_params, rollback_params, say_sent
     from contract.commands import Command, runs_key
 
     what = args.command
@@ -473,13 +500,10 @@ def cmd_command(args) -> int:
                           reason=args.reason or f"{what} from the command line",
                           issuer=f"cli:{getpass.getuser()}").signed(settings.control_secret)
             state = await control.apply(cmd)
-            if what == "adjust":
-                sent = "adjust " + ", ".join(f"{k}={v:g}" for k, v in params.items())
-            elif what == "rollback":
-                sent = f"rollback to step {params['to_step']} ({params['checkpoint']}: {why})"
-            else:
-                sent = what
-            print(f"{args.run}: {state.state} ({sent} sent, command {cmd.id})")
+            print(f"{args.run}: {state.state} ({say_sent(cmd, why)} sent, command {cmd.id})")
+            if not args.no_announce:
+                step = ((rec or {}).get("summary") or {}).get("last_step")
+                await _announce(settings, control.redis, cmd, state.state, step, why)
             if args.wait > 0:
                 world = ((rec or {}).get("summary") or {}).get("world_size")
                 world = world if isinstance(world, int) and 0 < world <= 4096 else None
@@ -769,6 +793,9 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--redis")
         q.add_argument("--force", action="store_true",
                        help="send it even if no worker has seen the run yet")
+        q.add_argument("--no-announce", action="store_true",
+                       help="do not tell the run's receivers (Slack, webhooks) that it was sent "
+                            "(by default they are told, as a worker routes alerts: rule operator_command)")
         one_shot = name in ("adjust", "rollback", "snapshot")
         q.add_argument("--wait", type=float, default=10.0 if one_shot else 0.0, metavar="SECONDS",
                        help="wait this long for the answers of the run's ranks and print them; exit "

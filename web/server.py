@@ -321,6 +321,12 @@ async def api_command(request: web.Request) -> web.Response:
     out = {"run_id": run, "state": new.state, "command": cmd.model_dump(exclude_none=True)}
     if why:
         out["why"] = why
+    announcer = request.app[K_STATE].get("announcer")
+    if announcer is not None and announcer.receivers:
+        # the run's receivers are told (the command stands whatever they answer)
+        step = (fleet.summary(run) or {}).get("last_step")
+        got = await announcer.announce(cmd, new.state, step=step if isinstance(step, int) else None, why=why)
+        out["announced"] = {"sent": got.sent, "failed": got.failed}
     return _json(request, out)
 
 
@@ -543,16 +549,19 @@ def build_web_app(fleet: Fleet, control=None, *, control_factory: Callable[[], A
                   store=None, store_factory: Callable[[], Any] | None = None,
                   token: str | None = None, secret: str | None = None, mode: str = "demo",
                   sse_interval: float = 0.5, state_poll: float = 1.0, store_poll: float = 1.0,
-                  metrics_scope: str = "all") -> web.Application:
+                  metrics_scope: str = "all",
+                  announcer_factory: Callable[[Any], Any] | None = None) -> web.Application:
     """The aiohttp application. ``control`` (or ``control_factory``, called on startup inside
     the server's loop, e.g. for a Redis client) is the channel commands go through; ``store``
-    (or ``store_factory``) the fleet store the rows come from."""
+    (or ``store_factory``) the fleet store the rows come from; ``announcer_factory`` (called
+    on startup with the control channel) the :class:`alerts.announce.Announcer` that tells a
+    run's receivers of an operator's command (none: nobody is told)."""
     app = web.Application(client_max_size=64 * 1024)
     app[K_FLEET] = fleet
     app[K_CFG] = {"token": token, "secret": secret, "mode": mode, "sse_interval": sse_interval,
                   "state_poll": state_poll, "store_poll": store_poll}
     app[K_STATE] = {"control": control, "store": store, "stopping": False, "streams": 0,
-                    "control_error": None, "store_error": None,
+                    "control_error": None, "store_error": None, "announcer": None,
                     "registry": registry_for(fleet, metrics_scope), "tasks": []}
 
     async def on_startup(app_: web.Application) -> None:
@@ -563,6 +572,12 @@ def build_web_app(fleet: Fleet, control=None, *, control_factory: Callable[[], A
         if st["store"] is None and store_factory is not None:
             st["store"] = store_factory()
             st["own_store"] = True
+        if announcer_factory is not None:
+            try:
+                st["announcer"] = announcer_factory(st["control"])
+            except (SystemExit, Exception) as exc:  # noqa: BLE001 - the dashboard works without it
+                log.error("rlwatch web: operators' commands will not be announced: the receivers "
+                          "are not configured right: %s", exc)
         loop = asyncio.get_running_loop()
         st["tasks"].append(loop.create_task(_poll_states(app_)))
         st["tasks"].append(loop.create_task(_poll_store(app_)))
@@ -582,6 +597,8 @@ def build_web_app(fleet: Fleet, control=None, *, control_factory: Callable[[], A
                 pass
             except Exception as exc:  # noqa: BLE001
                 log.warning("rlwatch web: background task ended with %s", exc)
+        if st["announcer"] is not None:
+            await st["announcer"].close()
         for name in ("control", "store"):
             if st.get(f"own_{name}") and st[name] is not None:
                 try:
@@ -709,7 +726,8 @@ def start_web(address: str, *, control=None, control_factory: Callable[[], Any] 
               store=None, store_factory: Callable[[], Any] | None = None,
               pack: Any = "rlhf", fleet: Fleet | None = None, mode: str = "demo",
               token: str | None = None, secret: str | None = None, out=None,
-              metrics_scope: str = "all", finished_after: float | None = None) -> WebServer:
+              metrics_scope: str = "all", finished_after: float | None = None,
+              announcer_factory: Callable[[Any], Any] | None = None) -> WebServer:
     """Start the dashboard on ``address`` (``HOST:PORT``) in a background thread.
 
     ``token`` defaults to ``RLWATCH_OPERATOR_TOKEN`` and ``secret`` (command signing) to
@@ -736,7 +754,7 @@ def start_web(address: str, *, control=None, control_factory: Callable[[], Any] 
     secret = secret if secret is not None else _env_secret("RLWATCH_CONTROL_SECRET")
     server = WebServer(fleet, host, port, control=control, control_factory=control_factory,
                        store=store, store_factory=store_factory, token=token, secret=secret,
-                       mode=mode, metrics_scope=metrics_scope)
+                       mode=mode, metrics_scope=metrics_scope, announcer_factory=announcer_factory)
     try:
         server.start()
     except OSError as exc:

@@ -3,6 +3,7 @@ an operator can clear a stop; the SDK never logs the Redis password."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -192,3 +193,62 @@ def test_a_command_needs_force_only_for_a_run_nobody_knows(services):
     assert out.returncode == 0 and f"{known}: paused (adjust beta=2 sent" in out.stdout, out
     out = rlwatch("rollback", typo, "--to-step", "3", "--checkpoint", "/ck/3")
     assert out.returncode == 1 and f"no run {typo!r} is known" in out.stderr, out
+
+
+def test_a_command_sent_by_hand_is_told_to_the_runs_receivers(services, recorder):
+    """`rlwatch pause` tells the run's Slack (webhook and bot) and webhook receivers who paused
+    it and why, as a worker would route an alert; a receiver that cannot be reached is named on
+    stderr and the command stands; --no-announce tells nobody."""
+    import getpass
+    import os
+    import subprocess
+    import sys
+
+    from tests.integration.conftest import ROOT
+    from tests.support.ports import free_port
+
+    run = f"by-hand-{uuid.uuid4().hex[:6]}"
+    env = dict(os.environ, RLWATCH_REDIS=services["redis"], RLWATCH_APP_ID="by-hand-" + uuid.uuid4().hex[:6],
+               RLWATCH_SLACK_WEBHOOK=f"{recorder.url}/slack/webhook", RLWATCH_SLACK_TOKEN="test-bot-token",
+               RLWATCH_SLACK_CHANNEL="#rl-alerts", RLWATCH_SLACK_API_URL=f"{recorder.url}/api/",
+               RLWATCH_WEBHOOK_URL=f"{recorder.url}/hook")
+    env.pop("RLWATCH_ROUTES", None)
+
+    def rlwatch(*args, **extra):
+        return subprocess.run([sys.executable, "-m", "rlwatch", *args], cwd=ROOT, env={**env, **extra},
+                              capture_output=True, text=True, timeout=60)
+
+    out = rlwatch("pause", run, "--force", "--reason", "grad norm spikes")
+    assert out.returncode == 0, out
+    assert f"{run}: told slack-webhook, slack-bot, webhook" in out.stdout, out
+    assert "operator_command" not in out.stdout          # no alert JSON on the operator's terminal
+    who = f"cli:{getpass.getuser()}"
+    (hook,) = recorder.on("/hook")
+    body = hook.json()
+    assert (body["rule"], body["severity"], body["run_id"]) == ("operator_command", "info", run)
+    assert body["labels"]["command"] == "pause" and body["labels"]["issuer"] == who
+    assert body["summary"] == f"run {run}: pause sent by {who}: grad norm spikes; the run is paused"
+    (slack,) = recorder.on("/slack/webhook")
+    assert f"pause sent by {who}: grad norm spikes" in slack.json()["text"]
+    (bot,) = recorder.on("/api/chat.postMessage")
+    assert bot.form_or_json()["channel"] == "#rl-alerts"
+
+    # the webhook unreachable: said on stderr, the others told, the command applied
+    dead = f"http://127.0.0.1:{free_port()}/hook"
+    out = rlwatch("resume", run, "--reason", "looked fine", RLWATCH_WEBHOOK_URL=dead)
+    assert out.returncode == 0, out
+    assert f"{run}: running (resume sent" in out.stdout and f"{run}: told slack-webhook, slack-bot" in out.stdout
+    assert "rlwatch resume: the command was sent, but telling webhook failed" in out.stderr, out
+    assert len(recorder.on("/slack/webhook")) == 2 and len(recorder.on("/hook")) == 1
+    status = rlwatch("status", run, "--json")
+    assert json.loads(status.stdout)["state"] == "running"
+
+    # a receiver setting that is wrong does not keep the brake from being sent
+    out = rlwatch("pause", run, RLWATCH_SLACK_CHANNEL="")
+    assert out.returncode == 0 and f"{run}: paused (pause sent" in out.stdout, out
+    assert "the command was sent, but its receivers are not configured right" in out.stderr
+    assert "RLWATCH_SLACK_CHANNEL" in out.stderr
+
+    out = rlwatch("stop", run, "--no-announce")
+    assert out.returncode == 0 and ": told " not in out.stdout and f"{run}: stopped" in out.stdout, out
+    assert len(recorder.on("/hook")) == 1 and len(recorder.on("/slack/webhook")) == 2

@@ -368,3 +368,43 @@ def test_rows_of_every_worker_come_from_the_fleet_store():
         async with s.get(base + "/api/run/dists?run=elsewhere") as r:
             assert r.status == 200 and (await r.json())["dists"] == {}
     run(go, store=store, store_poll=0.02, token=TOKEN)
+
+
+def test_an_operator_command_from_the_dashboard_is_told_to_the_runs_receivers():
+    """The team's channel hears of a brake pulled from the dashboard (who, why, the run's state
+    now); a receiver that fails is in the answer, and the command stands."""
+    from alerts.announce import Announcer
+    from alerts.notifiers import DeliveryError
+    from tests.unit.alerts._helpers import Recording
+
+    slack, hook = Recording("slack-webhook"), Recording("webhook")
+    hook.fail = DeliveryError("webhook answered 500")
+    closed = []
+
+    class Closing(Announcer):
+        async def close(self):
+            closed.append(True)
+
+    def factory(control):
+        assert control is not None        # made once the control channel is there
+        return Closing([slack, hook])
+
+    async def go(s, base, fleet, control):
+        async with s.post(base + "/api/run/command?run=ppo-a", json={"action": "pause", "reason": "grad spikes"},
+                          headers={"X-RLWatch-Token": TOKEN}) as r:
+            out = await r.json()
+        assert r.status == 200 and out["state"] == "paused"
+        assert out["announced"] == {"sent": ["slack-webhook"], "failed": {"webhook": "DeliveryError: webhook answered 500"}}
+        (alert, _), = slack.sent
+        assert alert.rule == "operator_command" and alert.labels["issuer"] == "web:operator"
+        assert alert.summary.startswith("run ppo-a: pause sent by web:operator: grad spikes; the run is paused")
+        assert alert.step == fleet.summary("ppo-a")["last_step"] > 0
+        assert (await control.status("ppo-a")).state == "paused"
+        # a dry run sends nothing, and tells nobody
+        async with s.post(base + "/api/run/command?run=ppo-b", json={"action": "rollback", "reason": "r",
+                                                                     "dry_run": True},
+                          headers={"X-RLWatch-Token": TOKEN}) as r:
+            assert "announced" not in await r.json()
+        assert len(slack.sent) == 1
+    run(go, token=TOKEN, secret=SECRET, announcer_factory=factory)
+    assert closed == [True]

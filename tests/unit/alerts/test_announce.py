@@ -1,0 +1,112 @@
+"""An operator's command told to the run's receivers (alerts.operator.operator_notice,
+alerts.announce.Announcer): who sent what and why, routed as a worker routes alerts, each
+receiver's failure reported rather than retried, the console left out."""
+
+from __future__ import annotations
+
+import asyncio
+
+from alerts.announce import Announcer
+from alerts.notifiers import ConsoleNotifier, DeliveryError
+from alerts.operator import OPERATOR_RULE, operator_notice, say_sent
+from alerts.render import slack_blocks, text
+from alerts.routes_file import load_routes_text
+from contract.commands import Command
+from tests.unit.alerts._helpers import T0, Recording, run
+
+
+def _cmd(action="pause", **kw) -> Command:
+    kw.setdefault("reason", "KL blew up, looking at samples")
+    kw.setdefault("issuer", "cli:alice")
+    return Command(run_id="exp-7", action=action, ts=T0, **kw)
+
+
+def test_the_notice_says_who_sent_what_why_and_where_the_run_is_now():
+    cmd = _cmd()
+    a = operator_notice(cmd, "paused", T0 + 1, step=412)
+    assert (a.rule, a.severity, a.state, a.run_id, a.step) == (OPERATOR_RULE, "info", "firing", "exp-7", 412)
+    assert a.summary == "run exp-7: pause sent by cli:alice: KL blew up, looking at samples; the run is paused"
+    assert a.actions == []          # a notice: nothing acts on it (no brake, no snapshot)
+    assert a.labels == {"command": "pause", "command_id": cmd.id, "issuer": "cli:alice",
+                        "run_state": "paused"}
+    assert a.ts == T0 + 1
+
+
+def test_one_shot_commands_say_what_they_carry_and_that_the_script_applies_them_later():
+    adj = operator_notice(_cmd("adjust", params={"beta": 1.5, "lr": 0.5}), "paused", T0)
+    assert "adjust beta=1.5, lr=0.5 sent by cli:alice" in adj.summary
+    assert adj.summary.endswith("the run is paused (the script applies it at its next step boundary)")
+    rb = operator_notice(_cmd("rollback", params={"to_step": 120, "checkpoint": "/ck/120"}), "paused", T0,
+                         why="the newest checkpoint before the onset of its red alert kl_spike (step 130)")
+    assert ("rollback to step 120 (/ck/120: the newest checkpoint before the onset of its red alert "
+            "kl_spike (step 130)) sent by cli:alice") in rb.summary
+    # an unknown step (no worker has seen the run) is step 0, never a negative or missing one
+    assert operator_notice(_cmd(), "paused", T0, step=None).step == 0
+
+
+def test_say_sent_is_what_the_cli_prints():
+    assert say_sent(_cmd("stop")) == "stop"
+    assert say_sent(_cmd("adjust", params={"beta": 2.0})) == "adjust beta=2"
+    assert say_sent(_cmd("rollback", params={"to_step": 3, "checkpoint": "/c"}), "as given") == \
+        "rollback to step 3 (/c: as given)"
+
+
+def test_slack_shows_a_command_by_hand_not_a_tier_and_a_threshold():
+    a = operator_notice(_cmd(), "paused", T0, step=412)
+    fallback, head, att = slack_blocks(a, [])
+    assert head[0]["text"]["text"] == "ℹ️ PAUSE by hand — exp-7"
+    fields = [f["text"] for f in att[0]["blocks"][0]["fields"]]
+    assert fields == ["*Run*\n`exp-7`", "*Now*\npaused", "*Sent by*\ncli:alice", "*Last step seen*\n412"]
+    context = att[0]["blocks"][-1]["elements"][0]["text"]
+    assert "sent by hand" in context and a.labels["command_id"] in context
+    assert "monitor did" not in context
+    assert "pause sent by cli:alice" in fallback == text(a, [])
+
+
+def test_the_announcer_tells_every_receiver_but_the_console_and_reports_failures():
+    slack, hook = Recording("slack-webhook"), Recording("webhook")
+    hook.fail = DeliveryError("webhook answered 500")
+    ann = Announcer([ConsoleNotifier(), slack, hook])
+    assert ann.receivers == ["slack-webhook", "webhook"]
+    got = run(ann.announce(_cmd(), "paused", step=9, now=T0))
+    assert got.sent == ["slack-webhook"]
+    assert got.failed == {"webhook": "DeliveryError: webhook answered 500"}
+    assert hook.attempts == 1                              # told once, never retried behind the operator
+    (alert, done), = slack.sent
+    assert (alert.rule, alert.labels["command"], alert.step, done) == (OPERATOR_RULE, "pause", 9, [])
+
+
+def test_the_announcer_routes_as_the_routes_file_says():
+    tree = """
+route:
+  receiver: slack-webhook
+  routes:
+    - match: {rule: operator_command, command: adjust}
+      receiver: webhook
+"""
+    slack, hook = Recording("slack-webhook"), Recording("webhook")
+    ann = Announcer([slack, hook], load_routes_text(tree, ["slack-webhook", "webhook"]))
+    assert run(ann.announce(_cmd("adjust", params={"beta": 2.0}), "running", now=T0)).sent == ["webhook"]
+    assert run(ann.announce(_cmd("stop"), "stopped", now=T0)).sent == ["slack-webhook"]
+    assert [a.labels["command"] for a, _ in hook.sent] == ["adjust"]
+    assert [a.labels["command"] for a, _ in slack.sent] == ["stop"]
+
+
+def test_a_receiver_that_hangs_is_given_up_on_and_the_others_still_hear():
+    class Hanging(Recording):
+        async def send(self, alert, done):
+            await asyncio.sleep(30)
+
+    quick = Recording("slack-webhook")
+    ann = Announcer([Hanging("webhook"), quick], timeout=0.2)
+    got = run(ann.announce(_cmd(), "paused", now=T0))
+    assert got.sent == ["slack-webhook"]
+    assert got.failed == {"webhook": "no answer within 0.2s"}
+
+
+def test_a_failure_message_does_not_show_a_secret():
+    hook = Recording("webhook")
+    hook.fail = DeliveryError("POST http://x/hook?token=s3cr3t-token failed")
+    ann = Announcer([hook], secrets=["s3cr3t-token"])
+    got = run(ann.announce(_cmd(), "paused", now=T0))
+    assert "s3cr3t-token" not in got.failed["webhook"]
