@@ -37,6 +37,9 @@ from contract.commands import Command, ack_signature
 __all__ = ["OPERATOR_RULE", "OperatorError", "adjust_params", "answers_of", "operator_notice",
            "rollback_params", "say_answers", "say_ranks", "say_sent"]
 
+#: the newest checkpoints a refusal names (the run's summary holds more)
+SAID_CHECKPOINTS = 4
+
 #: the rule name of an operator's notice (a routes file routes it by ``rule: operator_command``)
 OPERATOR_RULE = "operator_command"
 
@@ -100,7 +103,9 @@ def rollback_params(run_id: str, summary: Mapping[str, Any] | None, to_step: int
         raise OperatorError("--checkpoint must be a path")
     if to_step is not None and checkpoint is not None:
         return {"to_step": to_step, "checkpoint": checkpoint}, "as given"
-    known = ", ".join(f"step {s}: {p}" for s, p in reported) or "none"
+    known = ", ".join(f"step {s}: {p}" for s, p in reported[-SAID_CHECKPOINTS:]) or "none"
+    if len(reported) > SAID_CHECKPOINTS:
+        known += f" and {len(reported) - SAID_CHECKPOINTS} older (`rlwatch status RUN --json` lists them)"
     if to_step is not None:
         paths = [p for s, p in reported if s == to_step]
         if not paths:

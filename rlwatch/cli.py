@@ -378,6 +378,9 @@ async def _known_runs(control, settings) -> tuple[dict[str, dict], list[str]]:
     return {r["run_id"]: r for r in await store.all()}, await control.runs()
 
 
+#: the newest checkpoints `rlwatch status RUN` prints (--json gives all the summary holds)
+SHOWN_CHECKPOINTS = 4
+
 RESUME_NOTE = ("note: the brake does not re-arm by itself. Alerts firing now will not pause {run} "
                "again; only an alert that fires anew (after it resolves, or a higher tier) does. "
                "Until then you own this run: `rlwatch pause {run}` stops it again.")
@@ -589,7 +592,9 @@ def cmd_status(args) -> int:
                     print(f"  open: {a['severity'].upper()} {a['rule']} since step {a.get('onset_step')}"
                           + (f": {a['summary']}" if a.get("summary") else ""))
                 if s.get("checkpoints"):
-                    print("  checkpoints: " + ", ".join(f"step {st} {path}" for st, path in s["checkpoints"]))
+                    shown, older = s["checkpoints"][-SHOWN_CHECKPOINTS:], len(s["checkpoints"]) - SHOWN_CHECKPOINTS
+                    print("  checkpoints: " + ", ".join(f"step {st} {path}" for st, path in shown)
+                          + (f" (and {older} older: --json lists them)" if older > 0 else ""))
                 for e in item["history"]:
                     when = time.strftime("%H:%M:%S", time.localtime(e.get("ts", 0)))
                     if e.get("type") == "ack":

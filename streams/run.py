@@ -49,7 +49,7 @@ __all__ = ["MAX_RANKS", "MAX_STEP_JUMP", "RunState", "SUMMARY_METRICS", "TARGET_
 
 MAX_CHECKPOINTS = 64
 #: the newest checkpoints a run's summary shows, and the longest path it shows
-SUMMARY_CHECKPOINTS = 4
+SUMMARY_CHECKPOINTS = 16   # (an operator's --to-step names one of these)
 MAX_SUMMARY_PATH = 256
 MAX_PROMPTS = 2000
 MAX_PENDING_STEPS = 8

@@ -195,20 +195,20 @@ def test_summary_names_the_newest_checkpoints_and_where_a_rollback_for_each_aler
     alert the newest one before its onset (as a rule's rollback action picks it). A path too
     long to show is left out, not cut."""
     p = Pipeline(only_rules("kl_above_target"))
-    for s in range(36):
-        p.feed(ev("ck", s, {"kl/mean": 0.02 if s < 30 else 0.5}, tags={"target.kl": "0.04"}), T0 + s)
+    for s in range(106):
+        p.feed(ev("ck", s, {"kl/mean": 0.02 if s < 100 else 0.5}, tags={"target.kl": "0.04"}), T0 + s)
         if s % 5 == 0:
-            path = f"/ckpt/step-{s}" if s != 30 else "/" + "d" * 2000
+            path = f"/ckpt/step-{s}" if s != 100 else "/" + "d" * 2000
             p.feed(parse_event({"schema": 1, "kind": "checkpoint", "run_id": "ck", "step": s,
                                 "ts": T0 + s, "path": path}, T0 + s), T0 + s)
     st = p.runs["ck"]
     s = st.summary()
-    assert s["checkpoints"] == [[15, "/ckpt/step-15"], [20, "/ckpt/step-20"], [25, "/ckpt/step-25"],
-                                [35, "/ckpt/step-35"]]
-    assert {a["onset_step"] for a in s["open_alerts"]} == {30, 31}
+    # the newest 16 it can show (step 100's path is too long): steps 25 ... 95 and 105
+    assert s["checkpoints"] == [[k, f"/ckpt/step-{k}"] for k in [*range(25, 100, 5), 105]]
+    assert {a["onset_step"] for a in s["open_alerts"]} == {100, 101}
     for a in s["open_alerts"]:
-        if a["onset_step"] == 30:
-            assert a["rollback_to"] == {"step": 25, "checkpoint": "/ckpt/step-25"}
+        if a["onset_step"] == 100:
+            assert a["rollback_to"] == {"step": 95, "checkpoint": "/ckpt/step-95"}
         else:
             assert "rollback_to" not in a        # step 30's path is too long to show
 

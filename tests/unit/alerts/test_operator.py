@@ -92,6 +92,16 @@ def test_one_half_of_the_target_is_found_among_the_checkpoints_the_run_reported(
         rollback_params("r", summary(CKPTS), checkpoint="/elsewhere")
 
 
+def test_an_older_checkpoint_of_the_summary_is_found_and_a_refusal_names_the_newest_few():
+    many = [[s, f"/ck/{s}"] for s in range(10, 170, 10)]          # the 16 a summary holds
+    assert rollback_params("r", summary(many), to_step=10)[0] == {"to_step": 10, "checkpoint": "/ck/10"}
+    with pytest.raises(OperatorError) as exc:
+        rollback_params("r", summary(many), to_step=15)
+    said = str(exc.value)
+    assert "step 130: /ck/130, step 140: /ck/140, step 150: /ck/150, step 160: /ck/160 and 12 older" in said
+    assert "/ck/120" not in said and "rlwatch status RUN --json" in said
+
+
 def test_both_halves_given_go_as_given_even_for_a_run_nobody_has_seen():
     assert rollback_params("r", None, to_step=7, checkpoint="/x/7") == ({"to_step": 7, "checkpoint": "/x/7"},
                                                                          "as given")
