@@ -518,3 +518,48 @@ def test_status_names_the_brakes_a_run_has_not_acknowledged(services):
     text = status()
     assert f"  pause {cmds[0].id} not acknowledged by the run, sent 2m ago (escalated)" in text, text
     assert cmds[1].id not in text
+
+
+def test_the_resend_schedule_kept_in_redis_is_the_one_kept_in_memory(services):
+    """The re-send schedule of unacknowledged brakes is written twice: in Python
+    (``MemoryAcks.due_again``, the demo's, from ``next_resend``) and in Lua (``RedisAcks``, the
+    workers'). Driven alike (brakes sent at different times, one settled midway, the clock
+    read at uneven times past the doubling waits and their cap), both give the same brakes at
+    every read."""
+    from alerts.control import MemoryControl
+    from alerts.escalation import MemoryAcks, RedisAcks
+
+    ns = "rlwatch:schedule-" + uuid.uuid4().hex[:8]
+    t0 = 1_764_500_000.0
+    cmds = [Command(run_id=f"sched-{k}-" + uuid.uuid4().hex[:6], action=a, ts=t0 + dt, reason="test",
+                    step=3).signed(SECRET)
+            for k, (a, dt) in enumerate([("pause", 0.0), ("stop", 2.5), ("pause", 7.0)])]
+    reads = [t0 + x for x in (1, 4.9, 5, 5.1, 7.4, 9, 12.1, 14.9, 15.2, 20, 26.9, 35.5, 40, 61.3, 62,
+                              75, 99.9, 100, 137, 160.2, 199, 240, 260.5, 300, 333)]
+
+    async def go():
+        control = RedisControl(services["redis"], SECRET)
+        memory, redis_acks = MemoryAcks(MemoryControl(), SECRET), RedisAcks(control.redis, ns, SECRET)
+        try:
+            for cmd in cmds:
+                await memory.expect(cmd)
+                await redis_acks.expect(cmd)
+            out = []
+            for k, now in enumerate(reads):
+                if k == 12:        # the second brake settles (acknowledged, then escalation-checked away)
+                    memory.pending.pop(cmds[1].id)
+                    await control.redis.hdel(redis_acks.pending, cmds[1].id)
+                got = [sorted(c.id for c in await acks.due_again(now, 5.0, 40.0)) for acks in (memory, redis_acks)]
+                out.append((now - t0, *got))
+            return out
+        finally:
+            await control.redis.delete(redis_acks.pending, redis_acks.sent, redis_acks.escalated, redis_acks.resends)
+            await control.close()
+
+    out = run(go())
+    for at, in_memory, in_redis in out:
+        assert in_memory == in_redis, (at, in_memory, in_redis)
+    # the schedule was exercised: each brake re-sent several times, the settled one no more
+    sent = [i for _, m, _ in out for i in m]
+    assert sent.count(cmds[0].id) >= 6 and sent.count(cmds[2].id) >= 6
+    assert all(cmds[1].id not in m for _, m, _ in out[12:]) and cmds[1].id in sent
