@@ -584,7 +584,11 @@
     if (!body) return;
     const what = action === "rollback" ? `rollback to step ${body.command.params.to_step} (${body.why})`
       : action === "adjust" ? `adjust ${Object.entries(body.command.params).map(([k, v]) => `${k}=${v}`).join(" ")}` : action;
-    say(`${what} sent (command ${body.command.id.slice(0, 8)}); run is now ${body.state}`, true);
+    const told = body.announced || { sent: [], failed: {} };
+    const failed = Object.entries(told.failed).map(([name, why]) => `telling ${name} failed: ${why}`);
+    say(`${what} sent (command ${body.command.id.slice(0, 8)}); run is now ${body.state}`
+      + (told.sent.length ? `; told ${told.sent.join(", ")}` : "")
+      + (failed.length ? `; ${failed.join("; ")}` : ""), !failed.length);
     $("reason").value = "";
     if (action === "adjust") $("factors").value = "";
     sessionStorage.setItem("rlwatch-token-ok", tokenInput.value);
