@@ -181,11 +181,10 @@ def cmd_worker(args) -> int:
 
 def _start_fleet_web(address: str, settings, mode: str, metrics_scope: str = "all"):
     """The dashboard on Redis: rows from the fleet store, commands over the control channel."""
+    from alerts.announce import Announcer
     from alerts.control import RedisControl
     from streams.fleet_store import FleetStore
     from web.server import start_web
-
-    from alerts.announce import Announcer
 
     return start_web(address, control_factory=lambda: RedisControl(settings.redis),
                      announcer_factory=lambda control: Announcer.from_settings(settings, control.redis),

@@ -1,5 +1,6 @@
 """`rlwatch worker --web` on the real Kafka and Redis: the agents feed the dashboard, and a
-pause from the dashboard goes through Redis to the training process."""
+pause from the dashboard goes through Redis to the training process, and is told to the
+worker's receivers."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from producers.monitor import Monitor
 from producers.sim import SimConfig, Simulator
-from tests.integration.conftest import ROOT, services, worker_env  # noqa: F401 - the services fixture
+from tests.integration.conftest import ROOT, recorder, services, worker_env  # noqa: F401 - the fixtures
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -43,11 +44,11 @@ def _until(fn, timeout: float, what: str):
     raise AssertionError(f"{what} within {timeout}s (last: {last!r})")
 
 
-def test_worker_feeds_the_dashboard_and_takes_its_commands(services):  # noqa: F811
+def test_worker_feeds_the_dashboard_and_takes_its_commands(services, recorder):  # noqa: F811
     sid = uuid.uuid4().hex[:8]
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = worker_env(services, sid, RLWATCH_OPERATOR_TOKEN=TOKEN)
+    env = worker_env(services, sid, recorder, RLWATCH_OPERATOR_TOKEN=TOKEN)
     proc = subprocess.Popen([sys.executable, "-m", "rlwatch", "worker", "--web", f"127.0.0.1:{port}",
                              "--loglevel", "info"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
@@ -93,7 +94,14 @@ def test_worker_feeds_the_dashboard_and_takes_its_commands(services):  # noqa: F
                                      data=json.dumps({"action": "pause", "reason": "from the web"}).encode(),
                                      headers={"Content-Type": "application/json", "X-RLWatch-Token": TOKEN})
         with urllib.request.urlopen(req, timeout=10) as r:
-            assert json.load(r)["state"] == "paused"
+            answer = json.load(r)
+        assert answer["state"] == "paused"
+        # the worker's receivers were told who paused it and why (the console left out)
+        assert answer["announced"] == {"sent": ["slack-webhook", "slack-bot", "webhook"], "failed": {}}
+        told = [q.json() for q in recorder.on("/hook") if q.json().get("rule") == "operator_command"]
+        assert [(t["run_id"], t["labels"]["issuer"], t["labels"]["run_state"]) for t in told] == \
+            [(healthy, "web:operator", "paused")]
+        assert told[0]["summary"].startswith(f"run {healthy}: pause sent by web:operator: from the web")
         mon = mons[1]
         _until(lambda: mon.state == "paused", 15, "the training process to see the pause")
         status = subprocess.run([sys.executable, "-m", "rlwatch", "status", healthy], cwd=ROOT, env=env,
