@@ -7,8 +7,10 @@ to the receivers the routing gives it (every configured receiver without a route
 one, the routes that match ``rule: operator_command``, ``command: pause`` ...), straight from
 the process that sent the command, once, without the outbox: the command is already applied,
 and a receiver that fails is reported to the operator there and then (one line each), never
-retried behind their back. The console receiver is left out: the operator's terminal is where
-the command's own answer goes.
+retried behind their back. Only receivers that take such one-off notices are told (a notifier's
+``takes_notices``: Slack, webhooks): not the console (the operator's terminal is where the
+command's own answer goes), nor Alertmanager and PagerDuty, which keep an alert open until it
+resolves, and a notice never does.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from alerts.notifiers import ConsoleNotifier, Notifier
+from alerts.notifiers import Notifier
 from alerts.operator import operator_notice
 from alerts.redact import redact
 from alerts.routing import Routing
@@ -43,7 +45,7 @@ class Announcer:
 
     def __init__(self, notifiers: list[Notifier], routing: Routing | None = None, *,
                  timeout: float = 10.0, secrets: list[str] | None = None):
-        self.notifiers = {n.name: n for n in notifiers if not isinstance(n, ConsoleNotifier)}
+        self.notifiers = {n.name: n for n in notifiers if getattr(n, "takes_notices", False)}
         self.routing = routing or Routing.default(list(self.notifiers))
         self.timeout = timeout
         self.secrets = [s for s in (secrets or []) if s] + [

@@ -42,7 +42,9 @@ class Notifier(Protocol):
         messages must not contain the sink's secrets (URLs with tokens, keys).
 
         A sink may also offer ``send_batch(alerts, dones)`` to take a group's alerts in one
-        request; the dispatcher uses it when a group flushes several at once."""
+        request; the dispatcher uses it when a group flushes several at once, and
+        ``takes_notices = True`` when it takes one-off notices, which never resolve (an
+        operator's command: :mod:`alerts.announce`)."""
 
     async def close(self) -> None: ...
 

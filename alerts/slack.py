@@ -34,6 +34,9 @@ class SlackWebhookNotifier:
     """An incoming webhook (``https://hooks.slack.com/services/...``). A group's alerts go in
     one message."""
 
+    #: takes an operator's one-off notices (alerts.announce): it keeps no alert open
+    takes_notices = True
+
     def __init__(self, url: str, timeout: float = 10.0, name: str = "slack-webhook"):
         from slack_sdk.webhook.async_client import AsyncWebhookClient
 
@@ -93,6 +96,9 @@ class RedisThreads:
 
 class SlackBotNotifier:
     """``chat.postMessage`` with a bot token; follow-ups of an alert go in its thread."""
+
+    #: takes an operator's one-off notices (alerts.announce): it keeps no alert open
+    takes_notices = True
 
     def __init__(self, token: str, channel: str, base_url: str | None = None, timeout: float = 10.0,
                  threads: ThreadStore | None = None, name: str = "slack-bot"):

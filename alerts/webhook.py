@@ -70,6 +70,9 @@ class WebhookNotifier:
     ``Idempotency-Key`` (one per receiver and alert key: a receiver can drop a repeat that a
     crash between send and bookkeeping let through)."""
 
+    #: takes an operator's one-off notices (alerts.announce): it keeps no alert open
+    takes_notices = True
+
     def __init__(self, url: str, secret: str | None = None, timeout: float = 10.0, name: str = "webhook"):
         self.name, self.url, self.secret = name, url, secret
         self.http = JsonPoster(f"webhook {name}", timeout, secrets=(url, secret))

@@ -29,6 +29,8 @@ class Clock:
 class Recording:
     """A notifier that records what it got and can be told to fail."""
 
+    takes_notices = True       # (as Slack and webhooks: alerts.announce tells it)
+
     def __init__(self, name: str, batch: bool = False):
         self.name = name
         self.sent: list[tuple[Alert, list[str]]] = []

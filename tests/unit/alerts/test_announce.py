@@ -76,6 +76,22 @@ def test_the_announcer_tells_every_receiver_but_the_console_and_reports_failures
     assert (alert.rule, alert.labels["command"], alert.step, done) == (OPERATOR_RULE, "pause", 9, [])
 
 
+def test_receivers_that_keep_an_alert_open_until_it_resolves_are_not_told():
+    """A notice never resolves: Alertmanager would show it active for a day, PagerDuty keep an
+    incident open. The real notifiers say which take notices: Slack and webhooks do."""
+    from alerts.alertmanager import AlertmanagerNotifier
+    from alerts.pagerduty import PagerDutyNotifier
+    from alerts.slack import SlackBotNotifier, SlackWebhookNotifier
+    from alerts.webhook import WebhookNotifier
+
+    ann = Announcer([ConsoleNotifier(), SlackWebhookNotifier("http://127.0.0.1:9/slack"),
+                     SlackBotNotifier("xoxb-test", "#rl"), WebhookNotifier("http://127.0.0.1:9/hook"),
+                     AlertmanagerNotifier("http://127.0.0.1:9/am"),
+                     PagerDutyNotifier("key", "http://127.0.0.1:9/pd")])
+    assert ann.receivers == ["slack-webhook", "slack-bot", "webhook"]
+    run(ann.close())
+
+
 def test_the_announcer_routes_as_the_routes_file_says():
     tree = """
 route:
