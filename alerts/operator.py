@@ -26,6 +26,7 @@ caller reads the record and sends the command.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import math
 import re
@@ -219,8 +220,11 @@ def operator_notice(cmd: Command, state: str, now: float, step: int | None = Non
         summary += f": {cmd.reason}"
     summary += f"; the run is {state}" + ("" if cmd.action in ("pause", "resume", "stop") else
                                          " (the script applies it at its next step boundary)")
+    # its identity is the command's (an alert's is its rule, run, rank and tier): a receiver
+    # that drops repeats by it (a webhook's Idempotency-Key) drops no other command's notice
+    ident = hashlib.sha256(f"{OPERATOR_RULE}\0{cmd.id}".encode()).hexdigest()[:16]
     return Alert(rule=OPERATOR_RULE, severity="info", state="firing", run_id=cmd.run_id,
-                 step=step if isinstance(step, int) and step >= 0 else 0, actions=[],
+                 fingerprint=ident, step=step if isinstance(step, int) and step >= 0 else 0, actions=[],
                  summary=summary[:2900],
                  labels={"command": cmd.action, "command_id": cmd.id, "issuer": cmd.issuer or "",
                          "run_state": state},

@@ -225,6 +225,7 @@ def test_a_command_sent_by_hand_is_told_to_the_runs_receivers(services, recorder
     who = f"cli:{getpass.getuser()}"
     (hook,) = recorder.on("/hook")
     body = hook.json()
+    assert body["fingerprint"] in hook.headers["Idempotency-Key"]
     assert (body["rule"], body["severity"], body["run_id"]) == ("operator_command", "info", run)
     assert body["labels"]["command"] == "pause" and body["labels"]["issuer"] == who
     assert body["summary"] == f"run {run}: pause sent by {who}: grad norm spikes; the run is paused"
@@ -233,13 +234,22 @@ def test_a_command_sent_by_hand_is_told_to_the_runs_receivers(services, recorder
     (bot,) = recorder.on("/api/chat.postMessage")
     assert bot.form_or_json()["channel"] == "#rl-alerts"
 
+    # a second command's notice is not a repeat of the first to a receiver that drops repeats
+    out = rlwatch("snapshot", run, "--wait", "0", "--reason", "keep samples")
+    assert out.returncode == 0 and f"{run}: told slack-webhook, slack-bot, webhook" in out.stdout, out
+    first, second = recorder.on("/hook")
+    assert second.json()["summary"] == (f"run {run}: snapshot sent by {who}: keep samples; the run is paused "
+                                        "(the script applies it at its next step boundary)")
+    keys = [h.headers["Idempotency-Key"] for h in (first, second)]
+    assert keys[0] != keys[1] and all(h.json()["fingerprint"] in k for h, k in zip((first, second), keys))
+
     # the webhook unreachable: said on stderr, the others told, the command applied
     dead = f"http://127.0.0.1:{free_port()}/hook"
     out = rlwatch("resume", run, "--reason", "looked fine", RLWATCH_WEBHOOK_URL=dead)
     assert out.returncode == 0, out
     assert f"{run}: running (resume sent" in out.stdout and f"{run}: told slack-webhook, slack-bot" in out.stdout
     assert "rlwatch resume: the command was sent, but telling webhook failed" in out.stderr, out
-    assert len(recorder.on("/slack/webhook")) == 2 and len(recorder.on("/hook")) == 1
+    assert len(recorder.on("/slack/webhook")) == 3 and len(recorder.on("/hook")) == 2
     status = rlwatch("status", run, "--json")
     assert json.loads(status.stdout)["state"] == "running"
 
@@ -251,4 +261,4 @@ def test_a_command_sent_by_hand_is_told_to_the_runs_receivers(services, recorder
 
     out = rlwatch("stop", run, "--no-announce")
     assert out.returncode == 0 and ": told " not in out.stdout and f"{run}: stopped" in out.stdout, out
-    assert len(recorder.on("/hook")) == 1 and len(recorder.on("/slack/webhook")) == 2
+    assert len(recorder.on("/hook")) == 2 and len(recorder.on("/slack/webhook")) == 3

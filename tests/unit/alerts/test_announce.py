@@ -32,6 +32,16 @@ def test_the_notice_says_who_sent_what_why_and_where_the_run_is_now():
     assert a.ts == T0 + 1
 
 
+def test_each_command_s_notice_has_its_own_identity():
+    """A receiver that drops repeats by identity (a webhook's Idempotency-Key is built from the
+    fingerprint) must not drop the second pause of a run as a repeat of the first."""
+    first, second = _cmd(), _cmd()
+    a, b = operator_notice(first, "paused", T0), operator_notice(second, "paused", T0)
+    assert a.fingerprint != b.fingerprint
+    assert operator_notice(first, "paused", T0 + 5, step=3).fingerprint == a.fingerprint   # the same command
+    assert len(a.fingerprint) == 16 and int(a.fingerprint, 16) >= 0
+
+
 def test_one_shot_commands_say_what_they_carry_and_that_the_script_applies_them_later():
     adj = operator_notice(_cmd("adjust", params={"beta": 1.5, "lr": 0.5}), "paused", T0)
     assert "adjust beta=1.5, lr=0.5 sent by cli:alice" in adj.summary
