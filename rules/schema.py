@@ -120,7 +120,7 @@ SIGNALS = {
     "sign_flip_rate": "share of point-to-point changes that flip sign",
     "diff_ratio": "std of point-to-point changes / std of the values over the window",
     "delta": "newest value minus the previous point",
-    "cycle_rise": "rise since the start of the update cycle (see cycle_metric)",
+    "cycle_rise": "rise since the start of the update cycle (see cycle_metric), or the last ended cycle's rise over a whole cycle when larger (carried to every epoch of a cycle when the run logs only some)",
     "rel_trend": "least-squares slope x window / |median|: relative change across the window",
     "level_change": "median of the window's last points / median of its first points - 1",
     "shift_z": "change point: current level (median of the last few points) against the median "

@@ -720,21 +720,51 @@ def _autocorr(v: list[float]) -> float:
 
 
 class CycleRise:
-    """Rise of a metric since the first value of its update cycle (``cycle_metric`` restarts)."""
+    """Rise of a metric within its update cycle (``cycle_metric``, an epoch counter, restarts):
+    the rise since the cycle's first logged value, or, when larger, the rise of the last cycle
+    that ended, for the whole cycle. A run that logs every few steps sees only some epochs of
+    each cycle (every 5 steps, epochs 0 and 5 of 8, then 2 and 7, ...), so an ended cycle's rise
+    over the epochs it was seen at is carried to the run's whole cycle: per epoch, times the
+    epochs from the lowest counter seen to the highest."""
 
-    __slots__ = ("cycle_metric", "start", "last_cycle", "out")
+    __slots__ = ("cycle_metric", "start", "start_cycle", "last_cycle", "last", "lo", "hi", "done",
+                 "out")
 
     def __init__(self, cycle_metric: str):
         self.cycle_metric = cycle_metric
-        self.start = self.last_cycle = self.out = NAN
+        self.start = self.start_cycle = self.last_cycle = self.last = self.out = NAN
+        self.lo = self.hi = self.done = NAN
 
     def update(self, x: float, metrics: dict) -> None:
         c = metrics.get(self.cycle_metric, NAN)
         if self.start != self.start or (c == c and self.last_cycle == self.last_cycle
                                         and c <= self.last_cycle):
-            self.start = x
-        self.last_cycle = c
-        self.out = x - self.start
+            # a cycle ended: its rise per epoch, over the epochs of a whole cycle
+            seen = self.last_cycle - self.start_cycle
+            if seen > 0 and self.hi - self.lo >= seen:
+                self.done = (self.last - self.start) * ((self.hi - self.lo) / seen)
+            self.start, self.start_cycle = x, c
+        if c == c:
+            if not c >= self.lo:
+                self.lo = c
+            if not c <= self.hi:
+                self.hi = c
+        self.last_cycle, self.last = c, x
+        rise = x - self.start
+        self.out = self.done if self.done > rise else rise
+
+    def to_state(self) -> list:
+        return [_enc(v) for v in (self.start, self.last_cycle, self.out, self.start_cycle, self.last,
+                                  self.lo, self.hi, self.done)]
+
+    def load(self, vals: list) -> None:
+        """A state's values; a state of an older worker holds the first three (no ended cycle
+        counted: the next one that ends is)."""
+        if len(vals) not in (3, 8):
+            raise ValueError("a cycle of a state holds three or eight values")
+        vals = [_dec(v) for v in vals] + [NAN] * (8 - len(vals))
+        (self.start, self.last_cycle, self.out, self.start_cycle, self.last, self.lo, self.hi,
+         self.done) = vals
 
 
 class Bank:
@@ -858,8 +888,7 @@ class Bank:
     def to_state(self) -> dict:
         return {"tracks": [[m, s, t.to_state()] for (m, s), t in self.tracks.items() if t.n or
                            t.last_step is not None],
-                "cycles": [[m, c, [_enc(x.start), _enc(x.last_cycle), _enc(x.out)]]
-                           for (m, c), x in self.cycles.items()],
+                "cycles": [[m, c, x.to_state()] for (m, c), x in self.cycles.items()],
                 # when each autocorrelation was last worked out, and its value: it is worked out
                 # every window/20 points, so a restored run keeps the same rhythm
                 "autocorr": [[m, s, steps, w.cache_at, _enc(w.cache.get("ac", NAN))]
@@ -876,10 +905,10 @@ class Bank:
             t = self.tracks.get((m, s))
             if t is not None:
                 t.load(st)
-        for m, c, (a, b, o) in state.get("cycles", []):
+        for m, c, vals in state.get("cycles", []):
             x = self.cycles.get((m, c))
             if x is not None:
-                x.start, x.last_cycle, x.out = _dec(a), _dec(b), _dec(o)
+                x.load(vals)
         for m, s, steps, at, ac in state.get("autocorr", []):
             w = self.windows.get((m, s, steps))
             if w is not None:

@@ -1322,9 +1322,19 @@ struct CycleRise {
     start: f64,
     last_cycle: f64,
     out: f64,
+    /// the cycle counter at the cycle's first logged value
+    start_cycle: f64,
+    /// the last value taken
+    last: f64,
+    /// the lowest and the highest cycle counter seen
+    lo: f64,
+    hi: f64,
+    /// the rise of the last cycle that ended, over a whole cycle
+    done: f64,
 }
 
 impl CycleRise {
+    /// (streams.signals.CycleRise.update: the same arithmetic, in the same order)
     fn update(&mut self, x: f64, metrics: &Bound<'_, PyDict>) -> PyResult<()> {
         let c = match &self.cycle_metric_py {
             Some(name) => match metrics.get_item(name.bind(metrics.py()))? {
@@ -1334,11 +1344,31 @@ impl CycleRise {
             None => NAN,
         };
         if self.start.is_nan() || (!c.is_nan() && !self.last_cycle.is_nan() && c <= self.last_cycle) {
+            let seen = self.last_cycle - self.start_cycle;
+            if seen > 0.0 && self.hi - self.lo >= seen {
+                self.done = (self.last - self.start) * ((self.hi - self.lo) / seen);
+            }
             self.start = x;
+            self.start_cycle = c;
+        }
+        if !c.is_nan() {
+            if !(c >= self.lo) {
+                self.lo = c;
+            }
+            if !(c <= self.hi) {
+                self.hi = c;
+            }
         }
         self.last_cycle = c;
-        self.out = x - self.start;
+        self.last = x;
+        let rise = x - self.start;
+        self.out = if self.done > rise { self.done } else { rise };
         Ok(())
+    }
+
+    /// The values a state keeps, in streams.signals.CycleRise.to_state's order.
+    fn values(&self) -> [f64; 8] {
+        [self.start, self.last_cycle, self.out, self.start_cycle, self.last, self.lo, self.hi, self.done]
     }
 }
 
@@ -2277,6 +2307,11 @@ impl Bank {
                             start: NAN,
                             last_cycle: NAN,
                             out: NAN,
+                            start_cycle: NAN,
+                            last: NAN,
+                            lo: NAN,
+                            hi: NAN,
+                            done: NAN,
                         });
                         core.cycle_keys.insert(key, c);
                         c
@@ -2408,10 +2443,7 @@ impl Bank {
         }
         let cycles = PyList::empty_bound(py);
         for c in &core.cycles {
-            let vals = PyList::new_bound(
-                py,
-                [enc(py, c.start), enc(py, c.last_cycle), enc(py, c.out)],
-            );
+            let vals = PyList::new_bound(py, c.values().map(|v| enc(py, v)));
             let item = PyList::empty_bound(py);
             item.append(&c.metric)?;
             item.append(&c.cycle_metric)?;
@@ -2465,10 +2497,11 @@ impl Bank {
                 Some(m) => mp.str(m),
                 None => mp.nil(),
             }
-            mp.array(3);
-            mp.enc(c.start);
-            mp.enc(c.last_cycle);
-            mp.enc(c.out);
+            let vals = c.values();
+            mp.array(vals.len());
+            for v in vals {
+                mp.enc(v);
+            }
         }
         mp.str("autocorr");
         let cached: Vec<&Window> = core.windows.iter().filter(|w| w.cache_at >= 0).collect();
@@ -2511,9 +2544,15 @@ impl Bank {
             let m = item.get_item(0)?;
             let c = item.get_item(1)?;
             let vals = item.get_item(2)?;
-            let (a, b, o) = (vals.get_item(0)?, vals.get_item(1)?, vals.get_item(2)?);
-            if vals.len()? != 3 {
-                return Err(PyValueError::new_err("a cycle of a state holds three values"));
+            // eight values; a state of an older worker holds the first three (no ended cycle
+            // counted: the next one that ends is)
+            let n = vals.len()?;
+            if n != 3 && n != 8 {
+                return Err(PyValueError::new_err("a cycle of a state holds three or eight values"));
+            }
+            let mut v = [NAN; 8];
+            for (k, slot) in v.iter_mut().enumerate().take(n) {
+                *slot = dec(&vals.get_item(k)?)?;
             }
             let Ok(m) = m.extract::<String>() else { continue };
             let c: Option<String> = if c.is_none() {
@@ -2526,9 +2565,7 @@ impl Bank {
             };
             if let Some(&i) = core.cycle_keys.get(&(m, c)) {
                 let x = &mut core.cycles[i];
-                x.start = dec(&a)?;
-                x.last_cycle = dec(&b)?;
-                x.out = dec(&o)?;
+                [x.start, x.last_cycle, x.out, x.start_cycle, x.last, x.lo, x.hi, x.done] = v;
             }
         }
         let autocorr = state.call_method1("get", ("autocorr", &empty))?;

@@ -261,3 +261,61 @@ def test_the_autocorrelation_is_numpys_without_numpy():
     assert math.isnan(_autocorr([1.0] * 7))            # too few points
     assert math.isnan(_autocorr([2.0] * 50))           # constant: nothing to correlate
     assert math.isnan(_autocorr([0.5 * i for i in range(50)]))   # a straight line, detrended away
+
+
+def _cycle_rise(every: int, epochs: int = 8, per_epoch: float = 0.004, steps: int = 160, bank=None):
+    """cycle_rise of kl/ppo = 0.003 + per_epoch x epoch, the epoch counting 0 .. epochs-1 with
+    each step, logged every ``every`` steps: its value after each logged step."""
+    bank = bank if bank is not None else Bank()
+    read = bank.metric("kl/ppo", "cycle_rise", None, None, "ppo/epoch", 0,
+                       MIN_POINTS["cycle_rise"], READY_POINTS["cycle_rise"])
+    out = []
+    for step in range(0, steps, every):
+        epoch = step % epochs
+        bank.update(step, {"kl/ppo": 0.003 + per_epoch * epoch, "ppo/epoch": float(epoch)})
+        out.append(read())
+    return out
+
+
+@pytest.mark.parametrize("every, span", [(1, 7), (5, 7), (10, 6)])
+def test_a_cycle_s_rise_is_the_whole_cycle_s_however_often_the_run_logs(every, span):
+    """Q23's sawtooth: kl/ppo rises 0.004 an epoch over 8 epochs, 0.028 a cycle. Logged every 5
+    steps, a cycle shows epochs 0 and 5 (then 2 and 7, 4, 1 and 6...): the rise seen, 0.02, is
+    carried to the whole cycle (the counter was seen from 0 to 7), as logged every step; every
+    10 steps the counter shows 0, 2, 4 and 6 only, and the cycle is taken to span those."""
+    got = _cycle_rise(every)
+    whole = span * 0.004
+    assert max(got) == pytest.approx(whole)
+    assert got[-1] == pytest.approx(whole, rel=1e-9)     # it holds from one cycle to the next
+    # before any cycle ended, only the rise seen so far
+    assert got[0] == 0.0
+
+
+def test_a_cycle_s_rise_without_a_counter_is_the_rise_since_the_first_value():
+    bank = Bank()
+    read = bank.metric("m", "cycle_rise", None, None, "c", 0, MIN_POINTS["cycle_rise"],
+                       READY_POINTS["cycle_rise"])
+    for step, x in enumerate([1.0, 1.5, 0.5, 2.0]):
+        bank.update(step, {"m": x})
+    assert read() == 1.0
+
+
+def test_a_cycle_rise_restored_from_an_older_worker_s_state_goes_on():
+    """An older worker's state holds three values of a cycle (no ended cycle counted): it loads,
+    and the next cycle that ends is counted."""
+    bank = Bank()
+    _cycle_rise(5, steps=20, bank=bank)
+    state = bank.to_state()
+    assert [len(v) for _, _, v in state["cycles"]] == [8]
+    state["cycles"] = [[m, c, v[:3]] for m, c, v in state["cycles"]]
+    again = Bank()
+    read = again.metric("kl/ppo", "cycle_rise", None, None, "ppo/epoch", 0, MIN_POINTS["cycle_rise"],
+                        READY_POINTS["cycle_rise"])
+    again.load(state)
+    for step in range(20, 160, 5):
+        epoch = step % 8
+        again.update(step, {"kl/ppo": 0.003 + 0.004 * epoch, "ppo/epoch": float(epoch)})
+    assert read() == pytest.approx(7 * 0.004)
+    state["cycles"] = [[m, c, v[:2]] for m, c, v in state["cycles"]]
+    with pytest.raises(ValueError, match="three or eight values"):
+        again.load(state)
