@@ -21,9 +21,11 @@ import json
 from typing import Protocol
 
 from alerts.notifiers import DeliveryError, PermanentDeliveryError, retry_after_of
+from alerts.operator import OPERATOR_RULE
 from alerts.redact import guarded_logger, redact
 from alerts.render import slack_batch, slack_blocks
 from contract.alert import SEVERITIES, Alert
+from contract.commands import STATE_ACTIONS
 
 __all__ = ["MemoryThreads", "RedisThreads", "SlackBotNotifier", "SlackWebhookNotifier", "ThreadStore"]
 
@@ -94,6 +96,11 @@ class RedisThreads:
         await self.redis.set(f"rlwatch:slack:thread:{key}", json.dumps(value), ex=THREAD_TTL)
 
 
+def _by_hand_brake(alert: Alert) -> bool:
+    """An operator's notice of a command that changes the run's state (pause, resume, stop)."""
+    return alert.rule == OPERATOR_RULE and alert.labels.get("command") in STATE_ACTIONS
+
+
 class SlackBotNotifier:
     """``chat.postMessage`` with a bot token; follow-ups of an alert go in its thread."""
 
@@ -128,8 +135,10 @@ class SlackBotNotifier:
             kwargs["thread_ts"] = thread["ts"]
             was = thread.get("severity", "info")
             escalation = alert.state == "firing" and SEVERITIES.index(alert.severity) > SEVERITIES.index(was)
-            if escalation:
-                kwargs["reply_broadcast"] = True   # an escalation is news for the channel too
+            if escalation or _by_hand_brake(alert):
+                # an escalation is news for the channel too, and so is a run paused, resumed
+                # or stopped by hand (an operator's later commands go in its first one's thread)
+                kwargs["reply_broadcast"] = True
         try:
             resp = await self.client.chat_postMessage(channel=self.channel, text=fallback, blocks=blocks,
                                                       attachments=attachments, **kwargs)

@@ -250,6 +250,13 @@ def test_a_command_sent_by_hand_is_told_to_the_runs_receivers(services, recorder
     assert f"{run}: running (resume sent" in out.stdout and f"{run}: told slack-webhook, slack-bot" in out.stdout
     assert "rlwatch resume: the command was sent, but telling webhook failed" in out.stderr, out
     assert len(recorder.on("/slack/webhook")) == 3 and len(recorder.on("/hook")) == 2
+    # the bot: the run's first notice starts a thread; a snapshot goes in it, quietly; a resume
+    # (a change of the run's state) goes in it and to the channel
+    first_bot, snap_bot, resume_bot = (q.form_or_json() for q in recorder.on("/api/chat.postMessage"))
+    assert "thread_ts" not in first_bot
+    assert snap_bot.get("thread_ts") and not snap_bot.get("reply_broadcast")
+    assert resume_bot.get("thread_ts") == snap_bot["thread_ts"]
+    assert str(resume_bot.get("reply_broadcast")).lower() == "true"
     status = rlwatch("status", run, "--json")
     assert json.loads(status.stdout)["state"] == "running"
 
