@@ -18,7 +18,7 @@ from tests.unit.alerts._helpers import T0, Recording, run
 
 def _cmd(action="pause", **kw) -> Command:
     kw.setdefault("reason", "KL blew up, looking at samples")
-    kw.setdefault("issuer", "cli:alice")
+    kw.setdefault("issuer", "cli:oncall")
     return Command(run_id="exp-7", action=action, ts=T0, **kw)
 
 
@@ -26,9 +26,9 @@ def test_the_notice_says_who_sent_what_why_and_where_the_run_is_now():
     cmd = _cmd()
     a = operator_notice(cmd, "paused", T0 + 1, step=412)
     assert (a.rule, a.severity, a.state, a.run_id, a.step) == (OPERATOR_RULE, "info", "firing", "exp-7", 412)
-    assert a.summary == "run exp-7: pause sent by cli:alice: KL blew up, looking at samples; the run is paused"
+    assert a.summary == "run exp-7: pause sent by cli:oncall: KL blew up, looking at samples; the run is paused"
     assert a.actions == []          # a notice: nothing acts on it (no brake, no snapshot)
-    assert a.labels == {"command": "pause", "command_id": cmd.id, "issuer": "cli:alice",
+    assert a.labels == {"command": "pause", "command_id": cmd.id, "issuer": "cli:oncall",
                         "run_state": "paused"}
     assert a.ts == T0 + 1
 
@@ -45,12 +45,12 @@ def test_each_command_s_notice_has_its_own_identity():
 
 def test_one_shot_commands_say_what_they_carry_and_that_the_script_applies_them_later():
     adj = operator_notice(_cmd("adjust", params={"beta": 1.5, "lr": 0.5}), "paused", T0)
-    assert "adjust beta=1.5, lr=0.5 sent by cli:alice" in adj.summary
+    assert "adjust beta=1.5, lr=0.5 sent by cli:oncall" in adj.summary
     assert adj.summary.endswith("the run is paused (the script applies it at its next step boundary)")
     rb = operator_notice(_cmd("rollback", params={"to_step": 120, "checkpoint": "/ck/120"}), "paused", T0,
                          why="the newest checkpoint before the onset of its red alert kl_spike (step 130)")
     assert ("rollback to step 120 (/ck/120: the newest checkpoint before the onset of its red alert "
-            "kl_spike (step 130)) sent by cli:alice") in rb.summary
+            "kl_spike (step 130)) sent by cli:oncall") in rb.summary
     # an unknown step (no worker has seen the run) is step 0, never a negative or missing one
     assert operator_notice(_cmd(), "paused", T0, step=None).step == 0
 
@@ -67,11 +67,11 @@ def test_slack_shows_a_command_by_hand_not_a_tier_and_a_threshold():
     fallback, head, att = slack_blocks(a, [])
     assert head[0]["text"]["text"] == "ℹ️ PAUSE by hand — exp-7"
     fields = [f["text"] for f in att[0]["blocks"][0]["fields"]]
-    assert fields == ["*Run*\n`exp-7`", "*Now*\npaused", "*Sent by*\ncli:alice", "*Last step seen*\n412"]
+    assert fields == ["*Run*\n`exp-7`", "*Now*\npaused", "*Sent by*\ncli:oncall", "*Last step seen*\n412"]
     context = att[0]["blocks"][-1]["elements"][0]["text"]
     assert "sent by hand" in context and a.labels["command_id"] in context
     assert "monitor did" not in context
-    assert fallback == text(a, []) and "pause sent by cli:alice" in fallback
+    assert fallback == text(a, []) and "pause sent by cli:oncall" in fallback
 
 
 def test_the_announcer_tells_every_receiver_but_the_console_and_reports_failures():

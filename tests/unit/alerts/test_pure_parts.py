@@ -63,7 +63,7 @@ def test_overdue_is_a_function_of_sent_acks_and_now():
 
 def test_a_later_resume_or_stop_settles_a_pause():
     a = sent("a")
-    resume = Command(run_id="r", action="resume", ts=T0 + 10, issuer="cli:alice")
+    resume = Command(run_id="r", action="resume", ts=T0 + 10, issuer="cli:oncall")
     ctl = {"r": RunControl(run_id="r", state="running", command=resume)}
     overdue, done = overdue_commands([a], set(), T0 + 100, 60, ctl)
     assert overdue == [] and done == [a]
