@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from alerts.notifiers import Notifier
 from alerts.operator import operator_notice
@@ -64,7 +65,7 @@ class Announcer:
     def receivers(self) -> list[str]:
         return list(self.notifiers)
 
-    async def announce(self, cmd: Command, state: str, *, step: int | None = None,
+    async def announce(self, cmd: Command, state: str, *, step: Any = None,
                        why: str | None = None, now: float | None = None) -> Announced:
         """Send the notice of ``cmd`` (the run now ``state``) to its routed receivers."""
         alert = operator_notice(cmd, state, time.time() if now is None else now, step, why)

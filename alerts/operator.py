@@ -209,12 +209,13 @@ def say_sent(cmd: Command, why: str | None = None) -> str:
     return cmd.action
 
 
-def operator_notice(cmd: Command, state: str, now: float, step: int | None = None,
+def operator_notice(cmd: Command, state: str, now: float, step: Any = None,
                     why: str | None = None) -> Alert:
     """The alert that tells a run's receivers an operator sent ``cmd`` (severity ``info``,
     rule :data:`OPERATOR_RULE`: a notice, never a brake; it names no action, so nothing acts
     on it). ``state``: the run's state after it (running, paused, stopped); ``step``: the
-    run's last step known to the monitor; ``why``: why a rollback goes to that checkpoint."""
+    run's last step known to the monitor, as its summary has it (anything but a step, e.g. None
+    for a run no worker has seen, reads 0); ``why``: why a rollback goes to that checkpoint."""
     summary = f"run {cmd.run_id}: {say_sent(cmd, why)} sent by {cmd.issuer or 'an operator'}"
     if cmd.reason:
         summary += f": {cmd.reason}"

@@ -447,7 +447,7 @@ async def _announce(settings, redis, cmd, state: str, step, why) -> None:
     try:
         if not announcer.receivers:
             return      # none configured (RLWATCH_SLACK_WEBHOOK, ... or a routes file)
-        got = await announcer.announce(cmd, state, step=step if isinstance(step, int) else None, why=why)
+        got = await announcer.announce(cmd, state, step=step, why=why)
     finally:
         await announcer.close()
     if got.sent:

@@ -325,7 +325,7 @@ async def api_command(request: web.Request) -> web.Response:
     if announcer is not None and announcer.receivers:
         # the run's receivers are told (the command stands whatever they answer)
         step = (fleet.summary(run) or {}).get("last_step")
-        got = await announcer.announce(cmd, new.state, step=step if isinstance(step, int) else None, why=why)
+        got = await announcer.announce(cmd, new.state, step=step, why=why)
         out["announced"] = {"sent": got.sent, "failed": got.failed}
     return _json(request, out)
 
