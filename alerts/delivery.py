@@ -27,6 +27,7 @@ from alerts.retry import RetryPolicy
 from alerts.routing import Routing
 from alerts.inhibition import inhibited_by
 from alerts.matchers import RUN_FIELDS
+from alerts.notices import is_notice
 from alerts.silences import SilenceStore, silenced_by
 from contract.alert import Alert
 
@@ -253,7 +254,8 @@ class Drainer:
         if alert.state == "firing":
             if silenced_by(alert, silences, now) is not None:
                 return "silenced"
-            if inhibited_by(alert, active, self.routing.inhibit_rules) is not None:
+            # a notice is news about the brake: the alert that pulled it must not mute it
+            if not is_notice(alert) and inhibited_by(alert, active, self.routing.inhibit_rules) is not None:
                 return "inhibited"
             return None
         firing = f"{alert.fingerprint}:firing:{alert.onset_step}"

@@ -35,6 +35,7 @@ from alerts.brake import BRAKE_RETRY, BrakeLane
 from alerts.control import ControlChannel
 from alerts.delivery import Drainer, StoreHealth, delivery_key
 from alerts.escalation import RESEND_MOST, AckTracker, escalation_alert, unreachable_alert
+from alerts.notices import acknowledged_notice, notice_group, takes_notices
 from alerts.grouping import GroupClock, due, group_key, repeat_due
 from alerts.incidents import IncidentStore, make_incident
 from alerts.notifiers import Notifier
@@ -218,6 +219,40 @@ class Dispatcher:
             out.queued = [r for r in out.queued if r not in out.delivered and r not in out.suppressed]
         return outs
 
+    async def notice(self, alert: Alert, wait: bool = False) -> Delivery:
+        """A one-off notice (:mod:`alerts.notices`: a brake acknowledged, an operator's
+        command) to its routed receivers that take notices: queued in the outbox due now, in
+        a group of its own and never among the active alerts (it never resolves or repeats),
+        so it is retried and silenced like any notification; sent (awaited with ``wait``, else
+        in the background lanes). Straight to the receivers when the outbox is unreachable."""
+        now = self.clock()
+        out = Delivery(alert)
+        targets = [name for _, name in self.routing.targets(alert) if takes_notices(self.notifiers[name])]
+        if not targets:
+            return out
+        key, body, group = delivery_key(alert), alert.to_json(), notice_group(alert)
+        items = [OutboxItem(item_id(name, key), name, group, key, alert.run_id, body, [], enqueued=now,
+                            next_try=now) for name in targets]
+        try:
+            new, _ = await self.outbox.enqueue_all(items, {}, {}, now)
+        except Exception as exc:  # noqa: BLE001 - Redis is down: tell them anyway, straight
+            await self._direct(alert, [], out, exc, wait, targets)
+            return out
+        out.queued = [it.receiver for it, fresh in zip(items, new) if fresh]
+        out.duplicate = not out.queued
+        if not out.queued:
+            return out
+        if wait:
+            try:
+                await self.drainer.drain(now, out.queued, out)
+            except Exception as exc:  # noqa: BLE001 - queued already: the timer's drain retries
+                log.error("rlwatch: outbox drain failed (the timer retries): %s",
+                          self._safe(f"{type(exc).__name__}: {exc}"))
+            out.queued = [r for r in out.queued if r not in out.delivered and r not in out.suppressed]
+        else:
+            self.drainer.kick(out.queued)
+        return out
+
     def _split(self, alert: Alert) -> tuple[Alert, dict | Raw | None]:
         """The alert without its snapshot, and the snapshot: a dict, or the JSON text it came
         in (``msgspec.Raw``: :meth:`contract.alert.Alert.from_json_keeping_snapshot`)."""
@@ -294,7 +329,7 @@ class Dispatcher:
 
     # -- straight to the receivers, when Redis is down ----------------------------------------
     async def _direct(self, alert: Alert, done: list[str], out: Delivery | None, exc: Exception | None,
-                      wait: bool) -> None:
+                      wait: bool, targets: list[str] | None = None) -> None:
         """The degraded path when the store (Redis) fails: send straight to the routed receivers,
         without the outbox (no retries, no once-only guarantee). Loud, because a page may repeat
         or be lost; better than a silent monitor. Never blocks the caller unless ``wait``."""
@@ -303,7 +338,8 @@ class Dispatcher:
             self.health.failed(exc, f"queueing {alert.rule}/{alert.severity} for {alert.run_id}", self.clock())
             if out is not None:
                 out.failed["store"] = self._safe(f"{type(exc).__name__}: {exc}")
-        targets = [name for _, name in self.routing.targets(alert)]
+        if targets is None:
+            targets = [name for _, name in self.routing.targets(alert)]
         if wait:
             await self._send_direct(alert, done, targets, out)
             return
@@ -399,14 +435,18 @@ class Dispatcher:
             return []
         now = self.clock() if now is None else now
         timeout = self.routing.ack_timeout
-        overdue, late = await self.acks.check(now, timeout)
+        got = await self.acks.check(now, timeout)
         out = []
-        for s in overdue:
+        for s in got.overdue:
             log.error("rlwatch: run %s: %s command %s not acknowledged within %.0fs: escalating",
                       s.run_id, s.action, s.command_id, timeout)
             out.append(await self.handle(escalation_alert(s, timeout, now), wait=wait))
-        for s in late:
+        for s in got.late:
             out.append(await self.handle(escalation_alert(s, timeout, now, state="resolved"), wait=wait))
+        for s, ack in got.confirmed:
+            out.append(await self.notice(acknowledged_notice(s.command_id, s.run_id, s.action, s.ts, ack, now,
+                                                             rule=s.rule, severity=s.severity, step=s.step),
+                                         wait=wait))
         return out
 
     # -- misc -----------------------------------------------------------------------------------

@@ -19,14 +19,14 @@ dispatcher's ``tick()`` runs the check on the worker's timer.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from contract.alert import SEVERITIES, Alert
 from contract.commands import Command, RunControl, ack_signature, acks_key, state_key
 
-__all__ = ["BRAKES", "MemoryAcks", "RedisAcks", "SentCommand", "escalation_alert", "overdue_commands",
+__all__ = ["BRAKES", "Checked", "MemoryAcks", "RedisAcks", "SentCommand", "escalation_alert", "overdue_commands",
            "unreachable_alert"]
 
 BRAKES = ("pause", "stop")
@@ -59,6 +59,16 @@ def next_resend(gap: float | None, first: float, most: float) -> float:
 
 
 @dataclass(frozen=True)
+class Checked:
+    """What one check of the brakes found: each brake in one list, for one caller only."""
+
+    overdue: list[SentCommand]           # no acknowledgement within the timeout: escalate
+    late: list[SentCommand]              # escalated, now acknowledged or overtaken: resolve
+    #: acknowledged within the timeout, each with the worker's acknowledgement: say it holds
+    confirmed: list[tuple[SentCommand, dict]]
+
+
+@dataclass(frozen=True)
 class SentCommand:
     command_id: str
     run_id: str
@@ -80,7 +90,7 @@ class SentCommand:
         return cls(**json.loads(raw))
 
 
-def settled(sent: SentCommand, acked: set[str], current: Mapping[str, RunControl]) -> bool:
+def settled(sent: SentCommand, acked: Container[str], current: Mapping[str, RunControl]) -> bool:
     """Acknowledged, or overtaken by a later operator decision (a resume, or another brake)."""
     if sent.command_id in acked:
         return True
@@ -90,7 +100,7 @@ def settled(sent: SentCommand, acked: set[str], current: Mapping[str, RunControl
         cmd.action in ("resume", "stop")
 
 
-def overdue_commands(sent: Iterable[SentCommand], acked: set[str], now: float, timeout: float,
+def overdue_commands(sent: Iterable[SentCommand], acked: Container[str], now: float, timeout: float,
                      current: Mapping[str, RunControl] | None = None
                      ) -> tuple[list[SentCommand], list[SentCommand]]:
     """(overdue, settled): brakes past ``timeout`` with no ack, and those needing no more care."""
@@ -151,8 +161,9 @@ class AckTracker(Protocol):
     async def expect(self, cmd: Command) -> None:
         """Remember a brake until a worker acknowledges it (idempotent per command id)."""
 
-    async def check(self, now: float, timeout: float) -> tuple[list[SentCommand], list[SentCommand]]:
-        """(newly overdue, escalated ones now settled); each is returned to one caller only."""
+    async def check(self, now: float, timeout: float) -> Checked:
+        """The brakes newly overdue, the escalated ones now settled, and those acknowledged in
+        time; each is returned to one caller only."""
 
     async def outstanding(self) -> list[Command]:
         """The brakes still waiting for an acknowledgement (escalated or not)."""
@@ -164,10 +175,17 @@ class AckTracker(Protocol):
         the workers of a deployment share them."""
 
 
-def _acked(entries: Iterable[dict], secret: str | None) -> set[str]:
-    """Ids of the commands these acknowledgements are for; with a secret, signed ones only."""
-    return {e.get("command_id") for e in entries
+def _acked(entries: Iterable[dict], secret: str | None) -> dict[str, dict]:
+    """The acknowledgements among ``entries`` by the id of their command (with a secret,
+    signed ones only; the last one of a command when it has several)."""
+    return {e.get("command_id"): e for e in entries
             if e.get("type", "ack") == "ack" and (not secret or e.get("signature") == ack_signature(e, secret))}
+
+
+def confirmed_of(done: Iterable[SentCommand], acked: Mapping[str, dict]) -> list[tuple[SentCommand, dict]]:
+    """The settled brakes among ``done`` that a worker acknowledged (not those overtaken by a
+    later decision), each with its acknowledgement."""
+    return [(s, acked[s.command_id]) for s in done if s.command_id in acked]
 
 
 class MemoryAcks:
@@ -199,7 +217,7 @@ class MemoryAcks:
                                    float("inf"), current)
         for s in late:
             self.escalated.pop(s.command_id, None)
-        return overdue, late
+        return Checked(overdue, late, confirmed_of(done, acked))
 
     async def outstanding(self) -> list[Command]:
         return [*self.pending.values(), *self.escalated.values()]
@@ -340,10 +358,10 @@ class RedisAcks:
                 pipe.hmget(acks_key(r), ids[r])
                 pipe.get(state_key(r))
             got = await pipe.execute()
-        acked: set[str] = set()
+        acked: dict[str, dict] = {}
         current: dict[str, RunControl] = {}
         for k, r in enumerate(runs):
-            acked |= _acked([json.loads(v) for v in got[2 * k] if v is not None], self.secret)
+            acked.update(_acked([json.loads(v) for v in got[2 * k] if v is not None], self.secret))
             current[r] = trusted(r, got[2 * k + 1], self.secret)
         return acked, current
 
@@ -353,12 +371,11 @@ class RedisAcks:
         pending = await self._load(self.pending, due)
         escalated = await self._load(self.escalated)
         if not pending and not escalated:
-            return [], []
+            return Checked([], [], [])
         acked, current = await self._context(pending + escalated)
         by_id = {c.id: c for c in pending}
         overdue, done = overdue_commands([SentCommand.of(c) for c in pending], acked, now, timeout, current)
-        for s in done:
-            await self._forget(s.command_id)
+        done = [s for s in done if await self._forget(s.command_id)]    # one caller each
         mine = []
         for s in overdue:
             if await self.redis.hdel(self.pending, s.command_id):
@@ -370,13 +387,15 @@ class RedisAcks:
         for c in escalated:   # a day without an answer: stop re-sending (it was escalated long ago)
             if now - c.ts > FORGET_AFTER:
                 await self.redis.hdel(self.escalated, c.id)
-        return mine, resolved
+        return Checked(mine, resolved, confirmed_of(done, acked))
 
-    async def _forget(self, command_id: str) -> None:
+    async def _forget(self, command_id: str) -> bool:
+        """Forget a settled brake; whether this call did (another worker's check may have)."""
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hdel(self.pending, command_id)
             pipe.zrem(self.sent, command_id)
-            await pipe.execute()
+            gone, _ = await pipe.execute()
+        return bool(gone)
 
     async def outstanding(self) -> list[Command]:
         return await self._load(self.pending) + await self._load(self.escalated)

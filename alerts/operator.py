@@ -26,12 +26,12 @@ caller reads the record and sends the command.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import math
 import re
 from typing import Any, Iterable, Mapping
 
+from alerts.notices import OPERATOR_RULE, notice_fingerprint
 from contract.alert import Alert
 from contract.commands import Command, ack_signature
 
@@ -41,8 +41,6 @@ __all__ = ["OPERATOR_RULE", "OperatorError", "adjust_params", "answers_of", "ope
 #: the newest checkpoints a refusal names (the run's summary holds more)
 SAID_CHECKPOINTS = 4
 
-#: the rule name of an operator's notice (a routes file routes it by ``rule: operator_command``)
-OPERATOR_RULE = "operator_command"
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
 
@@ -223,7 +221,7 @@ def operator_notice(cmd: Command, state: str, now: float, step: Any = None,
                                          " (the script applies it at its next step boundary)")
     # its identity is the command's (an alert's is its rule, run, rank and tier): a receiver
     # that drops repeats by it (a webhook's Idempotency-Key) drops no other command's notice
-    ident = hashlib.sha256(f"{OPERATOR_RULE}\0{cmd.id}".encode()).hexdigest()[:16]
+    ident = notice_fingerprint(OPERATOR_RULE, cmd.id)
     return Alert(rule=OPERATOR_RULE, severity="info", state="firing", run_id=cmd.run_id,
                  fingerprint=ident, step=step if isinstance(step, int) and step >= 0 else 0, actions=[],
                  summary=summary[:2900],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from alerts.operator import OPERATOR_RULE
+from alerts.notices import ACKNOWLEDGED_RULE, OPERATOR_RULE
 from contract.alert import Alert
 
 __all__ = ["TIER_COLOURS", "num", "slack_batch", "slack_blocks", "text"]
@@ -52,6 +52,19 @@ def slack_blocks(alert: Alert, done: list[str] | None = None) -> tuple[str, list
             {"type": "mrkdwn", "text": f"*Sent by*\n{alert.labels.get('issuer') or 'an operator'}"},
             {"type": "mrkdwn", "text": f"*Last step seen*\n{alert.step}"},
         ]
+    elif alert.rule == ACKNOWLEDGED_RULE:
+        held = alert.labels.get("ack_status") == "applied"
+        icon = "✅" if held else "⚠️"
+        what = alert.labels.get("command", "brake").upper()
+        title = f"{icon} {what} {'holds' if held else 'answered'} — {alert.run_id}"
+        rank = alert.labels.get("ack_rank")
+        who = f"rank {rank}" if rank else "a worker"
+        fields = [
+            {"type": "mrkdwn", "text": f"*Run*\n`{alert.run_id}`"},
+            {"type": "mrkdwn", "text": f"*Now*\n{alert.labels.get('run_state', '?')}"},
+            {"type": "mrkdwn", "text": f"*For*\n{alert.labels.get('source_rule') or 'an operator'}"},
+            {"type": "mrkdwn", "text": f"*Acknowledged by*\n{who} after {_num(alert.value)}s"},
+        ]
     else:
         fields = [
             {"type": "mrkdwn", "text": f"*Run*\n`{alert.run_id}`"},
@@ -70,6 +83,8 @@ def slack_blocks(alert: Alert, done: list[str] | None = None) -> tuple[str, list
     context = f"monitor did: *{did}*"
     if by_hand:   # an operator's command, not the monitor's
         context = f"sent by hand · command `{alert.labels.get('command_id', '')}`"
+    elif alert.rule == ACKNOWLEDGED_RULE:
+        context = f"the worker's answer · command `{alert.labels.get('command_id', '')}`"
     advisory = getattr(alert, "actions_advisory", None)
     if advisory and alert.state == "firing":
         context += f" · advisory, not enforced for this run: {', '.join(advisory)}"

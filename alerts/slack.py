@@ -21,7 +21,7 @@ import json
 from typing import Protocol
 
 from alerts.notifiers import DeliveryError, PermanentDeliveryError, retry_after_of
-from alerts.operator import OPERATOR_RULE
+from alerts.notices import ACKNOWLEDGED_RULE, OPERATOR_RULE
 from alerts.redact import guarded_logger, redact
 from alerts.render import slack_batch, slack_blocks
 from contract.alert import SEVERITIES, Alert
@@ -121,7 +121,10 @@ class SlackBotNotifier:
         self.threads: ThreadStore = threads or MemoryThreads()
 
     def thread_key(self, alert: Alert) -> str:
-        return f"{self.channel}:{alert.run_id}/{alert.rule}/{'' if alert.rank is None else alert.rank}"
+        """The thread of an alert (run, rule, rank); a brake's acknowledgement goes in the
+        thread of the alert that pulled it (a run-wide one: a command names no rank)."""
+        rule = alert.labels.get("source_rule") or alert.rule if alert.rule == ACKNOWLEDGED_RULE else alert.rule
+        return f"{self.channel}:{alert.run_id}/{rule}/{'' if alert.rank is None else alert.rank}"
 
     async def send(self, alert: Alert, done: list[str]) -> None:
         from slack_sdk.errors import SlackApiError
@@ -155,7 +158,8 @@ class SlackBotNotifier:
             raise DeliveryError(redact(f"Slack API unreachable: {type(exc).__name__}: {exc}",
                                        self.secrets)) from None
         try:
-            if thread is None and resp.get("ts"):
+            # (an acknowledgement whose alert has no thread here starts none in its alert's name)
+            if thread is None and resp.get("ts") and alert.rule != ACKNOWLEDGED_RULE:
                 await self.threads.set(key, {"ts": resp["ts"], "severity": alert.severity})
             elif thread is not None and escalation:
                 await self.threads.set(key, {**thread, "severity": alert.severity})

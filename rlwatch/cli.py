@@ -452,8 +452,12 @@ async def _announce(settings, redis, cmd, state: str, step, why) -> None:
         await announcer.close()
     if got.sent:
         print(f"{cmd.run_id}: told {', '.join(got.sent)}")
+    if got.silenced:
+        print(f"{cmd.run_id}: not told (silenced): "
+              + ", ".join(f"{name} ({by})" for name, by in got.silenced.items()))
     for name, error in got.failed.items():
-        print(f"rlwatch {cmd.action}: the command was sent, but telling {name} failed: {error}",
+        later = "; a worker retries it" if name in got.retrying else ""
+        print(f"rlwatch {cmd.action}: the command was sent, but telling {name} failed: {error}{later}",
               file=sys.stderr)
 
 

@@ -326,7 +326,8 @@ async def api_command(request: web.Request) -> web.Response:
         # the run's receivers are told (the command stands whatever they answer)
         step = (fleet.summary(run) or {}).get("last_step")
         got = await announcer.announce(cmd, new.state, step=step, why=why)
-        out["announced"] = {"sent": got.sent, "failed": got.failed}
+        out["announced"] = {"sent": got.sent, "failed": got.failed, "silenced": got.silenced,
+                            "retrying": got.retrying}
     return _json(request, out)
 
 

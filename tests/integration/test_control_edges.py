@@ -249,7 +249,27 @@ def test_a_command_sent_by_hand_is_told_to_the_runs_receivers(services, recorder
     assert out.returncode == 0, out
     assert f"{run}: running (resume sent" in out.stdout and f"{run}: told slack-webhook, slack-bot" in out.stdout
     assert "rlwatch resume: the command was sent, but telling webhook failed" in out.stderr, out
+    assert "a worker retries it" in out.stderr, out
     assert len(recorder.on("/slack/webhook")) == 3 and len(recorder.on("/hook")) == 2
+    # the notice was kept in the deployment's outbox: a worker's timer sends it once the webhook
+    # answers again (here: a worker whose webhook is reachable), once
+    import asyncio
+
+    from alerts.factory import build_dispatcher
+    from contract.settings import Settings
+
+    async def a_worker_ticks() -> None:
+        d = build_dispatcher(Settings(redis=services["redis"], app_id=env["RLWATCH_APP_ID"],
+                                      webhook_url=f"{recorder.url}/hook"))
+        try:
+            for later in (120, 300):
+                await d.tick(time.time() + later)
+        finally:
+            await d.close()
+
+    asyncio.run(a_worker_ticks())
+    hooks = recorder.on("/hook")
+    assert len(hooks) == 3 and hooks[2].json()["summary"] == f"run {run}: resume sent by {who}: looked fine; the run is running"
     # the bot: the run's first notice starts a thread; a snapshot goes in it, quietly; a resume
     # (a change of the run's state) goes in it and to the channel
     first_bot, snap_bot, resume_bot = (q.form_or_json() for q in recorder.on("/api/chat.postMessage"))
@@ -266,6 +286,14 @@ def test_a_command_sent_by_hand_is_told_to_the_runs_receivers(services, recorder
     assert "the command was sent, but its receivers are not configured right" in out.stderr
     assert "RLWATCH_SLACK_CHANNEL" in out.stderr
 
+    # a silence of the run mutes its notices: the operator is told so
+    out = rlwatch("silence", "add", f"run={run}", "--duration", "10m", "--comment", "noisy run")
+    assert out.returncode == 0, out
+    out = rlwatch("resume", run, "--reason", "checked")
+    assert out.returncode == 0 and f"{run}: not told (silenced): slack-webhook (silence " in out.stdout, out
+    assert ": told " not in out.stdout
+    assert len(recorder.on("/hook")) == 3 and len(recorder.on("/slack/webhook")) == 3
+
     out = rlwatch("stop", run, "--no-announce")
     assert out.returncode == 0 and ": told " not in out.stdout and f"{run}: stopped" in out.stdout, out
-    assert len(recorder.on("/hook")) == 2 and len(recorder.on("/slack/webhook")) == 3
+    assert len(recorder.on("/hook")) == 3 and len(recorder.on("/slack/webhook")) == 3

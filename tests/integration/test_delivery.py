@@ -955,8 +955,10 @@ class Trainer:
 
 def test_signed_commands_are_obeyed_forged_ones_rejected_and_an_unacknowledged_pause_escalates(
         redis_url, recorders):
+    """...and an acknowledged one is told as holding: to the webhook (it takes notices), with
+    the rank that answered, at the first check after the answer; not to PagerDuty."""
     rec = recorders()
-    s = settings(redis_url, rec, slack_webhook=None, webhook_url=None, alertmanager_url=None, ack_timeout=1.5)
+    s = settings(redis_url, rec, slack_webhook=None, alertmanager_url=None, ack_timeout=1.5)
     trainer = Trainer("brake-acked", redis_url)
     assert trainer.mon.control.wait_ready(5) and trainer.mon.control.connected
     trainer.thread.start()
@@ -982,8 +984,11 @@ def test_signed_commands_are_obeyed_forged_ones_rejected_and_an_unacknowledged_p
                     await asyncio.sleep(0.02)
                 assert trainer.mon.state == "paused"
                 await asyncio.sleep(1.6)
-                escalated = await d.check_acks()
+                first = await d.check_acks()
+                escalated = [e for e in first if e.alert.rule == "control_unacknowledged"]
                 assert [e.alert.run_id for e in escalated] == ["brake-lost"]
+                told = [e for e in first if e.alert.rule == "control_acknowledged"]
+                assert [(e.alert.run_id, e.delivered) for e in told] == [("brake-acked", ["webhook"])]
                 assert await d.check_acks() == []                               # once
                 # an unsigned acknowledgement (not from a worker holding the secret) settles nothing
                 cmd_id = lost.commands[0].id
@@ -1008,6 +1013,11 @@ def test_signed_commands_are_obeyed_forged_ones_rejected_and_an_unacknowledged_p
         events = bodies(rec, "/pd/v2/enqueue")
         esc = [e for e in events if e.get("payload", {}).get("component") == "control_unacknowledged"]
         assert len(esc) == 1 and esc[0]["payload"]["severity"] == "critical"
+        assert not [e for e in events if "control_acknowledged" in json.dumps(e)]
+        hooked = [b for b in bodies(rec, "/hook") if b.get("rule") == "control_acknowledged"]
+        assert len(hooked) == 1, hooked
+        assert hooked[0]["run_id"] == "brake-acked" and hooked[0]["labels"]["ack_rank"] == "0"
+        assert hooked[0]["labels"]["command_id"] == acked.commands[0].id and "holds" in hooked[0]["summary"]
         assert "brake-lost" in esc[0]["payload"]["summary"] and "pause" in esc[0]["payload"]["summary"]
         assert [x.alert.state for x in late] == ["resolved"]
         assert events[-1]["event_action"] == "resolve" and events[-1]["dedup_key"] == esc[0]["dedup_key"]

@@ -394,7 +394,8 @@ def test_an_operator_command_from_the_dashboard_is_told_to_the_runs_receivers():
                           headers={"X-RLWatch-Token": TOKEN}) as r:
             out = await r.json()
         assert r.status == 200 and out["state"] == "paused"
-        assert out["announced"] == {"sent": ["slack-webhook"], "failed": {"webhook": "DeliveryError: webhook answered 500"}}
+        assert out["announced"] == {"sent": ["slack-webhook"], "failed": {"webhook": "DeliveryError: webhook answered 500"},
+                                    "silenced": {}, "retrying": []}
         (alert, _), = slack.sent
         assert alert.rule == "operator_command" and alert.labels["issuer"] == "web:operator"
         assert alert.summary.startswith("run ppo-a: pause sent by web:operator: grad spikes; the run is paused")

@@ -584,10 +584,13 @@
     if (!body) return;
     const what = action === "rollback" ? `rollback to step ${body.command.params.to_step} (${body.why})`
       : action === "adjust" ? `adjust ${Object.entries(body.command.params).map(([k, v]) => `${k}=${v}`).join(" ")}` : action;
-    const told = body.announced || { sent: [], failed: {} };
-    const failed = Object.entries(told.failed).map(([name, why]) => `telling ${name} failed: ${why}`);
+    const told = Object.assign({ sent: [], failed: {}, silenced: {}, retrying: [] }, body.announced || {});
+    const failed = Object.entries(told.failed).map(([name, why]) =>
+      `telling ${name} failed: ${why}` + (told.retrying.includes(name) ? " (a worker retries it)" : ""));
+    const muted = Object.entries(told.silenced).map(([name, by]) => `${name} (${by})`);
     say(`${what} sent (command ${body.command.id.slice(0, 8)}); run is now ${body.state}`
       + (told.sent.length ? `; told ${told.sent.join(", ")}` : "")
+      + (muted.length ? `; not told, silenced: ${muted.join(", ")}` : "")
       + (failed.length ? `; ${failed.join("; ")}` : ""), !failed.length);
     $("reason").value = "";
     if (action === "adjust") $("factors").value = "";

@@ -1,7 +1,7 @@
 """An operator's command told to the run's receivers (alerts.operator.operator_notice,
 alerts.announce.Announcer): who sent what and why, routed as a worker routes alerts, each
-receiver's failure reported rather than retried; the console, Alertmanager and PagerDuty left
-out."""
+receiver's failure reported to the operator and left in the outbox for the workers to retry, a
+silence of the run obeyed; the console, Alertmanager and PagerDuty left out."""
 
 from __future__ import annotations
 
@@ -82,7 +82,8 @@ def test_the_announcer_tells_every_receiver_but_the_console_and_reports_failures
     got = run(ann.announce(_cmd(), "paused", step=9, now=T0))
     assert got.sent == ["slack-webhook"]
     assert got.failed == {"webhook": "DeliveryError: webhook answered 500"}
-    assert hook.attempts == 1                              # told once, never retried behind the operator
+    assert hook.attempts == 1                              # tried once here: the operator is told
+    assert got.retrying == []                              # (no outbox: nobody to retry it)
     (alert, done), = slack.sent
     assert (alert.rule, alert.labels["command"], alert.step, done) == (OPERATOR_RULE, "pause", 9, [])
 
@@ -137,3 +138,46 @@ def test_a_failure_message_does_not_show_a_secret():
     ann = Announcer([hook], secrets=["s3cr3t-token"])
     got = run(ann.announce(_cmd(), "paused", now=T0))
     assert got.failed["webhook"] == "DeliveryError: POST http://x/hook?token=*** failed"
+
+
+def test_a_failed_notice_is_left_for_the_workers_to_retry_once():
+    """With the worker's outbox, the operator hears of the failure at once and a worker's timer
+    sends the notice when the receiver is back, once; a receiver that refused it for good (a
+    revoked token) is not retried."""
+    from alerts.control import MemoryControl
+    from alerts.dispatch import Dispatcher
+    from alerts.notifiers import PermanentDeliveryError
+    from alerts.outbox import MemoryOutbox
+    from tests.unit.alerts._helpers import Clock
+
+    outbox = MemoryOutbox()
+    slack, hook = Recording("slack-webhook"), Recording("webhook")
+    slack.fail = DeliveryError("Slack answered 503")
+    hook.fail = PermanentDeliveryError("webhook answered 410")
+    got = run(Announcer([slack, hook], outbox=outbox).announce(_cmd(), "paused", step=9, now=T0))
+    assert got.sent == [] and sorted(got.failed) == ["slack-webhook", "webhook"]
+    assert got.retrying == ["slack-webhook"]
+    slack.fail = hook.fail = None
+    clock = Clock()
+    worker = Dispatcher([slack, hook], MemoryControl(), clock=clock, outbox=outbox)
+    run(worker.tick(clock.advance(0.5)))
+    assert slack.sent == []                                # not before its retry is due
+    for _ in range(4):
+        run(worker.tick(clock.advance(5)))
+    assert [(a.rule, a.labels["command"], a.step) for a, _ in slack.sent] == [(OPERATOR_RULE, "pause", 9)]
+    assert hook.sent == []
+
+
+def test_a_silence_that_matches_the_notice_mutes_it():
+    from alerts.silences import MemorySilences, Silence
+
+    silences = MemorySilences()
+    run(silences.add(Silence(id="quiet-exp7", matchers={"run": "exp-7"}, starts_at=T0 - 1, ends_at=T0 + 60)))
+    slack = Recording("slack-webhook")
+    ann = Announcer([slack], silences=silences)
+    got = run(ann.announce(_cmd(), "paused", now=T0))
+    assert got.sent == [] and got.silenced == {"slack-webhook": "silence quiet-exp7"}
+    assert slack.sent == []
+    other = Command(run_id="exp-8", action="pause", ts=T0, issuer="cli:oncall")
+    assert run(ann.announce(other, "paused", now=T0)).sent == ["slack-webhook"]
+    assert run(ann.announce(_cmd(), "paused", now=T0 + 120)).sent == ["slack-webhook"]   # expired

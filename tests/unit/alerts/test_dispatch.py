@@ -525,15 +525,61 @@ def test_an_unacknowledged_pause_escalates_one_tier_up_once():
     assert n["slack"].keys()[-1] == ("control_unacknowledged", "black", "resolved", 1204)
 
 
-def test_an_acknowledged_pause_does_not_escalate():
+class Lifecycle(Recording):
+    """A receiver that keeps an alert open until it resolves (Alertmanager, PagerDuty)."""
+
+    takes_notices = False
+
+
+def test_an_acknowledged_pause_does_not_escalate_and_is_told_once_as_holding():
+    """The worker's acknowledgement reaches the people who saw the alert at the next tick: a
+    notice that the pause holds, which rank answered and when, sent once, to the receivers
+    that take notices (not to one that keeps alerts open), and not muted by the red alert
+    that pulled the brake."""
     control = MemoryControl()
     d, clock, n, _ = rig(control=control, acks=MemoryAcks(control))
+    d.notifiers["pager"] = d.drainer.notifiers["pager"] = pager = Lifecycle("pager")
+    d.routing = d.drainer.routing = load_routes_text(
+        "route: {receiver: slack, routes: [{receiver: slack, continue: true}, "
+        "{receiver: pager, continue: true}, {receiver: hook}]}", ["slack", "hook", "pager"])
     run(d.handle(alert(actions=["pause"])))
     cmd = control.audit["ppo-8b-a"][0]
     control.record_ack({"type": "ack", "command_id": cmd["id"], "run_id": "ppo-8b-a", "action": "pause",
-                        "status": "applied", "ts": clock.t})
-    run(d.tick(clock.advance(120)))
-    assert [a.rule for a, _ in n["slack"].sent] == ["kl_above_target"]
+                        "status": "applied", "rank": 3, "ts": clock.t + 1.5})
+    run(d.tick(clock.advance(2)))
+    for _ in range(3):
+        run(d.tick(clock.advance(60)))
+    assert [a.rule for a, _ in n["slack"].sent] == ["kl_above_target", "control_acknowledged"]
+    assert [a.rule for a, _ in n["hook"].sent] == ["kl_above_target", "control_acknowledged"]
+    assert [a.rule for a, _ in pager.sent] == ["kl_above_target"]
+    note, done = n["slack"].sent[1]
+    assert (note.severity, note.state, note.run_id, note.actions, done) == ("info", "firing", "ppo-8b-a", [], [])
+    assert note.labels["command_id"] == cmd["id"] and note.labels["source_rule"] == "kl_above_target"
+    assert (note.labels["ack_rank"], note.labels["ack_status"], note.labels["run_state"]) == ("3", "applied", "paused")
+    assert note.value == 1.5 and note.step == 1204
+    assert "holds" in note.summary and "rank 3" in note.summary and "1.5s after" in note.summary
+
+
+def test_a_brake_acknowledgement_is_retried_and_a_silence_of_the_run_mutes_it():
+    control = MemoryControl()
+    silences = MemorySilences()
+    d, clock, n, _ = rig(control=control, acks=MemoryAcks(control), silences=silences)
+    for run_id in ("ppo-8b-a", "ppo-8b-b"):
+        run(d.handle(alert(run_id=run_id, actions=["pause"])))
+        cmd = control.audit[run_id][0]
+        control.record_ack({"type": "ack", "command_id": cmd["id"], "run_id": run_id, "action": "pause",
+                            "status": "applied", "rank": 0, "ts": clock.t})
+    run(silences.add(Silence(matchers={"run": "ppo-8b-b"}, starts_at=T0, ends_at=T0 + 3600)))
+    n["slack"].fail = ConnectionError("slack down")
+    run(d.tick(clock.advance(2)))
+    assert [a.rule for a, _ in n["hook"].sent] == ["kl_above_target", "kl_above_target", "control_acknowledged"]
+    assert n["hook"].sent[-1][0].run_id == "ppo-8b-a"           # the silenced run's is not sent
+    n["slack"].fail = None
+    for _ in range(5):
+        run(d.tick(clock.advance(30)))
+    got = [(a.rule, a.run_id) for a, _ in n["slack"].sent]
+    assert got.count(("control_acknowledged", "ppo-8b-a")) == 1     # retried, once
+    assert ("control_acknowledged", "ppo-8b-b") not in got
 
 
 def test_the_escalation_follows_the_routes_of_its_tier():
