@@ -444,9 +444,10 @@ class Dispatcher:
         for s in got.late:
             out.append(await self.handle(escalation_alert(s, timeout, now, state="resolved"), wait=wait))
         for s, ack in got.confirmed:
-            out.append(await self.notice(acknowledged_notice(s.command_id, s.run_id, s.action, s.ts, ack, now,
-                                                             rule=s.rule, severity=s.severity, step=s.step),
-                                         wait=wait))
+            note = acknowledged_notice(s.command_id, s.run_id, s.action, s.ts, ack, now, rule=s.rule,
+                                       severity=s.severity, step=s.step)
+            log.info("rlwatch: %s", note.summary)
+            out.append(await self.notice(note, wait=wait))
         return out
 
     # -- misc -----------------------------------------------------------------------------------

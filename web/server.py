@@ -10,7 +10,8 @@ Routes
 ``GET /api/run/series?run=ID``    the downsampled series only
 ``GET /api/run/dists?run=ID``     latest histograms and histograms over steps (heatmaps)
 ``GET /api/run/samples?run=ID``   latest samples (``category``, ``step``, ``limit``)
-``GET /api/run/audit?run=ID``     control state and command/ack history (operator token required)
+``GET /api/run/audit?run=ID``     control state, what the ranks answered to it, command/ack history
+                                  (operator token required)
 ``GET /api/run/incidents?run=ID`` the run's incident snapshots kept in Redis (ids and summaries)
 ``POST /api/run/command?run=ID``  pause / resume / stop / adjust / rollback / snapshot with a reason (operator
                                   token required): an adjust's ``params``, a rollback's ``to_step``
@@ -225,7 +226,24 @@ async def api_audit(request: web.Request) -> web.Response:
                                "error": f"control channel unreachable: {exc}"}, status=503)
     return _json(request, {"run_id": run, "state": st.state,
                            "command": st.command.model_dump(exclude_none=True) if st.command else None,
+                           "answered": _answered(st.command, hist, getattr(control, "secret", None)),
                            "history": hist})
+
+
+def _answered(cmd, history: list[dict], secret: str | None) -> dict | None:
+    """What the run's ranks answered to the command that set its state, from the audit entries
+    read (signed answers only, with a control secret): ``{"held": every rank that answered
+    applied it, "said": "applied (ranks 0-7)"}``; None when no rank has answered yet (a
+    state of "paused" is then the monitor's, not yet the run's)."""
+    from alerts.operator import answers_of, say_answers
+
+    if cmd is None:
+        return None
+    answers = answers_of(history, cmd.id, secret)
+    if not answers:
+        return None
+    held, said = say_answers(answers)
+    return {"held": held, "said": said, "ranks": len(answers)}
 
 
 async def api_incidents(request: web.Request) -> web.Response:

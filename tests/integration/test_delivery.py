@@ -892,6 +892,41 @@ def test_slack_rate_limit_is_honoured_and_threads_survive_a_restart(redis_url, r
     r.close()
 
 
+def test_the_slack_bot_says_in_the_alerts_thread_that_its_pause_holds(redis_url, recorders):
+    """A worker's acknowledgement of the pause an alert pulled is posted in that alert's
+    thread (not to the channel again: the alert was), at the next check of the brakes."""
+    rec = recorders()
+    run_id = f"held-{uuid.uuid4().hex[:6]}"
+    s = settings(redis_url, rec, slack_webhook=None, webhook_url=None, alertmanager_url=None,
+                 pagerduty_routing_key=None, slack_token=FAKE_BOT + "test-token", slack_channel="#rl-alerts",
+                 slack_api_url=f"{rec.url}/api/", app_id=f"held-{uuid.uuid4().hex[:6]}")
+
+    async def go():
+        d = build_dispatcher(s)
+        try:
+            out = await d.handle(alert(run_id=run_id, severity="red"))
+            (cmd,) = out.commands
+            assert await d.check_acks() == []                          # no answer yet: nothing to say
+            ack = {"type": "ack", "command_id": cmd.id, "run_id": run_id, "action": "pause",
+                   "status": "applied", "rank": 0, "ts": cmd.ts + 0.4}
+            ack["signature"] = ack_signature(ack, CONTROL_SECRET)
+            await d.outbox.redis.hset(f"rlwatch:acks:{run_id}", cmd.id, json.dumps(ack))
+            told = await d.check_acks()
+            again = await d.check_acks()
+            return cmd, told, again
+        finally:
+            await d.close()
+
+    cmd, told, again = asyncio.run(go())
+    assert [(t.alert.rule, t.delivered) for t in told] == [("control_acknowledged", ["slack-bot"])]
+    assert again == []
+    first, held = (r.form_or_json() for r in rec.on("/api/chat.postMessage"))
+    assert not first.get("thread_ts")
+    assert held.get("thread_ts") and not held.get("reply_broadcast")
+    assert "PAUSE holds" in json.dumps(held, ensure_ascii=False)
+    assert "rank 0 acknowledged it 0.4s after it was sent" in held["text"] and cmd.id in json.dumps(held)
+
+
 # -- secrets stay out of logs, errors and alerts ---------------------------------------------------
 
 def test_secrets_never_reach_the_logs(redis_url, recorders, caplog):

@@ -140,6 +140,10 @@ async function demo() {
     .some(tr => tr.textContent.includes("pause") && tr.textContent.includes("paused at step")), null, { timeout: 15000 });
   const audit = await page.$$eval("#audit tbody tr", trs => trs.map(t => t.textContent));
   check("audit shows the operator's command", audit.some(t => t.includes("web:operator") && t.includes("checking the gradient")), audit);
+  await page.waitForFunction(() => document.querySelector("#audit-state").textContent.includes("the run answered"),
+                             null, { timeout: 15000 });
+  const held = await page.textContent("#audit-state");
+  check("the control state says the run applied the pause", /control state: paused \(the run answered: applied \(rank 0\)/.test(held), held);
   const s1 = await page.evaluate(async () => (await (await fetch("/api/fleet")).json()).rows.find(r => r.run_id === "ppo-healthy").last_step);
   await page.waitForTimeout(1500);
   const s2 = await page.evaluate(async () => (await (await fetch("/api/fleet")).json()).rows.find(r => r.run_id === "ppo-healthy").last_step);

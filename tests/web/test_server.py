@@ -180,6 +180,14 @@ def test_operator_commands_go_through_the_control_channel_signed():
         assert audit["state"] == "stopped"
         assert [e["action"] for e in audit["history"]] == ["pause", "resume", "stop"]
         assert {e["issuer"] for e in audit["history"]} == {"web:operator"}
+        assert audit["answered"] is None             # the stop is the monitor's word, not yet the run's
+        stop = delivered[-1]
+        for rank in (0, 1):
+            control.record_ack({"type": "ack", "command_id": stop.id, "run_id": "ppo-a", "action": "stop",
+                                "status": "applied", "detail": "", "rank": rank, "ts": stop.ts + 1})
+        async with s.get(base + "/api/run/audit?run=ppo-a", headers={"X-RLWatch-Token": TOKEN}) as r:
+            audit = await r.json()
+        assert audit["answered"] == {"held": True, "said": "applied (ranks 0-1)", "ranks": 2}
         async with s.get(base + "/api/config") as r:
             assert (await r.json())["controls"]["enabled"] is True
     run(go, token=TOKEN, secret=SECRET)
@@ -409,3 +417,20 @@ def test_an_operator_command_from_the_dashboard_is_told_to_the_runs_receivers():
         assert len(slack.sent) == 1
     run(go, token=TOKEN, secret=SECRET, announcer_factory=factory)
     assert closed == [True]
+
+
+def test_the_cockpit_counts_only_signed_answers_to_the_brake():
+    """A forged "applied" (not signed with the control secret) must not tell the operator that
+    the brake holds."""
+    from contract.commands import ack_signature
+    from web.server import _answered
+
+    cmd = Command(run_id="ppo-a", action="pause", ts=100.0).signed(SECRET)
+    ack = {"type": "ack", "command_id": cmd.id, "run_id": "ppo-a", "action": "pause", "status": "applied",
+           "detail": "", "rank": 0, "ts": 101.0}
+    assert _answered(cmd, [ack], SECRET) is None
+    failed = {**ack, "rank": 1, "status": "failed", "detail": "stuck in a collective"}
+    signed = [{**a, "signature": ack_signature(a, SECRET)} for a in (ack, failed)]
+    assert _answered(cmd, signed, SECRET) == {"held": False, "ranks": 2,
+                                              "said": "failed (rank 1): stuck in a collective; applied (rank 0)"}
+    assert _answered(None, signed, SECRET) is None

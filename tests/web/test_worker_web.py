@@ -15,6 +15,7 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from producers.control import TrainingStopped
 from producers.monitor import Monitor
 from producers.sim import SimConfig, Simulator
 from tests.integration.conftest import ROOT, recorder, services, worker_env  # noqa: F401 - the fixtures
@@ -97,7 +98,8 @@ def test_worker_feeds_the_dashboard_and_takes_its_commands(services, recorder): 
             answer = json.load(r)
         assert answer["state"] == "paused"
         # the worker's receivers were told who paused it and why (the console left out)
-        assert answer["announced"] == {"sent": ["slack-webhook", "slack-bot", "webhook"], "failed": {}}
+        assert answer["announced"] == {"sent": ["slack-webhook", "slack-bot", "webhook"], "failed": {},
+                                       "silenced": {}, "retrying": []}
         told = [q.json() for q in recorder.on("/hook") if q.json().get("rule") == "operator_command"]
         assert [(t["run_id"], t["labels"]["issuer"], t["labels"]["run_state"]) for t in told] == \
             [(healthy, "web:operator", "paused")]
@@ -107,9 +109,38 @@ def test_worker_feeds_the_dashboard_and_takes_its_commands(services, recorder): 
         status = subprocess.run([sys.executable, "-m", "rlwatch", "status", healthy], cwd=ROOT, env=env,
                                 capture_output=True, text=True, timeout=60, check=False)
         assert f"{healthy}: paused by web:operator: from the web" in status.stdout, status.stdout
-        audit = json.loads(urllib.request.urlopen(urllib.request.Request(
-            f"{base}/api/run/audit?run={healthy}", headers={"X-RLWatch-Token": TOKEN}), timeout=5).read())
-        assert audit["state"] == "paused" and audit["history"][-1]["issuer"] == "web:operator"
+        def audit_of():
+            return json.loads(urllib.request.urlopen(urllib.request.Request(
+                f"{base}/api/run/audit?run={healthy}", headers={"X-RLWatch-Token": TOKEN}), timeout=5).read())
+        # the training loop has not reached a step boundary: the pause is not applied yet
+        assert audit_of()["answered"] is None
+        def boundary(m):
+            try:
+                m.step_boundary()
+            except TrainingStopped:      # the faulty run's rules went on to stop it (black)
+                pass
+        for m in mons:     # each reaches its next step boundary, applies its brake, and waits there
+            threading.Thread(target=boundary, args=(m,), daemon=True).start()
+        audit = _until(lambda: (lambda a: a if a["answered"] else None)(audit_of()), 15,
+                       "the cockpit to show the run's answer to the pause")
+        assert audit["state"] == "paused" and audit["answered"]["held"]
+        assert audit["answered"]["said"].startswith("applied (rank 0)")
+        assert [e["issuer"] for e in audit["history"] if e.get("type", "command") == "command"][-1] == "web:operator"
+        # the rule's own pause of the faulty run: its training process acknowledged it, so the
+        # worker's timer told the webhook that the brake holds, in the alert's words
+        def told_held():
+            told = [q.json() for q in recorder.on("/hook") if q.json().get("rule") == "control_acknowledged"]
+            return told if any(t["labels"]["ack_status"] == "applied" for t in told) else None
+        held = _until(told_held, 20, "the webhook to hear that the rule's brake holds")
+        assert {(h["run_id"], h["labels"]["ack_rank"]) for h in held} == {(faulty, "0")}
+        for h in held:
+            what, rule = h["labels"]["command"], h["labels"]["source_rule"]
+            assert what in ("pause", "stop") and rule, h
+            assert h["summary"].startswith(f"run {faulty}: the {what} for {rule} (")
+            if h["labels"]["ack_status"] == "applied":
+                assert " holds: rank 0 acknowledged it " in h["summary"], h
+            else:     # a pause that arrived after the stop: the process answers that it stopped
+                assert h["summary"].endswith("rank 0 answered ignored (this process was stopped)"), h
     finally:
         for m in mons:
             m.close(2)

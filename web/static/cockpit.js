@@ -469,7 +469,12 @@
       return;
     }
     sessionStorage.setItem("rlwatch-token-ok", token);
-    $("audit-state").textContent = a.state ? `control state: ${a.state}` : (a.error || "");
+    let said = "";
+    if (a.command && a.state && a.state !== "running") {   // the brake: has the run applied it?
+      said = a.answered ? ` (${a.answered.held ? "the run answered" : "not applied everywhere"}: ${a.answered.said})`
+        : ` (sent ${RW.clock(a.command.ts)}; no rank has acknowledged it yet)`;
+    }
+    $("audit-state").textContent = a.state ? `control state: ${a.state}${said}` : (a.error || "");
     $("audit").querySelector("tbody").innerHTML = (a.history || []).slice().reverse().map(e => {
       const ack = e.type === "ack";
       return `<tr class="${ack ? "ack" : "command"}"><td>${RW.clock(e.ts)}</td><td>${ack ? "ack" : "command"}</td>` +
