@@ -92,8 +92,11 @@ class SentCommand:
 
 def settled(sent: SentCommand, acked: Container[str], current: Mapping[str, RunControl]) -> bool:
     """Acknowledged, or overtaken by a later operator decision (a resume, or another brake)."""
-    if sent.command_id in acked:
-        return True
+    return sent.command_id in acked or overtaken(sent, current)
+
+
+def overtaken(sent: SentCommand, current: Mapping[str, RunControl]) -> bool:
+    """The run's state was set since by a later resume or stop."""
     ctl = current.get(sent.run_id)
     cmd = ctl.command if ctl is not None else None
     return cmd is not None and cmd.id != sent.command_id and cmd.ts >= sent.ts and \
@@ -182,10 +185,17 @@ def _acked(entries: Iterable[dict], secret: str | None) -> dict[str, dict]:
             if e.get("type", "ack") == "ack" and (not secret or e.get("signature") == ack_signature(e, secret))}
 
 
-def confirmed_of(done: Iterable[SentCommand], acked: Mapping[str, dict]) -> list[tuple[SentCommand, dict]]:
-    """The settled brakes among ``done`` that a worker acknowledged (not those overtaken by a
-    later decision), each with its acknowledgement."""
-    return [(s, acked[s.command_id]) for s in done if s.command_id in acked]
+def confirmed_of(done: Iterable[SentCommand], acked: Mapping[str, dict],
+                 current: Mapping[str, RunControl]) -> list[tuple[SentCommand, dict]]:
+    """The settled brakes among ``done`` that a worker acknowledged, each with its
+    acknowledgement: applied, or answered otherwise and not overtaken since (a pause that
+    reached a process already stopped answers "ignored": the stop is the news, not that)."""
+    def stopped_since(s: SentCommand) -> bool:
+        ctl = current.get(s.run_id)
+        return overtaken(s, current) or (ctl is not None and ctl.state == "stopped" and
+                                         ctl.command is not None and ctl.command.id != s.command_id)
+    return [(s, acked[s.command_id]) for s in done if s.command_id in acked and
+            (acked[s.command_id].get("status", "applied") == "applied" or not stopped_since(s))]
 
 
 class MemoryAcks:
@@ -217,7 +227,7 @@ class MemoryAcks:
                                    float("inf"), current)
         for s in late:
             self.escalated.pop(s.command_id, None)
-        return Checked(overdue, late, confirmed_of(done, acked))
+        return Checked(overdue, late, confirmed_of(done, acked, current))
 
     async def outstanding(self) -> list[Command]:
         return [*self.pending.values(), *self.escalated.values()]
@@ -387,7 +397,7 @@ class RedisAcks:
         for c in escalated:   # a day without an answer: stop re-sending (it was escalated long ago)
             if now - c.ts > FORGET_AFTER:
                 await self.redis.hdel(self.escalated, c.id)
-        return Checked(mine, resolved, confirmed_of(done, acked))
+        return Checked(mine, resolved, confirmed_of(done, acked, current))
 
     async def _forget(self, command_id: str) -> bool:
         """Forget a settled brake; whether this call did (another worker's check may have)."""

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from alerts.alertmanager import am_alert
-from alerts.escalation import SentCommand, escalation_alert, overdue_commands
+from alerts.escalation import SentCommand, confirmed_of, escalation_alert, overdue_commands
 from alerts.outbox import OutboxItem, item_id
 from alerts.retry import backoff
 from alerts.pagerduty import pd_event
@@ -69,6 +69,21 @@ def test_a_later_resume_or_stop_settles_a_pause():
     assert overdue == [] and done == [a]
     older = {"r": RunControl(run_id="r", state="running", command=resume.model_copy(update={"ts": T0 - 5}))}
     assert overdue_commands([a], set(), T0 + 100, 60, older)[0] == [a]
+
+
+def test_acknowledged_brakes_are_confirmed_unless_a_stop_made_their_answer_moot():
+    """An applied brake is told as holding; a pause that a stopped process answered "ignored"
+    is not told (the stop is the news), but the same answer on a run not stopped is."""
+    a, b = sent("a"), sent("b", ts=T0 + 20)
+    applied = {"command_id": "a", "status": "applied", "rank": 0}
+    ignored = {"command_id": "b", "status": "ignored", "detail": "this process was stopped", "rank": 0}
+    acked = {"a": applied, "b": ignored}
+    stop = Command(run_id="r", action="stop", ts=T0 + 10, issuer="rlwatch", rule="kl_above_target")
+    stopped = {"r": RunControl(run_id="r", state="stopped", command=stop)}
+    assert confirmed_of([a, b], acked, stopped) == [(a, applied)]
+    paused = {"r": RunControl(run_id="r", state="paused", command=Command(id="a", run_id="r", action="pause", ts=T0))}
+    assert confirmed_of([a, b], acked, paused) == [(a, applied), (b, ignored)]
+    assert confirmed_of([a, b], {}, paused) == []
 
 
 def test_escalation_alert_goes_one_tier_up_and_names_run_and_command():
