@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from alerts.delivery import delivery_key
-from alerts.notices import notice_group, takes_notices
+from alerts.delivery import notice_item
+from alerts.notices import takes_notices
 from alerts.notifiers import Notifier, PermanentDeliveryError
 from alerts.operator import operator_notice
-from alerts.outbox import Outbox, OutboxItem, item_id
+from alerts.outbox import Outbox
 from alerts.redact import redact
 from alerts.retry import RetryPolicy
 from alerts.routing import Routing
@@ -122,10 +122,8 @@ class Announcer:
         the workers' timer to send (the failure is the operator's news already)."""
         if self.outbox is None:
             return
-        key = delivery_key(alert)
-        item = OutboxItem(item_id(name, key), name, notice_group(alert), key, alert.run_id, alert.to_json(),
-                          [], enqueued=now, next_try=now + self.retry.delay(1, retry_after), attempts=1,
-                          last_error=out.failed.get(name, ""))
+        item = notice_item(alert, name, now, now + self.retry.delay(1, retry_after), attempts=1,
+                           error=out.failed.get(name, ""))
         try:
             if await self.outbox.enqueue(item):
                 out.retrying.append(name)

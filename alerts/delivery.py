@@ -22,12 +22,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from alerts.notifiers import Notifier, PermanentDeliveryError
-from alerts.outbox import Outbox, OutboxItem
+from alerts.outbox import Outbox, OutboxItem, item_id
 from alerts.retry import RetryPolicy
 from alerts.routing import Routing
 from alerts.inhibition import inhibited_by
 from alerts.matchers import RUN_FIELDS
-from alerts.notices import is_notice
+from alerts.notices import is_notice, notice_group
 from alerts.silences import SilenceStore, silenced_by
 from contract.alert import Alert
 
@@ -45,6 +45,16 @@ PASS_ITEMS = 100
 def delivery_key(alert: Alert) -> str:
     """The identity of one notification-worthy event: (fingerprint, state, onset step)."""
     return f"{alert.fingerprint}:{alert.state}:{alert.onset_step}"
+
+
+def notice_item(alert: Alert, receiver: str, now: float, next_try: float | None = None, *,
+                attempts: int = 0, error: str = "") -> OutboxItem:
+    """The outbox item of a one-off notice (:mod:`alerts.notices`) for ``receiver``: in a group
+    of its own, done nothing, due at ``next_try`` (now by default)."""
+    key = delivery_key(alert)
+    return OutboxItem(item_id(receiver, key), receiver, notice_group(alert), key, alert.run_id, alert.to_json(),
+                      [], enqueued=now, next_try=now if next_try is None else next_try, attempts=attempts,
+                      last_error=error)
 
 
 _FIRING, _RESOLVED = ":firing:", ":resolved:"

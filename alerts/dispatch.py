@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from alerts.actions import COMMAND_ACTIONS, Enforcement, commands_for
 from alerts.brake import BRAKE_RETRY, BrakeLane
 from alerts.control import ControlChannel
-from alerts.delivery import Drainer, StoreHealth, delivery_key
+from alerts.delivery import Drainer, StoreHealth, delivery_key, notice_item
 from alerts.escalation import RESEND_MOST, AckTracker, escalation_alert, unreachable_alert
-from alerts.notices import acknowledged_notice, notice_group, takes_notices
+from alerts.notices import acknowledged_notice, takes_notices
 from alerts.grouping import GroupClock, due, group_key, repeat_due
 from alerts.incidents import IncidentStore, make_incident
 from alerts.notifiers import Notifier
@@ -230,9 +230,7 @@ class Dispatcher:
         targets = [name for _, name in self.routing.targets(alert) if takes_notices(self.notifiers[name])]
         if not targets:
             return out
-        key, body, group = delivery_key(alert), alert.to_json(), notice_group(alert)
-        items = [OutboxItem(item_id(name, key), name, group, key, alert.run_id, body, [], enqueued=now,
-                            next_try=now) for name in targets]
+        items = [notice_item(alert, name, now) for name in targets]
         try:
             new, _ = await self.outbox.enqueue_all(items, {}, {}, now)
         except Exception as exc:  # noqa: BLE001 - Redis is down: tell them anyway, straight
