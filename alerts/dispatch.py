@@ -220,11 +220,12 @@ class Dispatcher:
         return outs
 
     async def notice(self, alert: Alert, wait: bool = False) -> Delivery:
-        """A one-off notice (:mod:`alerts.notices`: a brake acknowledged, an operator's
-        command) to its routed receivers that take notices: queued in the outbox due now, in
-        a group of its own and never among the active alerts (it never resolves or repeats),
-        so it is retried and silenced like any notification; sent (awaited with ``wait``, else
-        in the background lanes). Straight to the receivers when the outbox is unreachable."""
+        """A one-off notice (:mod:`alerts.notices`: a brake acknowledged) to its routed
+        receivers that take notices: queued in the outbox due now, in a group of its own and
+        never among the active alerts (it never resolves or repeats), so it is retried and
+        silenced like any notification (as an operator's notice that failed is, which
+        :class:`alerts.announce.Announcer` leaves there); sent (awaited with ``wait``, else in
+        the background lanes). Straight to the receivers when the outbox is unreachable."""
         now = self.clock()
         out = Delivery(alert)
         targets = [name for _, name in self.routing.targets(alert) if takes_notices(self.notifiers[name])]
@@ -441,9 +442,8 @@ class Dispatcher:
             out.append(await self.handle(escalation_alert(s, timeout, now), wait=wait))
         for s in got.late:
             out.append(await self.handle(escalation_alert(s, timeout, now, state="resolved"), wait=wait))
-        for s, ack in got.confirmed:
-            note = acknowledged_notice(s.command_id, s.run_id, s.action, s.ts, ack, now, rule=s.rule,
-                                       severity=s.severity, step=s.step)
+        for s, answers in got.confirmed:
+            note = acknowledged_notice(s, answers, now)
             log.info("rlwatch: %s", note.summary)
             out.append(await self.notice(note, wait=wait))
         return out

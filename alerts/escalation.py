@@ -9,7 +9,10 @@ taken by one worker of the deployment (:meth:`AckTracker.due_again`). A brake wi
 acknowledgement after ``timeout`` seconds (default 60) raises a follow-up alert one tier up
 (``control_unacknowledged``, black after a red pause), routed like any other alert, so whoever
 is on call learns that the run may be training on, unbraked. When the acknowledgement finally
-arrives, or an operator resumes or stops the run, that alert resolves.
+arrives, or an operator resumes or stops the run, that alert resolves. A brake acknowledged in
+time is returned once as confirmed, with its ranks' answers, and told as holding
+(:mod:`alerts.notices`); so is a rule's adjust or rollback (:data:`ASKED`) when it is answered,
+applied or not (never re-sent nor escalated).
 
 The decision is a pure function of (commands sent, acks seen, run states, now):
 :func:`overdue_commands`. :class:`RedisAcks` / :class:`MemoryAcks` keep the bookkeeping; the
@@ -24,12 +27,16 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from contract.alert import SEVERITIES, Alert
-from contract.commands import Command, RunControl, ack_signature, acks_key, state_key
+from contract.commands import Command, RunControl, ack_signature, acks_key, audit_key, state_key
 
 __all__ = ["BRAKES", "Checked", "MemoryAcks", "RedisAcks", "SentCommand", "escalation_alert", "overdue_commands",
            "unreachable_alert"]
 
 BRAKES = ("pause", "stop")
+#: a rule's commands that change the training, whose answer is told when it comes (a script
+#: without the callback answers "ignored", and the alert said the monitor did it): neither
+#: re-sent nor escalated (a run that does not answer is the brake's business)
+ASKED = ("adjust", "rollback")
 RULE = "control_unacknowledged"
 UNREACHABLE = "control_unreachable"
 FORGET_AFTER = 86400.0
@@ -64,8 +71,9 @@ class Checked:
 
     overdue: list[SentCommand]           # no acknowledgement within the timeout: escalate
     late: list[SentCommand]              # escalated, now acknowledged or overtaken: resolve
-    #: acknowledged within the timeout, each with the worker's acknowledgement: say it holds
-    confirmed: list[tuple[SentCommand, dict]]
+    #: acknowledged within the timeout, each with its ranks' answers (rank -> acknowledgement,
+    #: :func:`alerts.operator.answers_of`): say it holds
+    confirmed: list[tuple[SentCommand, dict[int, dict]]]
 
 
 @dataclass(frozen=True)
@@ -77,10 +85,13 @@ class SentCommand:
     rule: str | None = None
     severity: str | None = None
     step: int | None = None
+    said: str = ""            # the command in a few words (alerts.operator.say_sent)
 
     @classmethod
     def of(cls, cmd: Command) -> SentCommand:
-        return cls(cmd.id, cmd.run_id, cmd.action, cmd.ts, cmd.rule, cmd.severity, cmd.step)
+        from alerts.operator import say_sent
+
+        return cls(cmd.id, cmd.run_id, cmd.action, cmd.ts, cmd.rule, cmd.severity, cmd.step, say_sent(cmd))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
@@ -198,6 +209,34 @@ def confirmed_of(done: Iterable[SentCommand], acked: Mapping[str, dict],
             (acked[s.command_id].get("status", "applied") == "applied" or not stopped_since(s))]
 
 
+def answered_of(asked: Iterable[Command], acked: Mapping[str, dict],
+                now: float) -> tuple[list[tuple[SentCommand, dict]], list[Command]]:
+    """(the asked commands a worker answered, each with its answer; those unanswered for
+    :data:`FORGET_AFTER`, to forget)."""
+    answered, stale = [], []
+    for c in asked:
+        if c.id in acked:
+            answered.append((SentCommand.of(c), acked[c.id]))
+        elif now - c.ts > FORGET_AFTER:
+            stale.append(c)
+    return answered, stale
+
+
+def with_answers(confirmed: list[tuple[SentCommand, dict]], audits: Mapping[str, list],
+                 secret: str | None) -> list[tuple[SentCommand, dict[int, dict]]]:
+    """Each confirmed brake with the answers of its run's ranks read from the run's audit
+    entries (``audits``: run id -> entries, oldest first); the acknowledgement that settled it
+    alone when the audit holds none (trimmed, or unread)."""
+    from alerts.operator import answers_of
+
+    out = []
+    for s, ack in confirmed:
+        answers = answers_of(audits.get(s.run_id) or [], s.command_id, secret)
+        rank = ack.get("rank")
+        out.append((s, answers or {rank if isinstance(rank, int) else -1: ack}))
+    return out
+
+
 class MemoryAcks:
     """For the embedded demo and tests: acks read from a :class:`MemoryControl`'s audit."""
 
@@ -206,13 +245,16 @@ class MemoryAcks:
         self.pending: dict[str, Command] = {}
         self.escalated: dict[str, Command] = {}
         self.resends: dict[str, tuple[float, float]] = {}    # id -> (next re-send due, its wait)
+        self.asked: dict[str, Command] = {}                   # adjusts and rollbacks not answered
 
     async def expect(self, cmd: Command) -> None:
         if cmd.action in BRAKES and cmd.id not in self.escalated:
             self.pending.setdefault(cmd.id, cmd)
+        elif cmd.action in ASKED:
+            self.asked.setdefault(cmd.id, cmd)
 
     async def check(self, now: float, timeout: float):
-        cmds = [*self.pending.values(), *self.escalated.values()]
+        cmds = [*self.pending.values(), *self.escalated.values(), *self.asked.values()]
         runs = {c.run_id for c in cmds}
         acked = _acked([e for r in runs for e in self.control.audit.get(r, []) if e.get("type") == "ack"],
                        self.secret)
@@ -227,7 +269,12 @@ class MemoryAcks:
                                    float("inf"), current)
         for s in late:
             self.escalated.pop(s.command_id, None)
-        return Checked(overdue, late, confirmed_of(done, acked, current))
+        answered, _ = answered_of(self.asked.values(), acked, now)
+        for c in [c for c in self.asked.values() if c.id in acked or now - c.ts > FORGET_AFTER]:
+            del self.asked[c.id]
+        confirmed = confirmed_of(done, acked, current) + answered
+        audits = {s.run_id: self.control.audit.get(s.run_id, []) for s, _ in confirmed}
+        return Checked(overdue, late, with_answers(confirmed, audits, self.secret))
 
     async def outstanding(self) -> list[Command]:
         return [*self.pending.values(), *self.escalated.values()]
@@ -246,6 +293,9 @@ class MemoryAcks:
                 due.append(cmd)
         return due
 
+
+#: the newest audit entries of a run read for the answers of its ranks to a confirmed brake
+AUDIT_READ = 1000
 
 #: stored commands RedisAcks keeps parsed, at most (then it parses afresh)
 PARSED_MEMORY = 20_000
@@ -303,27 +353,32 @@ class RedisAcks:
     sent), and ``<ns>:brakes:escalated`` (hash). Acks are read from the workers'
     ``rlwatch:acks:<run>`` hashes (signed ones only, with a control secret). HDEL decides which
     worker escalates (or resolves) each brake, so it happens once; ``<ns>:brakes:resend`` (hash
-    id -> next re-send and its wait, :data:`_DUE_AGAIN`) which worker re-sends it."""
+    id -> next re-send and its wait, :data:`_DUE_AGAIN`) which worker re-sends it.
+    ``<ns>:asked`` (hash id -> command) holds a rule's adjusts and rollbacks until answered."""
 
     def __init__(self, redis, namespace: str = "rlwatch", secret: str | None = None):
         self.redis, self.secret = redis, secret
         self.pending, self.sent = f"{namespace}:brakes:pending", f"{namespace}:brakes:sent"
         self.escalated = f"{namespace}:brakes:escalated"
         self.resends = f"{namespace}:brakes:resend"
+        self.asked = f"{namespace}:asked"          # hash id -> an adjust or rollback not answered
         self._expect = redis.register_script(_EXPECT)
         self._due_again = redis.register_script(_DUE_AGAIN)
         self._parsed: dict[bytes, Command] = {}     # stored text -> the command (_load)
 
     async def expect(self, cmd: Command) -> None:
-        if cmd.action not in BRAKES:
-            return
-        await self._expect(keys=[self.pending, self.sent], args=[cmd.id, cmd.model_dump_json(), cmd.ts])
+        if cmd.action in BRAKES:
+            await self._expect(keys=[self.pending, self.sent], args=[cmd.id, cmd.model_dump_json(), cmd.ts])
+        elif cmd.action in ASKED:
+            await self.redis.hsetnx(self.asked, cmd.id, cmd.model_dump_json())
 
     def expect_on(self, pipe, cmd: Command) -> None:
         """:meth:`expect` queued on a pipeline of this tracker's Redis client (its script by
         SHA: :data:`scripts`, for :func:`alerts.control.pipelined`)."""
         if cmd.action in BRAKES:
             pipe.evalsha(self._expect.sha, 2, self.pending, self.sent, cmd.id, cmd.model_dump_json(), cmd.ts)
+        elif cmd.action in ASKED:
+            pipe.hsetnx(self.asked, cmd.id, cmd.model_dump_json())
 
     @property
     def scripts(self) -> tuple:
@@ -378,11 +433,16 @@ class RedisAcks:
     async def check(self, now: float, timeout: float):
         due = [i.decode() if isinstance(i, bytes) else i
                for i in await self.redis.zrangebyscore(self.sent, "-inf", now)]
-        pending = await self._load(self.pending, due)
-        escalated = await self._load(self.escalated)
-        if not pending and not escalated:
+        async with self.redis.pipeline(transaction=False) as pipe:     # one round trip for the three
+            pipe.hmget(self.pending, due or ["-"])
+            pipe.hgetall(self.escalated)
+            pipe.hgetall(self.asked)
+            got_pending, got_escalated, got_asked = await pipe.execute()
+        pending = self._parse([t for t in got_pending if t is not None] if due else [])
+        escalated, asked = self._parse(list(got_escalated.values())), self._parse(list(got_asked.values()))
+        if not pending and not escalated and not asked:
             return Checked([], [], [])
-        acked, current = await self._context(pending + escalated)
+        acked, current = await self._context(pending + escalated + asked)
         by_id = {c.id: c for c in pending}
         overdue, done = overdue_commands([SentCommand.of(c) for c in pending], acked, now, timeout, current)
         done = [s for s in done if await self._forget(s.command_id)]    # one caller each
@@ -397,7 +457,25 @@ class RedisAcks:
         for c in escalated:   # a day without an answer: stop re-sending (it was escalated long ago)
             if now - c.ts > FORGET_AFTER:
                 await self.redis.hdel(self.escalated, c.id)
-        return Checked(mine, resolved, confirmed_of(done, acked, current))
+        answered, stale = answered_of(asked, acked, now)
+        answered = [(s, a) for s, a in answered if await self.redis.hdel(self.asked, s.command_id)]  # one caller
+        if stale:
+            await self.redis.hdel(self.asked, *[c.id for c in stale])
+        confirmed = confirmed_of(done, acked, current) + answered
+        return Checked(mine, resolved, with_answers(confirmed, await self._audits(confirmed), self.secret))
+
+    async def _audits(self, confirmed: list) -> dict[str, list]:
+        """The newest audit entries of the runs of ``confirmed`` (one round trip; a brake is
+        confirmed once, so this is read about once per brake)."""
+        runs = sorted({s.run_id for s, _ in confirmed})
+        if not runs:
+            return {}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for r in runs:
+                pipe.xrevrange(audit_key(r), count=AUDIT_READ)
+            got = await pipe.execute()
+        return {r: [json.loads(fields[b"entry"]) for _, fields in reversed(entries) if b"entry" in fields]
+                for r, entries in zip(runs, got)}
 
     async def _forget(self, command_id: str) -> bool:
         """Forget a settled brake; whether this call did (another worker's check may have)."""

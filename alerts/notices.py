@@ -6,9 +6,11 @@ so that a routes file routes them like any alert (``rule: operator_command``,
 
 * ``operator_command`` (:func:`alerts.operator.operator_notice`): an operator sent a run a
   command by hand (``rlwatch pause`` ..., the dashboard's buttons);
-* ``control_acknowledged`` (:func:`acknowledged_notice`): a worker acknowledged a brake the
-  monitor pulled, so the people who saw the alert learn that the run is in fact paused (or
-  stopped), and when, rather than guessing from the dashboard or waiting for silence.
+* ``control_acknowledged`` (:func:`acknowledged_notice`): a run answered a command a rule sent
+  it: a pause or stop, so the people who saw the alert learn that the run is in fact paused (or
+  stopped), and when, rather than guessing from the dashboard or waiting for silence; an adjust
+  or a rollback, so they learn whether the script applied it (one without the callback answers
+  "ignored", while the alert said the monitor did it).
 
 A notice never resolves and never repeats: it goes to the receivers that take one-off notices
 (:func:`takes_notices`: Slack, webhooks; not the console, nor Alertmanager and PagerDuty, which
@@ -61,38 +63,44 @@ def notice_group(alert: Alert) -> str:
     return f"notice|{alert.fingerprint}"
 
 
-def acknowledged_notice(command_id: str, run_id: str, action: str, sent_ts: float,
-                        ack: Mapping[str, Any], now: float, *, rule: str | None = None,
-                        severity: str | None = None, step: int | None = None) -> Alert:
-    """The notice that a worker acknowledged the brake ``command_id`` (``action`` of
-    ``run_id``, sent at ``sent_ts`` for ``rule`` at ``severity``, the alert's ``step``): what
-    the worker answered (``ack``: its ``status``, ``rank``, ``detail``), and how long after
-    (by the acknowledgement's ``ts``, unless that is before the brake or ahead of ``now``)."""
-    status = str(ack.get("status") or "applied")
-    rank = ack.get("rank")
-    who = "a worker" if rank is None else f"rank {rank}"
-    at = ack.get("ts")
-    if isinstance(at, (int, float)) and sent_ts <= at <= now + CLOCK_SLACK:   # the worker's clock
-        delay = at - sent_ts
+def acknowledged_notice(sent, answers: Mapping[int, Mapping[str, Any]], now: float) -> Alert:
+    """The notice that a run answered a command a rule sent it (``sent``, an
+    :class:`alerts.escalation.SentCommand`: a pause or stop, which then holds, or an adjust or
+    rollback, which the script applied or not): what its ranks answered (``answers``: rank ->
+    acknowledgement, with its ``status``, ``detail`` and ``ts``; rank -1 for one that named
+    none), and how long after the command the last of them did (by the acknowledgements' ``ts``,
+    unless one is before the command or ahead of ``now``: then when the monitor saw them)."""
+    from alerts.operator import say_answers, say_ranks     # (alerts.operator names this module)
+
+    ranks = sorted(answers)
+    applied, said = say_answers(answers)
+    times = [a.get("ts") for a in answers.values()]
+    if times and all(isinstance(t, (int, float)) and sent.ts <= t <= now + CLOCK_SLACK for t in times):
+        delay = max(times) - sent.ts            # the workers' clocks
         when = f"{delay:.1f}s after it was sent"
-    else:             # a worker clock far off the monitor's: when the monitor saw the answer
-        delay = max(0.0, now - sent_ts)
+    else:             # a worker clock far off the monitor's: when the monitor saw the answers
+        delay = max(0.0, now - sent.ts)
         when = f"within {delay:.0f}s"
-    what = f"the {action} for {rule}" + (f" ({severity})" if severity else "") if rule else f"the {action}"
-    if status == "applied":
-        state = _STATE_AFTER.get(action, "braked")
-        summary = f"run {run_id}: {what} holds: {who} acknowledged it {when}; the run is {state}"
+    who = say_ranks(ranks) if ranks and ranks[0] >= 0 else "a worker"
+    what = f"the {sent.said or sent.action}" + (f" for {sent.rule}" if sent.rule else "") + \
+        (f" ({sent.severity})" if sent.severity else "")
+    brake = sent.action in _STATE_AFTER
+    state = _STATE_AFTER[sent.action] if brake and applied else ""
+    if applied:
+        summary = f"run {sent.run_id}: {what} {'holds' if brake else 'was applied'}: {who} acknowledged it {when}"
+        summary += f"; the run is {state}" if brake else ""
+        if len(answers) == 1:
+            detail = str(next(iter(answers.values())).get("detail") or "")
+            summary += f" ({detail})" if detail else ""
+        status = "applied"
     else:
-        state = "unknown"
-        summary = f"run {run_id}: {what}: {who} answered {status}"
-    detail = str(ack.get("detail") or "")
-    if detail:
-        summary += f" ({detail})"
-    return Alert(rule=ACKNOWLEDGED_RULE, severity="info", state="firing", run_id=run_id,
-                 fingerprint=notice_fingerprint(ACKNOWLEDGED_RULE, command_id),
-                 step=step if isinstance(step, int) and step >= 0 else 0, onset_step=step,
+        summary = f"run {sent.run_id}: {what}: the run answered {said}"
+        status = next(str(a.get("status")) for a in answers.values() if a.get("status") != "applied")
+    return Alert(rule=ACKNOWLEDGED_RULE, severity="info", state="firing", run_id=sent.run_id,
+                 fingerprint=notice_fingerprint(ACKNOWLEDGED_RULE, sent.command_id),
+                 step=sent.step if isinstance(sent.step, int) and sent.step >= 0 else 0, onset_step=sent.step,
                  value=round(delay, 1), metric="seconds_to_ack", actions=[], summary=summary[:2900],
-                 labels={"command": action, "command_id": command_id, "source_rule": rule or "",
-                         "ack_status": status, "ack_rank": "" if rank is None else str(rank),
+                 labels={"command": sent.action, "command_id": sent.command_id, "source_rule": sent.rule or "",
+                         "ack_status": status, "ack_ranks": who.split(" ", 1)[1] if who != "a worker" else "",
                          "run_state": state},
                  ts=now)

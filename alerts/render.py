@@ -55,13 +55,15 @@ def slack_blocks(alert: Alert, done: list[str] | None = None) -> tuple[str, list
     elif alert.rule == ACKNOWLEDGED_RULE:
         held = alert.labels.get("ack_status") == "applied"
         icon = "✅" if held else "⚠️"
-        what = alert.labels.get("command", "brake").upper()
-        title = f"{icon} {what} {'holds' if held else 'answered'} — {alert.run_id}"
-        rank = alert.labels.get("ack_rank")
-        who = f"rank {rank}" if rank else "a worker"
+        what = alert.labels.get("command", "brake")
+        verb = ("holds" if held else "answered") if what in ("pause", "stop") else \
+            ("applied" if held else "not applied")
+        title = f"{icon} {what.upper()} {verb} — {alert.run_id}"
+        ranks = alert.labels.get("ack_ranks", "")
+        who = ("ranks " if "-" in ranks or "," in ranks else "rank ") + ranks if ranks else "a worker"
         fields = [
             {"type": "mrkdwn", "text": f"*Run*\n`{alert.run_id}`"},
-            {"type": "mrkdwn", "text": f"*Now*\n{alert.labels.get('run_state', '?')}"},
+            {"type": "mrkdwn", "text": f"*Now*\n{alert.labels.get('run_state') or '—'}"},
             {"type": "mrkdwn", "text": f"*For*\n{alert.labels.get('source_rule') or 'an operator'}"},
             {"type": "mrkdwn", "text": f"*Acknowledged by*\n{who} after {_num(alert.value)}s"},
         ]

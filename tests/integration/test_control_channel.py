@@ -312,9 +312,59 @@ def test_a_tick_checks_the_brakes_of_many_runs_in_as_many_round_trips_as_of_one(
     assert sorted(s.command_id for s in first.overdue) == sorted(c.id for c in [*one, *many[2:]])
     # the acknowledged brake is confirmed with its acknowledgement; the one overtaken by the
     # operator's resume is not (nobody applied it)
-    assert [(s.command_id, ack["command_id"]) for s, ack in first.confirmed] == [(many[0].id, many[0].id)]
+    assert [(s.command_id, [a["command_id"] for a in answers.values()]) for s, answers in first.confirmed] == \
+        [(many[0].id, [many[0].id])]
     assert again.overdue == [] and again.confirmed == []     # escalated once, confirmed once
     assert many[0].id not in left and many[1].id not in left
+
+
+def test_a_rules_adjust_and_rollback_are_answered_once_never_resent_nor_escalated(services):
+    """RedisAcks keeps a rule's adjust and rollback (sent together with its brake, in the
+    brake's round trip) until a rank answers: the answer is returned once, with every rank's
+    answer from the run's audit stream; an unanswered one is never re-sent or escalated, and is
+    forgotten after a day."""
+    from alerts.brake import BrakeLane
+    from alerts.escalation import FORGET_AFTER, RedisAcks
+
+    ns = "rlwatch:asked-" + uuid.uuid4().hex[:8]
+    rid = "asked-" + uuid.uuid4().hex[:6]
+    r = redis_sync.Redis.from_url(services["redis"])
+
+    async def go():
+        control = RedisControl(services["redis"], SECRET)
+        acks = RedisAcks(control.redis, ns, SECRET)
+        lane = BrakeLane(control, acks, clock=time.time, secret=SECRET)
+        now = time.time()
+        try:
+            cmds = [Command(run_id=rid, action=a, ts=now, rule="kl_rising", severity="orange", step=30,
+                            params=p).signed(SECRET)
+                    for a, p in (("adjust", {"beta": 1.5}), ("rollback", {"to_step": 20, "checkpoint": "/ck/20"}))]
+            await lane.pull(cmds)
+            quiet = await acks.check(now + 120, timeout=60)
+            resent = await acks.due_again(now + 120, 5.0, 60.0)
+            for rank in (0, 1):       # each rank answers the adjust, as the SDK's listener writes it
+                ack = {"type": "ack", "command_id": cmds[0].id, "run_id": rid, "action": "adjust",
+                       "status": "ignored", "detail": "no on_adjust callback", "rank": rank, "ts": now + 1}
+                ack["signature"] = ack_signature(ack, SECRET)
+                r.xadd(audit_key(rid), {"entry": json.dumps(ack)})
+                r.hset(acks_key(rid), cmds[0].id, json.dumps(ack))
+            first = await acks.check(now + 121, timeout=60)
+            again = await acks.check(now + 122, timeout=60)
+            left = r.hkeys(acks.asked)
+            await acks.check(now + FORGET_AFTER + 1, timeout=60)
+            return cmds, quiet, resent, first, again, left, r.hkeys(acks.asked)
+        finally:
+            await lane.close()
+            await control.close()
+
+    cmds, quiet, resent, first, again, left, gone = run(go())
+    assert (quiet.overdue, quiet.late, quiet.confirmed) == ([], [], []) and resent == []
+    ((sent, answers),) = first.confirmed
+    assert (sent.command_id, sent.action, sent.said) == (cmds[0].id, "adjust", "adjust beta=1.5")
+    assert sorted(answers) == [0, 1] and {a["status"] for a in answers.values()} == {"ignored"}
+    assert again.confirmed == [] and [k.decode() for k in left] == [cmds[1].id]
+    assert gone == []
+    r.close()
 
 
 def test_unacknowledged_brakes_of_many_runs_are_published_again_in_one_round_trip(services):

@@ -130,17 +130,24 @@ def test_worker_feeds_the_dashboard_and_takes_its_commands(services, recorder): 
         # worker's timer told the webhook that the brake holds, in the alert's words
         def told_held():
             told = [q.json() for q in recorder.on("/hook") if q.json().get("rule") == "control_acknowledged"]
-            return told if any(t["labels"]["ack_status"] == "applied" for t in told) else None
-        held = _until(told_held, 20, "the webhook to hear that the rule's brake holds")
+            return told if any(t["labels"]["ack_status"] == "applied" for t in told) and \
+                any(t["labels"]["command"] == "adjust" for t in told) else None
+        told = _until(told_held, 20, "the webhook to hear that the rule's brake holds and its adjust was not applied")
+        assert {(h["run_id"], h["labels"]["ack_ranks"]) for h in told} == {(faulty, "0")}
         # (a pause that reached the process after the rules' stop is answered "ignored": the
         # stop is the news, that answer is not told)
-        assert {(h["run_id"], h["labels"]["ack_rank"], h["labels"]["ack_status"]) for h in held} == \
-            {(faulty, "0", "applied")}
+        held = [h for h in told if h["labels"]["command"] in ("pause", "stop")]
+        assert held and {h["labels"]["ack_status"] for h in held} == {"applied"}
         for h in held:
             what, rule = h["labels"]["command"], h["labels"]["source_rule"]
-            assert what in ("pause", "stop") and rule, h
-            assert h["summary"].startswith(f"run {faulty}: the {what} for {rule} (")
+            assert rule and h["summary"].startswith(f"run {faulty}: the {what} for {rule} (")
             assert " holds: rank 0 acknowledged it " in h["summary"], h
+        # the rules' adjusts and rollbacks: this training script has no callbacks, and the
+        # webhook hears that they were not applied
+        for h in told:
+            if h["labels"]["command"] in ("adjust", "rollback"):
+                assert h["labels"]["ack_status"] == "ignored", h
+                assert h["summary"].endswith(f"the run answered ignored (rank 0): no on_{h['labels']['command']} callback")
     finally:
         for m in mons:
             m.close(2)

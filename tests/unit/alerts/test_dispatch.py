@@ -544,8 +544,9 @@ def test_an_acknowledged_pause_does_not_escalate_and_is_told_once_as_holding():
         "{receiver: pager, continue: true}, {receiver: hook}]}", ["slack", "hook", "pager"])
     run(d.handle(alert(actions=["pause"])))
     cmd = control.audit["ppo-8b-a"][0]
-    control.record_ack({"type": "ack", "command_id": cmd["id"], "run_id": "ppo-8b-a", "action": "pause",
-                        "status": "applied", "rank": 3, "ts": clock.t + 1.5})
+    for rank in (3, 0, 2, 1):           # each rank of the run answers at its step boundary
+        control.record_ack({"type": "ack", "command_id": cmd["id"], "run_id": "ppo-8b-a", "action": "pause",
+                            "status": "applied", "rank": rank, "ts": clock.t + 1.2 + 0.1 * rank})
     run(d.tick(clock.advance(2)))
     for _ in range(3):
         run(d.tick(clock.advance(60)))
@@ -555,9 +556,28 @@ def test_an_acknowledged_pause_does_not_escalate_and_is_told_once_as_holding():
     note, done = n["slack"].sent[1]
     assert (note.severity, note.state, note.run_id, note.actions, done) == ("info", "firing", "ppo-8b-a", [], [])
     assert note.labels["command_id"] == cmd["id"] and note.labels["source_rule"] == "kl_above_target"
-    assert (note.labels["ack_rank"], note.labels["ack_status"], note.labels["run_state"]) == ("3", "applied", "paused")
-    assert note.value == 1.5 and note.step == 1204
-    assert "holds" in note.summary and "rank 3" in note.summary and "1.5s after" in note.summary
+    assert (note.labels["ack_ranks"], note.labels["ack_status"], note.labels["run_state"]) == ("0-3", "applied", "paused")
+    assert note.value == 1.5 and note.step == 1204          # to the last rank's answer
+    assert note.summary == ("run ppo-8b-a: the pause for kl_above_target (red) holds: ranks 0-3 acknowledged it "
+                            "1.5s after it was sent; the run is paused")
+
+
+def test_a_rules_adjust_that_the_script_ignored_is_told_once_and_never_escalates():
+    control = MemoryControl()
+    d, clock, n, _ = rig(control=control, acks=MemoryAcks(control))
+    run(d.handle(alert(severity="orange", actions=["notify", "adjust"], adjust={"beta": 1.5})))
+    (cmd,) = [c for c in control.audit["ppo-8b-a"] if c["action"] == "adjust"]
+    for _ in range(3):                                       # no answer yet: nothing said, ever
+        run(d.tick(clock.advance(60)))
+    assert [a.rule for a, _ in n["slack"].sent] == ["kl_above_target"]
+    control.record_ack({"type": "ack", "command_id": cmd["id"], "run_id": "ppo-8b-a", "action": "adjust",
+                        "status": "ignored", "detail": "no on_adjust callback", "rank": 0, "ts": clock.t})
+    run(d.tick(clock.advance(2)))
+    run(d.tick(clock.advance(2)))
+    assert [a.rule for a, _ in n["slack"].sent] == ["kl_above_target", "control_acknowledged"]
+    note = n["slack"].sent[1][0]
+    assert note.summary == ("run ppo-8b-a: the adjust beta=1.5 for kl_above_target (orange): the run answered "
+                            "ignored (rank 0): no on_adjust callback")
 
 
 def test_a_brake_acknowledgement_is_retried_and_a_silence_of_the_run_mutes_it():

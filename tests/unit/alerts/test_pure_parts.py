@@ -86,6 +86,53 @@ def test_acknowledged_brakes_are_confirmed_unless_a_stop_made_their_answer_moot(
     assert confirmed_of([a, b], {}, paused) == []
 
 
+def test_a_brake_acknowledgement_says_what_each_rank_answered():
+    from alerts.notices import acknowledged_notice
+    from alerts.render import slack_blocks
+
+    ok = {r: {"status": "applied", "rank": r, "ts": T0 + 2.0} for r in range(8)}
+    stop = SentCommand("c1", "r", "stop", T0, "nan_inf", "black", 50, "stop")
+    n = acknowledged_notice(stop, ok, T0 + 3)
+    assert n.summary == "run r: the stop for nan_inf (black) holds: ranks 0-7 acknowledged it 2.0s after it was sent; the run is stopped"
+    assert (n.labels["ack_ranks"], n.labels["ack_status"], n.labels["run_state"], n.value) == ("0-7", "applied", "stopped", 2.0)
+    _, head, attachments = slack_blocks(n)
+    assert head[0]["text"]["text"] == "✅ STOP holds — r"
+    assert {"type": "mrkdwn", "text": "*Acknowledged by*\nranks 0-7 after 2s"} in attachments[0]["blocks"][0]["fields"]
+    mixed = {**ok, 5: {"status": "failed", "detail": "stuck in a collective", "rank": 5, "ts": T0 + 2.0}}
+    pause = SentCommand("c1", "r", "pause", T0, "kl_spike", None, None, "pause")
+    m = acknowledged_notice(pause, mixed, T0 + 3)
+    assert m.summary == ("run r: the pause for kl_spike: the run answered failed (rank 5): stuck in a collective; "
+                         "applied (ranks 0-4, 6-7)")
+    assert (m.labels["ack_status"], m.labels["run_state"]) == ("failed", "")
+    assert slack_blocks(m)[1][0]["text"]["text"] == "⚠️ PAUSE answered — r"
+    # a worker clock far ahead of the monitor's is not believed: the time the monitor saw it
+    skewed = acknowledged_notice(pause, {0: {"status": "applied", "rank": 0, "ts": T0 + 900}}, T0 + 4)
+    assert "acknowledged it within 4s" in skewed.summary and skewed.labels["ack_ranks"] == "0"
+    other = SentCommand("c2", "r", "stop", T0)
+    assert n.fingerprint == m.fingerprint != acknowledged_notice(other, ok, T0 + 3).fingerprint
+
+
+def test_a_rules_adjust_or_rollback_is_told_applied_or_not():
+    """The alert said the monitor adjusted the run; a script without on_adjust did nothing."""
+    from alerts.notices import acknowledged_notice
+    from alerts.render import slack_blocks
+
+    adjust = SentCommand.of(Command(id="a1", run_id="r", action="adjust", ts=T0, rule="kl_rising",
+                                    severity="orange", step=300, params={"beta": 1.5}))
+    ignored = {r: {"status": "ignored", "detail": "no on_adjust callback", "rank": r, "ts": T0 + 4} for r in (0, 1)}
+    n = acknowledged_notice(adjust, ignored, T0 + 5)
+    assert n.summary == ("run r: the adjust beta=1.5 for kl_rising (orange): the run answered ignored (ranks 0-1): "
+                         "no on_adjust callback")
+    assert (n.labels["command"], n.labels["ack_status"], n.labels["run_state"]) == ("adjust", "ignored", "")
+    assert slack_blocks(n)[1][0]["text"]["text"] == "⚠️ ADJUST not applied — r"
+    rollback = SentCommand.of(Command(id="b1", run_id="r", action="rollback", ts=T0, rule="nan_inf",
+                                      params={"to_step": 120, "checkpoint": "/ck/120"}))
+    done = acknowledged_notice(rollback, {0: {"status": "applied", "rank": 0, "ts": T0 + 1}}, T0 + 2)
+    assert done.summary == ("run r: the rollback to step 120 (/ck/120) for nan_inf was applied: "
+                            "rank 0 acknowledged it 1.0s after it was sent")
+    assert slack_blocks(done)[1][0]["text"]["text"] == "✅ ROLLBACK applied — r"
+
+
 def test_escalation_alert_goes_one_tier_up_and_names_run_and_command():
     e = escalation_alert(sent(severity="red"), 60, T0 + 61)
     assert (e.rule, e.severity, e.state, e.run_id) == ("control_unacknowledged", "black", "firing", "r")
