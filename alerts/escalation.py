@@ -269,9 +269,9 @@ class MemoryAcks:
                                    float("inf"), current)
         for s in late:
             self.escalated.pop(s.command_id, None)
-        answered, _ = answered_of(self.asked.values(), acked, now)
-        for c in [c for c in self.asked.values() if c.id in acked or now - c.ts > FORGET_AFTER]:
-            del self.asked[c.id]
+        answered, stale = answered_of(self.asked.values(), acked, now)
+        for cid in [*(s.command_id for s, _ in answered), *(c.id for c in stale)]:
+            del self.asked[cid]
         confirmed = confirmed_of(done, acked, current) + answered
         audits = {s.run_id: self.control.audit.get(s.run_id, []) for s, _ in confirmed}
         return Checked(overdue, late, with_answers(confirmed, audits, self.secret))
