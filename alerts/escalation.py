@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Container, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Protocol
 
 from contract.alert import SEVERITIES, Alert
@@ -92,13 +92,6 @@ class SentCommand:
         from alerts.operator import say_sent
 
         return cls(cmd.id, cmd.run_id, cmd.action, cmd.ts, cmd.rule, cmd.severity, cmd.step, say_sent(cmd))
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, raw: bytes | str) -> SentCommand:
-        return cls(**json.loads(raw))
 
 
 def settled(sent: SentCommand, acked: Container[str], current: Mapping[str, RunControl]) -> bool:
