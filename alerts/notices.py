@@ -30,7 +30,7 @@ from typing import Any
 from contract.alert import Alert
 
 __all__ = ["ACKNOWLEDGED_RULE", "NOTICE_RULES", "OPERATOR_RULE", "acknowledged_notice", "is_notice",
-           "notice_fingerprint", "notice_group", "takes_notices"]
+           "notice_fingerprint", "notice_group", "say_answers", "say_ranks", "takes_notices"]
 
 #: the rule name of an operator's notice
 OPERATOR_RULE = "operator_command"
@@ -63,6 +63,34 @@ def notice_group(alert: Alert) -> str:
     return f"notice|{alert.fingerprint}"
 
 
+def say_answers(answers: Mapping[int, dict]) -> tuple[bool, str]:
+    """(every rank applied it, the answers in a few words): ``applied (rank 0): paused at step
+    23``, ``applied (ranks 0-7)``, ``failed (rank 5): <why>; applied (ranks 0-4, 6-7)``."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for rank in sorted(answers):
+        ack = answers[rank]
+        detail = str(ack.get("detail") or "") if len(answers) == 1 or ack.get("status") != "applied" else ""
+        groups.setdefault((str(ack.get("status")), detail), []).append(rank)
+    ok = all(status == "applied" for status, _ in groups)
+    parts = sorted(groups.items(), key=lambda g: (g[0][0] == "applied", g[1]))
+    return ok, "; ".join(f"{status} ({say_ranks(ranks)})" + (f": {detail}" if detail else "")
+                         for (status, detail), ranks in parts)
+
+
+def say_ranks(ranks: list[int]) -> str:
+    """``rank 3``, ``ranks 0-4, 6-7``."""
+    spans: list[str] = []
+    start = prev = ranks[0]
+    for r in ranks[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(spans)
+
+
 def acknowledged_notice(sent, answers: Mapping[int, Mapping[str, Any]], now: float) -> Alert:
     """The notice that a run answered a command a rule sent it (``sent``, an
     :class:`alerts.escalation.SentCommand`: a pause or stop, which then holds, or an adjust or
@@ -70,8 +98,6 @@ def acknowledged_notice(sent, answers: Mapping[int, Mapping[str, Any]], now: flo
     acknowledgement, with its ``status``, ``detail`` and ``ts``; rank -1 for one that named
     none), and how long after the command the last of them did (by the acknowledgements' ``ts``,
     unless one is before the command or ahead of ``now``: then when the monitor saw them)."""
-    from alerts.operator import say_answers, say_ranks     # (alerts.operator names this module)
-
     ranks = sorted(answers)
     applied, said = say_answers(answers)
     times = [a.get("ts") for a in answers.values()]

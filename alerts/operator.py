@@ -31,7 +31,7 @@ import math
 import re
 from typing import Any, Iterable, Mapping
 
-from alerts.notices import OPERATOR_RULE, notice_fingerprint
+from alerts.notices import OPERATOR_RULE, notice_fingerprint, say_answers, say_ranks
 from contract.alert import Alert
 from contract.commands import Command, ack_signature
 
@@ -165,34 +165,6 @@ def answers_of(entries: Iterable[Any], command_id: str, secret: str | None) -> d
         rank = ack.get("rank")
         out[rank if isinstance(rank, int) else -1] = ack
     return out
-
-
-def say_answers(answers: Mapping[int, dict]) -> tuple[bool, str]:
-    """(every rank applied it, the answers in a few words): ``applied (rank 0): paused at step
-    23``, ``applied (ranks 0-7)``, ``failed (rank 5): <why>; applied (ranks 0-4, 6-7)``."""
-    groups: dict[tuple[str, str], list[int]] = {}
-    for rank in sorted(answers):
-        ack = answers[rank]
-        detail = str(ack.get("detail") or "") if len(answers) == 1 or ack.get("status") != "applied" else ""
-        groups.setdefault((str(ack.get("status")), detail), []).append(rank)
-    ok = all(status == "applied" for status, _ in groups)
-    parts = sorted(groups.items(), key=lambda g: (g[0][0] == "applied", g[1]))
-    return ok, "; ".join(f"{status} ({say_ranks(ranks)})" + (f": {detail}" if detail else "")
-                         for (status, detail), ranks in parts)
-
-
-def say_ranks(ranks: list[int]) -> str:
-    """``rank 3``, ``ranks 0-4, 6-7``."""
-    spans: list[str] = []
-    start = prev = ranks[0]
-    for r in ranks[1:] + [None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        spans.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(spans)
 
 
 def say_sent(cmd: Command, why: str | None = None) -> str:
