@@ -16,8 +16,9 @@ A notice never resolves and never repeats: it goes to the receivers that take on
 (:func:`takes_notices`: Slack, webhooks; not the console, nor Alertmanager and PagerDuty, which
 keep an alert open until it resolves), through the outbox, due at once, in a group of its own
 (:func:`notice_group`), so it is retried like any notification and muted by a silence that
-matches it; no alert inhibits it (the red alert that pulled a brake must not mute the news that
-the brake holds). Its identity is its command's id (:func:`notice_fingerprint`): a receiver that
+matches it (an operator's notice is sent straight by the process that sent the command, and
+left in the outbox only for a receiver that failed); no alert inhibits it (the red alert that
+pulled a brake must not mute the news that the brake holds). Its identity is its command's id (:func:`notice_fingerprint`): a receiver that
 drops repeats (a webhook's ``Idempotency-Key``) drops no other command's notice.
 """
 
@@ -34,7 +35,7 @@ __all__ = ["ACKNOWLEDGED_RULE", "NOTICE_RULES", "OPERATOR_RULE", "acknowledged_n
 
 #: the rule name of an operator's notice
 OPERATOR_RULE = "operator_command"
-#: the rule name of the notice that a worker acknowledged a brake the monitor pulled
+#: the rule name of the notice of a run's answer to a command a rule sent it
 ACKNOWLEDGED_RULE = "control_acknowledged"
 NOTICE_RULES = frozenset({OPERATOR_RULE, ACKNOWLEDGED_RULE})
 
