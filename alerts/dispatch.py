@@ -207,17 +207,23 @@ class Dispatcher:
             return outs
         for out, fresh in zip(outs, new):
             out.duplicate = not fresh and not out.commands
+        await self._send_queued(now, touched, outs, wait)
+        return outs
+
+    async def _send_queued(self, now: float, receivers, outs: list[Delivery], wait: bool) -> None:
+        """The sends of what was just queued for ``receivers``: awaited with ``wait`` (a lone
+        alert's outcome noted in its delivery), else started in the background lanes; each
+        delivery's ``queued`` then names the receivers it still waits for."""
         if wait:
             try:
-                await self.drainer.drain(now, touched, outs[0] if len(outs) == 1 else None)
+                await self.drainer.drain(now, receivers, outs[0] if len(outs) == 1 else None)
             except Exception as exc:  # noqa: BLE001 - queued already: the timer's drain retries
                 log.error("rlwatch: outbox drain failed (the timer retries): %s",
                           self._safe(f"{type(exc).__name__}: {exc}"))
-        elif touched:
-            self.drainer.kick(touched)
+        elif receivers:
+            self.drainer.kick(receivers)
         for out in outs:
             out.queued = [r for r in out.queued if r not in out.delivered and r not in out.suppressed]
-        return outs
 
     async def notice(self, alert: Alert, wait: bool = False) -> Delivery:
         """A one-off notice (:mod:`alerts.notices`: a brake acknowledged) to its routed
@@ -239,17 +245,8 @@ class Dispatcher:
             return out
         out.queued = [it.receiver for it, fresh in zip(items, new) if fresh]
         out.duplicate = not out.queued
-        if not out.queued:
-            return out
-        if wait:
-            try:
-                await self.drainer.drain(now, out.queued, out)
-            except Exception as exc:  # noqa: BLE001 - queued already: the timer's drain retries
-                log.error("rlwatch: outbox drain failed (the timer retries): %s",
-                          self._safe(f"{type(exc).__name__}: {exc}"))
-            out.queued = [r for r in out.queued if r not in out.delivered and r not in out.suppressed]
-        else:
-            self.drainer.kick(out.queued)
+        if out.queued:
+            await self._send_queued(now, list(out.queued), [out], wait)
         return out
 
     def _split(self, alert: Alert) -> tuple[Alert, dict | Raw | None]:
