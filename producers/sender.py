@@ -49,6 +49,8 @@ def _as_float(x) -> float:
 class KafkaTransport:
     """kafka-python producer to the events topic. Connects lazily, reconnects on failure."""
 
+    SETTLE_SECONDS = 15.0   # how long send() waits for the client's answer on each record
+
     def __init__(self, bootstrap: str, topic: str = "rlwatch.events", **config):
         self.bootstrap, self.topic, self.config = bootstrap, topic, config
         self._producer = None
@@ -56,9 +58,8 @@ class KafkaTransport:
     def _connect(self):
         from kafka import KafkaProducer
 
-        # delivery_timeout_ms < the flush timeout in send(): records the client could not
-        # deliver expire inside it before the batch is handed back for a retry, so a retry
-        # never leaves a second copy behind; bootstrap_timeout_ms keeps a first connection to a
+        # delivery_timeout_ms < SETTLE_SECONDS: records the client could not deliver expire
+        # inside send()'s wait, before the batch is handed back for a retry; bootstrap_timeout_ms keeps a first connection to a
         # broker that is down from holding the sender thread for long.
         # enable_idempotence=False: kafka-python 3's idempotent producer needs acks=all, and it
         # turned itself off with a warning in every training log. kafka-python 2.x refuses
@@ -73,19 +74,32 @@ class KafkaTransport:
     def send(self, items):
         if self._producer is None:
             self._producer = self._connect()
-        futures = [self._producer.send(self.topic, key=k, value=v) for k, v in items]
-        self._producer.flush(timeout=10)
-        failed, first = [], None
-        for i, f in enumerate(futures):
+        held, failed, first = [], [], None
+        for i, (k, v) in enumerate(items):
             try:
-                f.get(timeout=0)  # raises the delivery error, if any
+                held.append((i, self._producer.send(self.topic, key=k, value=v)))
+            except Exception as exc:  # noqa: BLE001 - not handed to the client (no metadata in
+                failed.append(i)      # max_block_ms, its buffer full): safe to send again
+                first = first or exc
+        # A record the client holds may still be written, so it is only handed back for a retry
+        # once the client has given up on it: the wait covers the client's own delivery timeout
+        # (a flush() that timed out used to hand the whole batch back while the client still held
+        # it, and both copies reached the topic).
+        deadline = time.monotonic() + self.SETTLE_SECONDS
+        try:
+            self._producer.flush(timeout=self.SETTLE_SECONDS)
+        except Exception:  # noqa: BLE001 - a timeout: each record's own future says what happened
+            pass
+        for i, f in held:
+            try:
+                f.get(timeout=max(0.0, deadline - time.monotonic()))  # raises its delivery error
             except Exception as exc:  # noqa: BLE001 - any delivery error: this item is retried
                 failed.append(i)
                 first = first or exc
         if failed:
             if len(failed) == len(items):
                 raise first
-            raise PartialDelivery(failed, first)
+            raise PartialDelivery(sorted(failed), first)
 
     def close(self, timeout):
         if self._producer is not None:
@@ -116,6 +130,7 @@ class BackgroundSender:
         self.invalid = 0          # events that could not be serialised (counted, reported once)
         self.last_error: str | None = None
         self._reported_down = False
+        self._probe = False       # the last send failed: probe the broker before the next batch
         self._on_error = on_error or (lambda msg: log.warning(msg))
         self._thread = threading.Thread(target=self._run, name="rlwatch-sender", daemon=True)
         self._thread.start()
@@ -159,49 +174,72 @@ class BackgroundSender:
                 items = self._take()
                 if not items:
                     break
-                report = None
-                if self.dropped:
-                    first_key = items[0][0]
-                    report = (first_key, self._drop_report(items[0][1]))
-                sendable = [(k, e, v) for k, e, v in ((k, e, self._serialise(e)) for k, e in items) if v]
-                payload = [(k, v) for k, _, v in sendable]
-                if report is not None:
-                    payload.append((report[0], dump_event(report[1])))
-                try:
-                    self.transport.send(payload)
-                except Exception as exc:  # noqa: BLE001 - any transport failure is survivable
-                    if isinstance(exc, PartialDelivery):
-                        # the others are in the topic: only the failed ones go again
-                        again = [(sendable[i][0], sendable[i][1]) for i in exc.failed if i < len(sendable)]
-                        self.sent += len(sendable) - len(again)
-                        if report is not None and len(payload) - 1 not in exc.failed:
-                            with self._lock:
-                                self.dropped -= report[1]["dropped_events"]
-                        items = again
-                    self.failures += 1
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    if not self._reported_down:
-                        self._on_error(f"rlwatch: cannot publish events ({self.last_error}); "
-                                       "training continues, events are buffered "
-                                       f"(capacity {self.capacity}, oldest dropped when full)")
-                        self._reported_down = True
-                    self._requeue(items)
+                if not self._deliver(items):
                     if self._stop:
                         return
                     time.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
                     continue
                 backoff = 0.05
-                self.sent += len(items)
-                self._in_flight = 0
-                if report is not None:
-                    with self._lock:
-                        self.dropped -= report[1]["dropped_events"]
-                if self._reported_down:
-                    log.warning("rlwatch: event publishing recovered")
-                    self._reported_down = False
             if self._stop:
                 return
+
+    def _deliver(self, items: list) -> bool:
+        """Send one batch taken from the buffer; False (the batch requeued) if it failed.
+
+        After a failure the broker is probed first with a lone heartbeat, and the batch goes
+        only once it is answered. A record the client gave up on while its request was on the
+        wire may have been written anyway (a broker that came back and answered late); the
+        batch handed over as the broker returns would then be written twice. A heartbeat
+        written twice is harmless: the monitor reads it as a sign of life."""
+        key, like = items[0]
+        try:
+            if self._probe:
+                self.transport.send([(key, dump_event(self._heartbeat(like)))])
+                self._probe = False
+        except Exception as exc:  # noqa: BLE001 - the broker is still away: nothing else was sent
+            self._failed(exc, items)
+            return False
+        report = None
+        if self.dropped:
+            report = self._heartbeat(like, dropped_events=self.dropped)
+        sendable = [(k, e, v) for k, e, v in ((k, e, self._serialise(e)) for k, e in items) if v]
+        payload = [(k, v) for k, _, v in sendable]
+        if report is not None:
+            payload.append((key, dump_event(report)))
+        try:
+            self.transport.send(payload)
+        except Exception as exc:  # noqa: BLE001 - any transport failure is survivable
+            if isinstance(exc, PartialDelivery):
+                # the others are in the topic: only the failed ones go again
+                items = [(sendable[i][0], sendable[i][1]) for i in exc.failed if i < len(sendable)]
+                self.sent += len(sendable) - len(items)
+                if report is not None and len(payload) - 1 not in exc.failed:
+                    with self._lock:
+                        self.dropped -= report["dropped_events"]
+            self._failed(exc, items)
+            return False
+        self.sent += len(sendable)
+        self._in_flight = 0
+        if report is not None:
+            with self._lock:
+                self.dropped -= report["dropped_events"]
+        if self._reported_down:
+            log.warning("rlwatch: event publishing recovered")
+            self._reported_down = False
+        return True
+
+    def _failed(self, exc: BaseException, items: list) -> None:
+        """A send failed: say so once per outage, probe before the next batch, requeue ``items``."""
+        self.failures += 1
+        self._probe = True
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        if not self._reported_down:
+            self._on_error(f"rlwatch: cannot publish events ({self.last_error}); "
+                           "training continues, events are buffered "
+                           f"(capacity {self.capacity}, oldest dropped when full)")
+            self._reported_down = True
+        self._requeue(items)
 
     def _serialise(self, event: dict) -> bytes | None:
         """Strict JSON of an event; numpy/torch scalars become floats; None if impossible."""
@@ -225,9 +263,10 @@ class BackgroundSender:
                 self._on_error(f"rlwatch: dropped an event that cannot be written as JSON: {exc}")
             return None
 
-    def _drop_report(self, like: dict) -> dict:
+    def _heartbeat(self, like: dict, **extra) -> dict:
+        """A heartbeat of the run and rank of the queued event ``like``, at its step."""
         return {"schema": 1, "kind": "heartbeat", "run_id": like["run_id"], "step": like["step"],
-                "rank": like.get("rank", 0), "ts": self.clock(), "dropped_events": self.dropped}
+                "rank": like.get("rank", 0), "ts": self.clock(), **extra}
 
     def flush(self, timeout: float) -> bool:
         """Wait until the buffer is empty (or ``timeout``); True if everything went out."""

@@ -255,3 +255,101 @@ def test_the_kafka_producer_gets_only_settings_its_client_version_knows(monkeypa
         assert made["enable_idempotence"] is False and made["bootstrap_timeout_ms"] == 2000
     else:
         assert "enable_idempotence" not in made and "bootstrap_timeout_ms" not in made
+
+
+class LateAnswer(FakeTransport):
+    """A broker that comes back slowly: the first send after the outage is written, but its
+    answer comes after the client gave up on it (a delivery timeout while on the wire)."""
+
+    def __init__(self):
+        super().__init__(up=False)
+        self.late = True
+
+    def send(self, items):
+        with self.lock:
+            self.attempts += 1
+            if not self.up:
+                raise ConnectionError("broker down")
+            self.delivered.extend((k, json.loads(v)) for k, v in items)
+            if self.late:
+                self.late = False
+                raise TimeoutError("Expiring 1 record(s): 8000 ms has passed since batch creation")
+
+
+def test_a_late_answer_as_the_broker_returns_writes_no_event_twice(senders):
+    t = LateAnswer()
+    s = make(senders, t, capacity=100, batch=50)
+    for i in range(30):
+        s.put(b"run-a", ev(i))
+    assert wait_until(lambda: s.failures >= 2)
+    t.up = True
+    assert s.flush(WAIT)
+    # the first send after the outage was a lone heartbeat: it is the one written twice, if any
+    assert t.steps() == list(range(30))
+    kinds = [e["kind"] for _, e in t.delivered]
+    assert kinds[0] == "heartbeat" and kinds.count("heartbeat") == 2 and s.sent == 30
+
+
+class Record:
+    """A kafka-python record future: done when the client answered (``error`` or not)."""
+
+    def __init__(self, answer_after: float = 0.0, error: Exception | None = None):
+        self.at, self.error = time.monotonic() + answer_after, error
+
+    def get(self, timeout=None):
+        wait = self.at - time.monotonic()
+        if timeout is not None and wait > timeout:
+            time.sleep(timeout)
+            raise TimeoutError("Timeout after waiting for %s secs." % timeout)
+        time.sleep(max(0.0, wait))
+        if self.error:
+            raise self.error
+
+
+class Producer:
+    """A kafka-python producer whose records answer as ``plan`` says, one entry per send():
+    a Record, or an exception send() itself raises (no metadata within max_block_ms)."""
+
+    def __init__(self, plan):
+        self.plan, self.flushes = list(plan), []
+
+    def send(self, topic, key=None, value=None):
+        r = self.plan.pop(0)
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+    def flush(self, timeout=None):
+        self.flushes.append(timeout)
+        raise TimeoutError("Timeout waiting for future")   # as kafka-python, before all answered
+
+
+def transport_with(plan, settle=2.0):
+    t = KafkaTransport("127.0.0.1:9", "t")
+    t.SETTLE_SECONDS = settle
+    t._producer = Producer(plan)
+    return t
+
+
+def test_records_the_client_still_holds_after_a_flush_timeout_are_not_handed_back():
+    # the client answers after flush() gave up: the batch was delivered, nothing is sent again
+    t = transport_with([Record(0.3), Record(0.4)])
+    t.send([(b"k", b"1"), (b"k", b"2")])
+
+
+def test_only_the_records_the_client_refused_or_failed_are_handed_back():
+    from producers.sender import PartialDelivery
+
+    t = transport_with([Record(0.1), TimeoutError("Failed to update metadata after 2.0 secs."),
+                        Record(0.2, error=TimeoutError("Expiring 1 record(s)")), Record(0.1)])
+    with pytest.raises(PartialDelivery) as got:
+        t.send([(b"k", b"%d" % i) for i in range(4)])
+    assert got.value.failed == [1, 2]
+
+
+def test_a_record_the_client_never_answers_is_handed_back_after_the_wait():
+    t = transport_with([Record(60.0)], settle=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        t.send([(b"k", b"1")])
+    assert time.monotonic() - t0 < 5
