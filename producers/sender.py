@@ -59,15 +59,18 @@ class KafkaTransport:
         from kafka import KafkaProducer
 
         # delivery_timeout_ms < SETTLE_SECONDS: records the client could not deliver expire
-        # inside send()'s wait, before the batch is handed back for a retry; bootstrap_timeout_ms keeps a first connection to a
-        # broker that is down from holding the sender thread for long.
-        # enable_idempotence=False: kafka-python 3's idempotent producer needs acks=all, and it
-        # turned itself off with a warning in every training log. kafka-python 2.x refuses
-        # settings it does not know (these two), so only those the client knows are passed.
-        ours = dict(linger_ms=5, acks=1, max_block_ms=2000, request_timeout_ms=5000, retries=2,
-                    delivery_timeout_ms=8000, bootstrap_timeout_ms=2000, enable_idempotence=False,
-                    client_id="rlwatch-sdk")
+        # inside send()'s wait, before the batch is handed back for a retry. bootstrap_timeout_ms
+        # keeps a first connection to a broker that is down from holding the sender thread for
+        # long. Where the client has an idempotent producer (kafka-python 3), it is on, with the
+        # acks=all it needs: the client's own retry of a request whose answer was lost is then
+        # not written twice. kafka-python 2.x refuses settings it does not know, so only those
+        # the client knows are passed.
         known = KafkaProducer.DEFAULT_CONFIG
+        ours = dict(linger_ms=5, acks=1, max_block_ms=2000, request_timeout_ms=5000, retries=2,
+                    delivery_timeout_ms=8000, bootstrap_timeout_ms=2000, client_id="rlwatch-sdk")
+        if "enable_idempotence" in known:
+            wants_all = self.config.get("acks", "all") in ("all", -1)
+            ours.update(acks="all", enable_idempotence=wants_all)
         return KafkaProducer(bootstrap_servers=self.bootstrap,
                              **{**{k: v for k, v in ours.items() if k in known}, **self.config})
 

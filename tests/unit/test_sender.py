@@ -232,7 +232,8 @@ def test_a_partly_delivered_batch_sends_again_only_what_failed():
 def test_the_kafka_producer_gets_only_settings_its_client_version_knows(monkeypatch, client):
     """kafka-python 2.x refuses a setting it does not know (no bootstrap_timeout_ms, no
     enable_idempotence there): the SDK's sender connected to no broker at all with it. 3.x knows
-    both, and without enable_idempotence=False warned in every training log."""
+    both: its idempotent producer is on, with the acks=all it needs (with acks=1 it turned
+    itself off with a warning in every training log), unless the user asks for other acks."""
     import kafka
 
     made = {}
@@ -246,14 +247,19 @@ def test_the_kafka_producer_gets_only_settings_its_client_version_knows(monkeypa
         def __init__(self, **configs):
             unknown = set(configs) - set(self.DEFAULT_CONFIG)
             assert not unknown, f"Unrecognized configs: {unknown}"      # as kafka-python does
+            made.clear()
             made.update(configs)
 
     monkeypatch.setattr(kafka, "KafkaProducer", Producer)
     KafkaTransport("127.0.0.1:9", "t", compression_type="gzip")._connect()
-    assert made["acks"] == 1 and made["compression_type"] == "gzip" and made["client_id"] == "rlwatch-sdk"
+    assert made["compression_type"] == "gzip" and made["client_id"] == "rlwatch-sdk"
     if client == "3.x":
-        assert made["enable_idempotence"] is False and made["bootstrap_timeout_ms"] == 2000
+        assert made["enable_idempotence"] is True and made["acks"] == "all"
+        assert made["bootstrap_timeout_ms"] == 2000
+        KafkaTransport("127.0.0.1:9", "t", acks=1)._connect()
+        assert made["acks"] == 1 and made["enable_idempotence"] is False
     else:
+        assert made["acks"] == 1
         assert "enable_idempotence" not in made and "bootstrap_timeout_ms" not in made
 
 
