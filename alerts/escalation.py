@@ -12,7 +12,9 @@ is on call learns that the run may be training on, unbraked. When the acknowledg
 arrives, or an operator resumes or stops the run, that alert resolves. A brake acknowledged in
 time is returned once as confirmed, with its ranks' answers, and told as holding
 (:mod:`alerts.notices`); so is a rule's adjust or rollback (:data:`ASKED`) when it is answered,
-applied or not (never re-sent nor escalated).
+applied or not (never re-sent nor escalated). Either waits for the answers of every rank of the
+run (the ``world_size`` in them), or the timeout, and then names the silent ranks
+(:func:`complete`).
 
 The decision is a pure function of (commands sent, acks seen, run states, now):
 :func:`overdue_commands`. :class:`RedisAcks` / :class:`MemoryAcks` keep the bookkeeping; the
@@ -72,7 +74,8 @@ class Checked:
     overdue: list[SentCommand]           # no acknowledgement within the timeout: escalate
     late: list[SentCommand]              # escalated, now acknowledged or overtaken: resolve
     #: acknowledged within the timeout, each with its ranks' answers (rank -> acknowledgement,
-    #: :func:`alerts.operator.answers_of`): say it holds
+    #: :func:`alerts.operator.answers_of`), once every rank answered or the timeout passed: say
+    #: it holds (or on which ranks)
     confirmed: list[tuple[SentCommand, dict[int, dict]]]
 
 
@@ -215,6 +218,16 @@ def answered_of(asked: Iterable[Command], acked: Mapping[str, dict],
     return answered, stale
 
 
+def complete(sent: SentCommand, answers: Mapping[int, dict], now: float, timeout: float) -> bool:
+    """Whether the answers of a run to a command are all in, to be told: every rank of the run
+    answered (its number of ranks as the answers give it, :func:`alerts.notices.world_of`; the
+    first answer when they do not say), or ``timeout`` passed since the command was sent (the
+    ranks still silent are then named)."""
+    from alerts.notices import silent_ranks
+
+    return not silent_ranks(answers) or now - sent.ts >= timeout
+
+
 def with_answers(confirmed: list[tuple[SentCommand, dict]], audits: Mapping[str, list],
                  secret: str | None) -> list[tuple[SentCommand, dict[int, dict]]]:
     """Each confirmed brake with the answers of its run's ranks read from the run's audit
@@ -254,7 +267,15 @@ class MemoryAcks:
         current = {r: await self.control.status(r) for r in runs}
         overdue, done = overdue_commands([SentCommand.of(c) for c in self.pending.values()], acked, now,
                                          timeout, current)
+        answered, stale = answered_of(self.asked.values(), acked, now)
+        heard = confirmed_of(done, acked, current) + answered
+        audits = {s.run_id: self.control.audit.get(s.run_id, []) for s, _ in heard}
+        confirmed = [(s, a) for s, a in with_answers(heard, audits, self.secret) if complete(s, a, now, timeout)]
+        told = {s.command_id for s, _ in confirmed}
+        waiting = {s.command_id for s, _ in heard} - told      # some ranks have not answered yet
         for s in [*overdue, *done]:
+            if s.command_id in waiting:
+                continue
             cmd = self.pending.pop(s.command_id)
             if s in overdue:
                 self.escalated[s.command_id] = cmd
@@ -262,12 +283,9 @@ class MemoryAcks:
                                    float("inf"), current)
         for s in late:
             self.escalated.pop(s.command_id, None)
-        answered, stale = answered_of(self.asked.values(), acked, now)
-        for cid in [*(s.command_id for s, _ in answered), *(c.id for c in stale)]:
+        for cid in [*(s.command_id for s, _ in answered if s.command_id in told), *(c.id for c in stale)]:
             del self.asked[cid]
-        confirmed = confirmed_of(done, acked, current) + answered
-        audits = {s.run_id: self.control.audit.get(s.run_id, []) for s, _ in confirmed}
-        return Checked(overdue, late, with_answers(confirmed, audits, self.secret))
+        return Checked(overdue, late, confirmed)
 
     async def outstanding(self) -> list[Command]:
         return [*self.pending.values(), *self.escalated.values()]
@@ -438,7 +456,14 @@ class RedisAcks:
         acked, current = await self._context(pending + escalated + asked)
         by_id = {c.id: c for c in pending}
         overdue, done = overdue_commands([SentCommand.of(c) for c in pending], acked, now, timeout, current)
-        done = [s for s in done if await self._forget(s.command_id)]    # one caller each
+        answered, stale = answered_of(asked, acked, now)
+        # what a run answered is told once all its ranks have (or after the timeout): until
+        # then the command stays where it is, read again on the next check
+        heard = confirmed_of(done, acked, current) + answered
+        heard = with_answers(heard, await self._audits(heard), self.secret)
+        ready = {s.command_id for s, a in heard if complete(s, a, now, timeout)}
+        waiting = {s.command_id for s, _ in heard} - ready
+        done = [s for s in done if s.command_id not in waiting and await self._forget(s.command_id)]  # one caller each
         mine = []
         for s in overdue:
             if await self.redis.hdel(self.pending, s.command_id):
@@ -450,16 +475,18 @@ class RedisAcks:
         for c in escalated:   # a day without an answer: stop re-sending (it was escalated long ago)
             if now - c.ts > FORGET_AFTER:
                 await self.redis.hdel(self.escalated, c.id)
-        answered, stale = answered_of(asked, acked, now)
-        answered = [(s, a) for s, a in answered if await self.redis.hdel(self.asked, s.command_id)]  # one caller
+        asked_ids = {s.command_id for s, _ in answered}
+        won = {s.command_id for s in done}
+        for cid in sorted(asked_ids & ready):
+            if await self.redis.hdel(self.asked, cid):     # one caller
+                won.add(cid)
         if stale:
             await self.redis.hdel(self.asked, *[c.id for c in stale])
-        confirmed = confirmed_of(done, acked, current) + answered
-        return Checked(mine, resolved, with_answers(confirmed, await self._audits(confirmed), self.secret))
+        return Checked(mine, resolved, [(s, a) for s, a in heard if s.command_id in ready and s.command_id in won])
 
     async def _audits(self, confirmed: list) -> dict[str, list]:
-        """The newest audit entries of the runs of ``confirmed`` (one round trip; a brake is
-        confirmed once, so this is read about once per brake)."""
+        """The newest audit entries of the runs of ``confirmed`` (one round trip; read while a
+        command that a rank answered waits for the others' answers, within the timeout)."""
         runs = sorted({s.run_id for s, _ in confirmed})
         if not runs:
             return {}

@@ -31,7 +31,8 @@ from typing import Any
 from contract.alert import Alert
 
 __all__ = ["ACKNOWLEDGED_RULE", "NOTICE_RULES", "OPERATOR_RULE", "acknowledged_notice", "is_notice",
-           "notice_fingerprint", "notice_group", "say_answers", "say_ranks", "takes_notices"]
+           "notice_fingerprint", "notice_group", "say_answers", "say_ranks", "silent_ranks", "takes_notices",
+           "world_of"]
 
 #: the rule name of an operator's notice
 OPERATOR_RULE = "operator_command"
@@ -92,15 +93,32 @@ def say_ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(spans)
 
 
+def world_of(answers: Mapping[int, Mapping[str, Any]]) -> int | None:
+    """The run's number of ranks as its answers give it (the ``world_size`` a training process
+    puts in its acknowledgements); None when none says (one from an SDK before it did)."""
+    sizes = [a.get("world_size") for a in answers.values()]
+    sizes = [w for w in sizes if isinstance(w, int) and not isinstance(w, bool) and w > 0]
+    return max(sizes) if sizes else None
+
+
+def silent_ranks(answers: Mapping[int, Mapping[str, Any]]) -> list[int]:
+    """The ranks of the run (:func:`world_of`) that have not answered."""
+    world = world_of(answers)
+    return [r for r in range(world) if r not in answers] if world else []
+
+
 def acknowledged_notice(sent, answers: Mapping[int, Mapping[str, Any]], now: float) -> Alert:
     """The notice that a run answered a command a rule sent it (``sent``, an
     :class:`alerts.escalation.SentCommand`: a pause or stop, which then holds, or an adjust or
     rollback, which the script applied or not): what its ranks answered (``answers``: rank ->
     acknowledgement, with its ``status``, ``detail`` and ``ts``; rank -1 for one that named
     none), and how long after the command the last of them did (by the acknowledgements' ``ts``,
-    unless one is before the command or ahead of ``now``: then when the monitor saw them)."""
+    unless one is before the command or ahead of ``now``: then when the monitor saw them).
+    The ranks of the run (:func:`world_of`) that did not answer are named, and then a brake is
+    said to hold on the others only (``ack_status`` ``partial``)."""
     ranks = sorted(answers)
     applied, said = say_answers(answers)
+    world, silent = world_of(answers), silent_ranks(answers)
     times = [a.get("ts") for a in answers.values()]
     if times and all(isinstance(t, (int, float)) and sent.ts <= t <= now + CLOCK_SLACK for t in times):
         delay = max(times) - sent.ts            # the workers' clocks
@@ -109,19 +127,25 @@ def acknowledged_notice(sent, answers: Mapping[int, Mapping[str, Any]], now: flo
         delay = max(0.0, now - sent.ts)
         when = f"within {delay:.0f}s"
     who = say_ranks(ranks) if ranks and ranks[0] >= 0 else "a worker"
+    of = f" of {world}" if world and world > 1 and who != "a worker" else ""
     what = f"the {sent.said or sent.action}" + (f" for {sent.rule}" if sent.rule else "") + \
         (f" ({sent.severity})" if sent.severity else "")
     brake = sent.action in _STATE_AFTER
-    state = _STATE_AFTER[sent.action] if brake and applied else ""
-    if applied:
-        summary = f"run {sent.run_id}: {what} {'holds' if brake else 'was applied'}: {who} acknowledged it {when}"
+    state = _STATE_AFTER[sent.action] if brake and applied and not silent else ""
+    quiet = f"; {say_ranks(silent)} did not answer within {max(0.0, now - sent.ts):.0f}s" if silent else ""
+    if applied and silent:       # the ranks that answered applied it; the others are silent
+        got = f"holds on {len(answers)}{of} ranks" if brake else f"was applied on {len(answers)}{of} ranks"
+        summary = f"run {sent.run_id}: {what} {got}: {who} acknowledged it {when}{quiet}"
+        status = "partial"
+    elif applied:
+        summary = f"run {sent.run_id}: {what} {'holds' if brake else 'was applied'}: {who}{of} acknowledged it {when}"
         summary += f"; the run is {state}" if brake else ""
         if len(answers) == 1:
             detail = str(next(iter(answers.values())).get("detail") or "")
             summary += f" ({detail})" if detail else ""
         status = "applied"
     else:
-        summary = f"run {sent.run_id}: {what}: the run answered {said}"
+        summary = f"run {sent.run_id}: {what}: the run answered {said}{quiet}"
         status = next(str(a.get("status")) for a in answers.values() if a.get("status") != "applied")
     return Alert(rule=ACKNOWLEDGED_RULE, severity="info", state="firing", run_id=sent.run_id,
                  fingerprint=notice_fingerprint(ACKNOWLEDGED_RULE, sent.command_id),
@@ -129,5 +153,6 @@ def acknowledged_notice(sent, answers: Mapping[int, Mapping[str, Any]], now: flo
                  value=round(delay, 1), metric="seconds_to_ack", actions=[], summary=summary[:2900],
                  labels={"command": sent.action, "command_id": sent.command_id, "source_rule": sent.rule or "",
                          "ack_status": status, "ack_ranks": who.split(" ", 1)[1] if who != "a worker" else "",
+                         "ack_world": str(world or ""), "ack_silent": say_ranks(silent).split(" ", 1)[1] if silent else "",
                          "run_state": state},
                  ts=now)

@@ -37,6 +37,11 @@ def text(alert: Alert, done: list[str] | None = None) -> str:
     return (f"[{head}] {alert.run_id}{rank} step {alert.step} {alert.rule}: {alert.summary}{acts}")
 
 
+def _ranks(label: str) -> str:
+    """A ranks label (``0-7``, ``3``) in words: ``ranks 0-7``, ``rank 3``."""
+    return ("ranks " if "-" in label or "," in label else "rank ") + label
+
+
 def slack_blocks(alert: Alert, done: list[str] | None = None) -> tuple[str, list[dict], list[dict]]:
     """(fallback text, blocks, attachments) for chat.postMessage or an incoming webhook."""
     icon = "✅" if alert.state == "resolved" else TIER_ICONS.get(alert.severity, "")
@@ -53,19 +58,24 @@ def slack_blocks(alert: Alert, done: list[str] | None = None) -> tuple[str, list
             {"type": "mrkdwn", "text": f"*Last step seen*\n{alert.step}"},
         ]
     elif alert.rule == ACKNOWLEDGED_RULE:
-        held = alert.labels.get("ack_status") == "applied"
+        status = alert.labels.get("ack_status")
+        held = status == "applied"
         icon = "✅" if held else "⚠️"
         what = alert.labels.get("command", "brake")
         verb = ("holds" if held else "answered") if what in ("pause", "stop") else \
             ("applied" if held else "not applied")
+        if status == "partial":      # the ranks that answered applied it, others are silent
+            verb = "holds on some ranks" if what in ("pause", "stop") else "applied on some ranks"
         title = f"{icon} {what.upper()} {verb} — {alert.run_id}"
-        ranks = alert.labels.get("ack_ranks", "")
-        who = ("ranks " if "-" in ranks or "," in ranks else "rank ") + ranks if ranks else "a worker"
+        ranks, world = alert.labels.get("ack_ranks", ""), alert.labels.get("ack_world", "")
+        who = _ranks(ranks) + (f" of {world}" if world not in ("", "1") else "") if ranks else "a worker"
+        silent = alert.labels.get("ack_silent", "")
         fields = [
             {"type": "mrkdwn", "text": f"*Run*\n`{alert.run_id}`"},
             {"type": "mrkdwn", "text": f"*Now*\n{alert.labels.get('run_state') or '—'}"},
             {"type": "mrkdwn", "text": f"*For*\n{alert.labels.get('source_rule') or 'an operator'}"},
-            {"type": "mrkdwn", "text": f"*Acknowledged by*\n{who} after {_num(alert.value)}s"},
+            {"type": "mrkdwn", "text": f"*Acknowledged by*\n{who} after {_num(alert.value)}s"
+                                       + (f"\n*Silent:* {_ranks(silent)}" if silent else "")},
         ]
     else:
         fields = [

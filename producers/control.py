@@ -68,8 +68,12 @@ class CommandInbox:
     """
 
     def __init__(self, run_id: str, rank: int = 0, *, secret: str | None = None,
-                 clock: Callable[[], float] = time.time, started_at: float | None = None):
+                 clock: Callable[[], float] = time.time, started_at: float | None = None,
+                 world_size: int | None = None):
         self.run_id, self.rank, self.secret, self.clock = run_id, rank, secret, clock
+        #: the run's number of ranks, in each acknowledgement when known: the monitor then waits
+        #: for every rank's answer before it tells that a brake holds, and names the silent ones
+        self.world_size = world_size
         self.started_at = clock() if started_at is None else started_at
         self.state = "running"
         self.state_command: Command | None = None
@@ -178,6 +182,8 @@ class CommandInbox:
             return
         ack = {"type": "ack", "command_id": cmd.id, "run_id": self.run_id, "action": cmd.action,
                "status": status, "detail": detail, "rank": self.rank, "ts": self.clock()}
+        if self.world_size:
+            ack["world_size"] = self.world_size
         self._last_ack[cmd.id] = ack
         self._emit(ack)
 
@@ -219,8 +225,8 @@ class ControlListener(CommandInbox):
     """A :class:`CommandInbox` fed from Redis by a daemon thread."""
 
     def __init__(self, redis_url: str, run_id: str, rank: int = 0, *, secret: str | None = None,
-                 clock: Callable[[], float] = time.time):
-        super().__init__(run_id, rank, secret=secret, clock=clock)
+                 clock: Callable[[], float] = time.time, world_size: int | None = None):
+        super().__init__(run_id, rank, secret=secret, clock=clock, world_size=world_size)
         self.redis_url = redis_url
         self.connected = False
         self._closing = threading.Event()

@@ -101,7 +101,10 @@ class Monitor:
             if problem:     # a configuration mistake, said at once, not a "transient" outage later
                 raise ValueError(f"rlwatch Monitor: {problem}")
             secret = control_secret or os.environ.get("RLWATCH_CONTROL_SECRET") or None
-            self.control = ControlListener(url, run_id, self.rank, secret=secret, clock=clock)
+            self.control = ControlListener(url, run_id, self.rank, secret=secret, clock=clock,
+                                           world_size=self.world_size)
+        elif inbox is not None and inbox.world_size is None:
+            inbox.world_size = self.world_size
 
         self._hb_stop = threading.Event()
         self._hb = None

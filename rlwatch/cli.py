@@ -396,7 +396,9 @@ async def _answers(control, run_id: str, command_id: str, secret: str | None, se
                    world: int | None) -> dict:
     """The answers of the run's ranks to a command (by rank), waited for up to ``seconds``:
     until each of its ``world`` ranks answered, or (its size unknown) :data:`ANSWER_GRACE`
-    after the first answer."""
+    after the first answer. Without ``world``, the size the answers give (each training
+    process puts its run's ``world_size`` in its acknowledgements) is waited for."""
+    from alerts.notices import world_of
     from alerts.operator import answers_of
 
     deadline = time.monotonic() + seconds
@@ -406,8 +408,9 @@ async def _answers(control, run_id: str, command_id: str, secret: str | None, se
         now = time.monotonic()
         if got and first is None:
             first = now
-        if (now >= deadline or (world and all(r in got for r in range(world)))
-                or (not world and first is not None and now - first >= ANSWER_GRACE)):
+        size = world or world_of(got)
+        if (now >= deadline or (size and all(r in got for r in range(size)))
+                or (not size and first is not None and now - first >= ANSWER_GRACE)):
             return got
         await asyncio.sleep(0.1)
 
@@ -415,8 +418,10 @@ async def _answers(control, run_id: str, command_id: str, secret: str | None, se
 def _say_answers(what: str, run: str, waited: float, answers: dict, world: int | None) -> None:
     """Print the ranks' answers. A rank that did not apply the command exits with
     :data:`REFUSED` (its answer on stderr); a rank that did not answer with :data:`UNANSWERED`."""
+    from alerts.notices import world_of
     from alerts.operator import say_answers, say_ranks
 
+    world = world or world_of(answers)
     missing = [r for r in range(world or 0) if r not in answers]
     if not answers:
         print(f"{run}: no answer within {waited:g}s (a run answers at its next step boundary, or at "

@@ -232,9 +232,11 @@ async def api_audit(request: web.Request) -> web.Response:
 
 def _answered(cmd, history: list[dict], secret: str | None) -> dict | None:
     """What the run's ranks answered to the command that set its state, from the audit entries
-    read (signed answers only, with a control secret): ``{"held": every rank that answered
-    applied it, "said": "applied (ranks 0-7)"}``; None when no rank has answered yet (a
+    read (signed answers only, with a control secret): ``{"held": every rank of the run
+    applied it, "said": "applied (ranks 0-6); no answer yet (rank 7)", "ranks": 7, "world": 8
+    (None when the answers do not say)}``; None when no rank has answered yet (a
     state of "paused" is then the monitor's, not yet the run's)."""
+    from alerts.notices import say_ranks, silent_ranks, world_of
     from alerts.operator import answers_of, say_answers
 
     if cmd is None:
@@ -243,7 +245,10 @@ def _answered(cmd, history: list[dict], secret: str | None) -> dict | None:
     if not answers:
         return None
     held, said = say_answers(answers)
-    return {"held": held, "said": said, "ranks": len(answers)}
+    silent = silent_ranks(answers)
+    if silent:       # the run's world size is in its answers: the ranks not heard from yet
+        said += f"; no answer yet ({say_ranks(silent)})"
+    return {"held": held and not silent, "said": said, "ranks": len(answers), "world": world_of(answers)}
 
 
 async def api_incidents(request: web.Request) -> web.Response:

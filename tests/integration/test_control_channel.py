@@ -367,6 +367,62 @@ def test_a_rules_adjust_and_rollback_are_answered_once_never_resent_nor_escalate
     r.close()
 
 
+def test_a_brake_is_confirmed_once_every_rank_answered_or_after_the_timeout(services):
+    """With the run's world size in its acknowledgements, RedisAcks keeps an acknowledged brake
+    until each rank answered (read from the run's audit stream), then returns it once with all
+    the answers; a brake with a rank still silent is returned at the timeout, naming it. Neither
+    escalates: a rank answered."""
+    from alerts.escalation import RedisAcks
+    from alerts.notices import acknowledged_notice
+
+    ns = "rlwatch:world-" + uuid.uuid4().hex[:8]
+    r = redis_sync.Redis.from_url(services["redis"])
+
+    def answer(cmd, rank, now):
+        ack = {"type": "ack", "command_id": cmd.id, "run_id": cmd.run_id, "action": "pause",
+               "status": "applied", "rank": rank, "world_size": 3, "ts": now}
+        ack["signature"] = ack_signature(ack, SECRET)
+        r.xadd(audit_key(cmd.run_id), {"entry": json.dumps(ack)})
+        r.hset(acks_key(cmd.run_id), cmd.id, json.dumps(ack))
+
+    async def go():
+        control = RedisControl(services["redis"], SECRET)
+        acks = RedisAcks(control.redis, ns, SECRET)
+        now = time.time()
+        try:
+            cmds = []
+            for k in range(2):
+                cmd = Command(run_id=f"world-{k}-" + uuid.uuid4().hex[:6], action="pause", ts=now,
+                              rule="kl_spike", severity="red", step=9).signed(SECRET)
+                await control.send(cmd)
+                await acks.expect(cmd)
+                cmds.append(cmd)
+            for k, cmd in enumerate(cmds):
+                answer(cmd, 0, now + 1)
+                answer(cmd, 1, now + 1)
+            early = await acks.check(now + 2, timeout=60)
+            answer(cmds[0], 2, now + 3)
+            full = await acks.check(now + 4, timeout=60)
+            waiting = {c.id for c in await acks.outstanding()}
+            late = await acks.check(now + 61, timeout=60)
+            after = await acks.check(now + 62, timeout=60)
+            return cmds, early, full, waiting, late, after, {c.id for c in await acks.outstanding()}
+        finally:
+            await control.close()
+
+    cmds, early, full, waiting, late, after, left = run(go())
+    assert (early.overdue, early.confirmed) == ([], [])                  # rank 2 of each: not yet
+    ((s, answers),) = full.confirmed
+    assert s.command_id == cmds[0].id and sorted(answers) == [0, 1, 2]
+    assert waiting == {cmds[1].id}                                       # kept for its last rank
+    ((s, answers),) = late.confirmed
+    assert s.command_id == cmds[1].id and sorted(answers) == [0, 1] and late.overdue == []
+    n = acknowledged_notice(s, answers, s.ts + 61)
+    assert n.labels["ack_status"] == "partial" and n.summary.endswith("rank 2 did not answer within 61s")
+    assert (after.overdue, after.late, after.confirmed) == ([], [], []) and left == set()
+    r.close()
+
+
 def test_unacknowledged_brakes_of_many_runs_are_published_again_in_one_round_trip(services):
     """BrakeLane.resend re-signs every brake no worker acknowledged and publishes them again
     together: a fleet's outstanding brakes (runs without a listener, or gone) cost one round

@@ -145,6 +145,20 @@ def test_adjust_without_callback_is_acked_as_ignored(rig):
     assert [(a["action"], a["status"]) for a in acks] == [("adjust", "ignored")]
 
 
+def test_acknowledgements_carry_the_runs_world_size_so_the_monitor_waits_for_every_rank(rig, monkeypatch):
+    mon, inbox, acks, _ = rig(world_size=8)
+    inbox.deliver_command(command("adjust", {"beta": 2.0}))
+    mon.step_boundary()
+    assert [(a["status"], a["rank"], a["world_size"]) for a in acks] == [("ignored", 0, 8)]
+    # torchrun's WORLD_SIZE, when the script does not say
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    mon, inbox, acks, _ = rig()
+    inbox.deliver_command(command("adjust", {"beta": 2.0}))
+    mon.step_boundary()
+    assert acks[0]["world_size"] == 4
+
+
 def test_failing_callback_is_acked_as_failed_not_raised(rig):
     def boom(params, cmd):
         raise RuntimeError("optimizer has no beta")

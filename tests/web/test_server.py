@@ -187,7 +187,7 @@ def test_operator_commands_go_through_the_control_channel_signed():
                                 "status": "applied", "detail": "", "rank": rank, "ts": stop.ts + 1})
         async with s.get(base + "/api/run/audit?run=ppo-a", headers={"X-RLWatch-Token": TOKEN}) as r:
             audit = await r.json()
-        assert audit["answered"] == {"held": True, "said": "applied (ranks 0-1)", "ranks": 2}
+        assert audit["answered"] == {"held": True, "said": "applied (ranks 0-1)", "ranks": 2, "world": None}
         async with s.get(base + "/api/config") as r:
             assert (await r.json())["controls"]["enabled"] is True
     run(go, token=TOKEN, secret=SECRET)
@@ -431,6 +431,10 @@ def test_the_cockpit_counts_only_signed_answers_to_the_brake():
     assert _answered(cmd, [ack], SECRET) is None
     failed = {**ack, "rank": 1, "status": "failed", "detail": "stuck in a collective"}
     signed = [{**a, "signature": ack_signature(a, SECRET)} for a in (ack, failed)]
-    assert _answered(cmd, signed, SECRET) == {"held": False, "ranks": 2,
+    assert _answered(cmd, signed, SECRET) == {"held": False, "ranks": 2, "world": None,
                                               "said": "failed (rank 1): stuck in a collective; applied (rank 0)"}
     assert _answered(None, signed, SECRET) is None
+    # answers that give the run's size: a pause applied by two of four ranks does not hold yet
+    two = [{**a, "world_size": 4} for a in (ack, {**ack, "rank": 1})]
+    assert _answered(cmd, [{**a, "signature": ack_signature(a, SECRET)} for a in two], SECRET) == \
+        {"held": False, "ranks": 2, "world": 4, "said": "applied (ranks 0-1); no answer yet (ranks 2-3)"}

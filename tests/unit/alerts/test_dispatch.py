@@ -562,6 +562,48 @@ def test_an_acknowledged_pause_does_not_escalate_and_is_told_once_as_holding():
                             "1.5s after it was sent; the run is paused")
 
 
+def test_a_brake_is_told_once_every_rank_of_the_run_answered_or_names_the_silent_ones():
+    """Training processes put their run's world size in their acknowledgements: the notice
+    waits for all of them (ranks answer at their own step boundaries, over more than one tick),
+    and a rank still silent when the ack timeout passes is named; the brake is not said to
+    hold then, nor escalated (a rank answered)."""
+    control = MemoryControl()
+    d, clock, n, _ = rig(control=control, acks=MemoryAcks(control))
+
+    def answer(run_id, ranks):
+        cmd = control.audit[run_id][0]
+        for rank in ranks:
+            control.record_ack({"type": "ack", "command_id": cmd["id"], "run_id": run_id, "action": "pause",
+                                "status": "applied", "rank": rank, "world_size": 4, "ts": clock.t})
+
+    run(d.handle(alert(actions=["pause"])))
+    run(d.handle(alert(run_id="ppo-8b-b", actions=["pause"])))
+    answer("ppo-8b-a", (0, 1))
+    answer("ppo-8b-b", (0, 1, 2))
+    run(d.tick(clock.advance(2)))
+    assert [a.rule for a, _ in n["slack"].sent] == ["kl_above_target"] * 2     # ranks 2-3 of a: not yet
+    answer("ppo-8b-a", (2, 3))
+    run(d.tick(clock.advance(2)))
+    notes = [a for a, _ in n["slack"].sent if a.rule == "control_acknowledged"]
+    assert [a.run_id for a in notes] == ["ppo-8b-a"]
+    assert notes[0].summary.startswith("run ppo-8b-a: the pause for kl_above_target (red) holds: ranks 0-3 of 4 "
+                                       "acknowledged it")
+    assert (notes[0].labels["ack_status"], notes[0].labels["ack_world"], notes[0].labels["ack_silent"]) == \
+        ("applied", "4", "")
+    for _ in range(4):
+        run(d.tick(clock.advance(15)))
+    notes = [a for a, _ in n["slack"].sent if a.rule == "control_acknowledged"]
+    assert [a.run_id for a in notes] == ["ppo-8b-a", "ppo-8b-b"]
+    b = notes[1]
+    assert b.summary.startswith("run ppo-8b-b: the pause for kl_above_target (red) holds on 3 of 4 ranks: ranks 0-2 "
+                                "acknowledged it") and b.summary.endswith("; rank 3 did not answer within 64s")
+    assert (b.labels["ack_status"], b.labels["ack_silent"], b.labels["run_state"]) == ("partial", "3", "")
+    assert not any(a.rule == "control_unacknowledged" for a, _ in n["slack"].sent)
+    for _ in range(3):
+        run(d.tick(clock.advance(30)))
+    assert len([a for a, _ in n["slack"].sent if a.rule == "control_acknowledged"]) == 2
+
+
 def test_a_rules_adjust_that_the_script_ignored_is_told_once_and_never_escalates():
     control = MemoryControl()
     d, clock, n, _ = rig(control=control, acks=MemoryAcks(control))

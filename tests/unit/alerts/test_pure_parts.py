@@ -112,6 +112,34 @@ def test_a_brake_acknowledgement_says_what_each_rank_answered():
     assert n.fingerprint == m.fingerprint != acknowledged_notice(other, ok, T0 + 3).fingerprint
 
 
+def test_the_ranks_that_did_not_answer_are_named_and_the_brake_is_not_said_to_hold():
+    from alerts.escalation import complete
+    from alerts.notices import acknowledged_notice
+    from alerts.render import slack_blocks
+
+    pause = SentCommand("c1", "r", "pause", T0, "kl_spike", "red", 40, "pause")
+    seven = {r: {"status": "applied", "rank": r, "world_size": 8, "ts": T0 + 1.0} for r in range(8) if r != 5}
+    # told when all eight answered, or once the timeout passed
+    assert not complete(pause, seven, T0 + 10, 60)
+    assert complete(pause, seven, T0 + 60, 60)
+    assert complete(pause, {**seven, 5: {"status": "applied", "rank": 5, "world_size": 8}}, T0 + 2, 60)
+    assert complete(pause, {0: {"status": "applied", "rank": 0}}, T0 + 2, 60)     # size unknown: the first
+    n = acknowledged_notice(pause, seven, T0 + 61)
+    assert n.summary == ("run r: the pause for kl_spike (red) holds on 7 of 8 ranks: ranks 0-4, 6-7 acknowledged it "
+                         "1.0s after it was sent; rank 5 did not answer within 61s")
+    assert (n.labels["ack_status"], n.labels["ack_world"], n.labels["ack_silent"], n.labels["run_state"]) == \
+        ("partial", "8", "5", "")
+    _, head, attachments = slack_blocks(n)
+    assert head[0]["text"]["text"] == "⚠️ PAUSE holds on some ranks — r"
+    assert {"type": "mrkdwn", "text": "*Acknowledged by*\nranks 0-4, 6-7 of 8 after 1s\n*Silent:* rank 5"} in \
+        attachments[0]["blocks"][0]["fields"]
+    # a rank that failed is said first, the silent ones after
+    failed = {**seven, 0: {"status": "failed", "detail": "boom", "rank": 0, "world_size": 8, "ts": T0 + 1.0}}
+    f = acknowledged_notice(pause, failed, T0 + 61)
+    assert f.summary.endswith("answered failed (rank 0): boom; applied (ranks 1-4, 6-7); rank 5 did not answer within 61s")
+    assert f.labels["ack_status"] == "failed"
+
+
 def test_a_rules_adjust_or_rollback_is_told_applied_or_not():
     """The alert said the monitor adjusted the run; a script without on_adjust did nothing."""
     from alerts.notices import acknowledged_notice
