@@ -43,6 +43,9 @@ NOTICE_RULES = frozenset({OPERATOR_RULE, ACKNOWLEDGED_RULE})
 #: seconds a worker's clock may run ahead of the monitor's before its acknowledgement's time is
 #: not believed
 CLOCK_SLACK = 5.0
+#: the largest run size believed from an acknowledgement (the stream processor's limit of
+#: ranks per run); a larger one is not waited for
+MAX_WORLD = 4096
 #: what a run is once a worker applied each brake
 _STATE_AFTER = {"pause": "paused", "stop": "stopped"}
 
@@ -95,9 +98,10 @@ def say_ranks(ranks: list[int]) -> str:
 
 def world_of(answers: Mapping[int, Mapping[str, Any]]) -> int | None:
     """The run's number of ranks as its answers give it (the ``world_size`` a training process
-    puts in its acknowledgements); None when none says (one from an SDK before it did)."""
+    puts in its acknowledgements, up to :data:`MAX_WORLD`); None when none says (one from an
+    SDK before it did)."""
     sizes = [a.get("world_size") for a in answers.values()]
-    sizes = [w for w in sizes if isinstance(w, int) and not isinstance(w, bool) and w > 0]
+    sizes = [w for w in sizes if isinstance(w, int) and not isinstance(w, bool) and 0 < w <= MAX_WORLD]
     return max(sizes) if sizes else None
 
 

@@ -124,6 +124,7 @@ def test_the_ranks_that_did_not_answer_are_named_and_the_brake_is_not_said_to_ho
     assert complete(pause, seven, T0 + 60, 60)
     assert complete(pause, {**seven, 5: {"status": "applied", "rank": 5, "world_size": 8}}, T0 + 2, 60)
     assert complete(pause, {0: {"status": "applied", "rank": 0}}, T0 + 2, 60)     # size unknown: the first
+    assert complete(pause, {0: {"status": "applied", "rank": 0, "world_size": 10**9}}, T0 + 2, 60)  # not believed
     n = acknowledged_notice(pause, seven, T0 + 61)
     assert n.summary == ("run r: the pause for kl_spike (red) holds on 7 of 8 ranks: ranks 0-4, 6-7 acknowledged it "
                          "1.0s after it was sent; rank 5 did not answer within 61s")
