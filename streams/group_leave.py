@@ -71,7 +71,14 @@ def leave_on_close(coordinator: Any) -> None:
     so nothing rejoins after the leave; that is the step replaced here, for this coordinator."""
     if not getattr(coordinator, "_group_instance_id", None):
         return      # a dynamic member: aiokafka sends its own LeaveGroup
-    own = coordinator._maybe_leave_group
+    own = getattr(coordinator, "_maybe_leave_group", None)
+    needs = ("_send_req", "reset_generation", "generation", "group_id", "member_id")
+    if own is None or not all(hasattr(coordinator, name) for name in needs):
+        # another aiokafka than the one this was written against: its own close, said once
+        log.warning("rlwatch: this aiokafka's group coordinator has no %s; a static member's "
+                    "partitions go to the other workers when its session times out",
+                    ", ".join(n for n in ("_maybe_leave_group", *needs) if not hasattr(coordinator, n)))
+        return
 
     async def leave() -> None:
         if coordinator.generation <= 0:

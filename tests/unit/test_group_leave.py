@@ -70,3 +70,17 @@ def test_a_refused_or_lost_leave_is_said_and_the_stop_goes_on(caplog):
             asyncio.run(c._maybe_leave_group())
         assert "when its session times out" in caplog.text
         assert c.generation == -1
+
+
+def test_an_aiokafka_without_the_step_it_replaces_keeps_its_own_close_and_says_so(caplog):
+    """A later aiokafka may rename the coordinator's internals: the worker still starts (and
+    stops), and says that its partitions move when its session times out."""
+
+    class Renamed:
+        _group_instance_id, generation, group_id, member_id = "host-0", 3, "g", "member-1"
+
+    c = Renamed()
+    with caplog.at_level(logging.WARNING, "rlwatch"):
+        leave_on_close(c)
+    assert "no _maybe_leave_group" in caplog.text and "when its session times out" in caplog.text
+    assert not hasattr(c, "_maybe_leave_group")
