@@ -51,9 +51,14 @@ class KafkaTransport:
 
     SETTLE_SECONDS = 15.0   # how long send() waits for the client's answer on each record
 
+    #: what a broker answers a write with acks=all when the topic has fewer in-sync replicas than
+    #: its min.insync.replicas (a topic of one replica on a cluster that asks for two)
+    UNDER_REPLICATED = ("NotEnoughReplicasError", "NotEnoughReplicasAfterAppendError")
+
     def __init__(self, bootstrap: str, topic: str = "rlwatch.events", **config):
         self.bootstrap, self.topic, self.config = bootstrap, topic, config
         self._producer = None
+        self.acks_one = False     # acks=all was refused: publishing with acks=1 (said once)
 
     def _connect(self):
         from kafka import KafkaProducer
@@ -69,8 +74,8 @@ class KafkaTransport:
         ours = dict(linger_ms=5, acks=1, max_block_ms=2000, request_timeout_ms=5000, retries=2,
                     delivery_timeout_ms=8000, bootstrap_timeout_ms=2000, client_id="rlwatch-sdk")
         if "enable_idempotence" in known:
-            wants_all = self.config.get("acks", "all") in ("all", -1)
-            ours.update(acks="all", enable_idempotence=wants_all)
+            wants_all = self.config.get("acks", "all") in ("all", -1) and not self.acks_one
+            ours.update(acks="all" if wants_all else 1, enable_idempotence=wants_all)
         return KafkaProducer(bootstrap_servers=self.bootstrap,
                              **{**{k: v for k, v in ours.items() if k in known}, **self.config})
 
@@ -100,9 +105,21 @@ class KafkaTransport:
                 failed.append(i)
                 first = first or exc
         if failed:
+            if type(first).__name__ in self.UNDER_REPLICATED and "acks" not in self.config and not self.acks_one:
+                self._acks_one(first)
             if len(failed) == len(items):
                 raise first
             raise PartialDelivery(sorted(failed), first)
+
+    def _acks_one(self, refusal: BaseException) -> None:
+        """The broker refuses acks=all for the events topic: go on with acks=1 (the idempotent
+        producer needs all, so it goes too), and say so once: events keep flowing, and a
+        retry the client makes after a lost answer may then write a record twice."""
+        log.warning("rlwatch: the broker refused to write events with acks=all (%s: the topic %s has fewer "
+                    "in-sync replicas than its min.insync.replicas); publishing with acks=1 from now on",
+                    type(refusal).__name__, self.topic)
+        self.acks_one = True
+        self.close(1.0)       # the next send connects again, with acks=1
 
     def close(self, timeout):
         if self._producer is not None:

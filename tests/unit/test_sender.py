@@ -359,3 +359,50 @@ def test_a_record_the_client_never_answers_is_handed_back_after_the_wait():
     with pytest.raises(TimeoutError):
         t.send([(b"k", b"1")])
     assert time.monotonic() - t0 < 5
+
+
+def test_a_topic_that_refuses_acks_all_is_published_to_with_acks_1_and_said_once(monkeypatch, caplog):
+    """A topic of one replica on a cluster whose min.insync.replicas is 2 refuses every write with
+    acks=all: the SDK goes on with acks=1 rather than dropping every event of the run."""
+    import logging
+
+    import kafka
+    from kafka.errors import NotEnoughReplicasError
+
+    made = []
+
+    class Producer:
+        DEFAULT_CONFIG = {"bootstrap_servers": None, "acks": 1, "enable_idempotence": True, "linger_ms": 0,
+                          "max_block_ms": 0, "request_timeout_ms": 0, "retries": 0, "delivery_timeout_ms": 0,
+                          "bootstrap_timeout_ms": 0, "client_id": None}
+
+        def __init__(self, **configs):
+            made.append(configs)
+
+        def send(self, topic, key=None, value=None):
+            if made[-1]["acks"] == "all":
+                return Record(error=NotEnoughReplicasError("NOT_ENOUGH_REPLICAS"))
+            return Record()
+
+        def flush(self, timeout=None):
+            pass
+
+        def close(self, timeout=None):
+            pass
+
+    monkeypatch.setattr(kafka, "KafkaProducer", Producer)
+    t = KafkaTransport("127.0.0.1:9", "t")
+    with caplog.at_level(logging.WARNING, "rlwatch"):
+        with pytest.raises(NotEnoughReplicasError):
+            t.send([(b"k", b"1")])
+        t.send([(b"k", b"1")])          # the retry goes through, with acks=1
+        t.send([(b"k", b"2")])
+    assert [(m["acks"], m["enable_idempotence"]) for m in made] == [("all", True), (1, False)]
+    assert caplog.text.count("publishing with acks=1") == 1
+    # acks the user chose are the user's: no fallback
+    made.clear()
+    t = KafkaTransport("127.0.0.1:9", "t", acks="all")
+    for _ in range(2):
+        with pytest.raises(NotEnoughReplicasError):
+            t.send([(b"k", b"1")])
+    assert len(made) == 1 and not t.acks_one
