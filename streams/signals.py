@@ -470,7 +470,7 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
     if sig == "delta":
         return lambda: trk.values[-1] - trk.values[-2] if len(trk.values) >= 2 else NAN
     if sig in ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "ratio_to_max",
-               "over_max_z"):
+               "over_max_z", "shift_dz"):
         def split() -> list:
             """[level, reference median, reference (sorted), k level points, scale or None],
             once per new point (the scale only when a signal asks for it)."""
@@ -530,6 +530,17 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
                 # climbs past the reference's maximum by a step or two of it at a time
                 xs = win.xs
                 return _zscore(sp[0], sp[2][-1], diff_scale(islice(xs, 0, len(xs) - sp[3])))
+            return f
+        if sig == "shift_dz":
+            def f():
+                sp = split()
+                if sp[2] is None:
+                    return NAN
+                # shift_z in the reference's point-to-point noise: a window stretched to its
+                # points over a learning curve (a run logged every 20 steps) has a robust scale
+                # that is mostly the trend, which hides a crash; the changes' scale is not
+                xs = win.xs
+                return _zscore(sp[0], sp[1], diff_scale(islice(xs, 0, len(xs) - sp[3])))
             return f
         if sig == "range_pos":
             def f():
@@ -825,7 +836,8 @@ class Bank:
                 win.need_mk()
             elif signal in ("median", "min", "max", "range", "ratio_to_median", "robust_z", "rel_drop",
                             "rel_rise", "flat_range", "rel_trend", "shift_z", "level_ratio",
-                            "shift_rel", "range_pos", "level_to_max", "over_max_z", "ratio_to_max"):
+                            "shift_rel", "range_pos", "level_to_max", "over_max_z", "shift_dz",
+                            "ratio_to_max"):
                 win.need_sorted()
         value = _signal_reader(signal, win, trk, window, cycle, level)
         need_points = max(ready_points, min(min_steps, 5))

@@ -1393,6 +1393,7 @@ enum Sig {
     LevelToMax,
     RatioToMax,
     OverMaxZ,
+    ShiftDz,
     Median,
     Min,
     Max,
@@ -1436,6 +1437,7 @@ impl Sig {
             "level_to_max" => LevelToMax,
             "ratio_to_max" => RatioToMax,
             "over_max_z" => OverMaxZ,
+            "shift_dz" => ShiftDz,
             "median" => Median,
             "min" => Min,
             "max" => Max,
@@ -1766,6 +1768,19 @@ impl Core {
                 let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
                 let level = sp.level;
                 Ok(zscore(level, top, diff_scale(py, &head)?))
+            }
+            ShiftDz => {
+                self.split(py, r.win)?;
+                let w = &self.windows[r.win];
+                let sp = &w.cache_split.as_ref().unwrap().1;
+                if !sp.has_ref {
+                    return Ok(NAN);
+                }
+                let med = sp.med;
+                let end = (w.xs.len() as i64 - sp.k).max(0) as usize;
+                let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
+                let level = sp.level;
+                Ok(zscore(level, med, diff_scale(py, &head)?))
             }
             RangePos => {
                 self.split(py, r.win)?;
@@ -2348,6 +2363,7 @@ impl Bank {
                         | "range_pos"
                         | "level_to_max"
                         | "over_max_z"
+                        | "shift_dz"
                         | "ratio_to_max"
                 ) {
                     wd.need_sorted();

@@ -19,7 +19,7 @@ from tests.unit._core import feed_series, firing, resolved, rlhf_pack, step_even
 
 PACKS = Path(__file__).resolve().parents[2] / "rules" / "packs"
 
-NEW = ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "over_max_z",
+NEW = ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "over_max_z", "shift_dz",
        "ratio_to_max", "start_z", "ratio_to_start_max", "gain_t", "follow_z", "range",
        "noise_ratio")
 
@@ -100,6 +100,21 @@ def test_over_max_z_tells_a_jump_from_a_steep_learning_curve():
     assert max(v for v in run(ramp, "over_max_z", 50) if v == v) < 4
     jump = noisy(60, 0.5, 0.01) + [1.0] * 3
     assert run(jump, "over_max_z", 50)[-1] > 10
+
+
+def test_shift_dz_tells_a_crash_that_a_learning_curve_in_a_stretched_window_hides_from_shift_z():
+    """Logged every 20 steps, a 50-step window holds its 16 points over 320 steps of a steep
+    learning curve: their robust scale is mostly the rise, and shift_z sees a fall of 80 % as
+    a few of it. In their point-to-point noise the fall stands out; the curve alone does not."""
+    rng = random.Random(3)
+    curve = [0.3 + 0.04 * i + rng.gauss(0, 0.02) for i in range(16)]
+    crash = curve + [0.15, 0.17, 0.16]
+    assert run(crash, "shift_z", 50, every=20)[-1] > -4
+    assert run(crash, "shift_dz", 50, every=20)[-1] < -10
+    assert min(v for v in run(curve, "shift_dz", 50, every=20) if v == v) > 0      # rising: above
+    # without a trend the changes' scale is sqrt(2) the values' own: shift_dz is the milder
+    flat = [0.5 + rng.gauss(0, 0.02) for _ in range(60)] + [0.3] * 3
+    assert -run(flat, "shift_dz", 50)[-1] < -run(flat, "shift_z", 50)[-1]
 
 
 def test_start_z_and_gain_t_measure_the_run_against_its_own_warm_up():
