@@ -15,6 +15,7 @@ A test file::
         expect:                    # alerts that must fire (firing state), within `within` steps
           - {rule: kl_above_target, severity: red, step: 24, within: 3}
         absent: [nan_inf]          # rules that must not fire at all (any severity)
+        # or: absent: [{rule: nan_inf, severity: red}]   (that tier only)
 """
 
 from __future__ import annotations
@@ -42,24 +43,29 @@ def _value(tok: str) -> float | None:
 
 
 def expand_series(spec) -> list[float | None]:
-    """Values per step from a list or a promtool-style string (see the module doc)."""
+    """Values per step from a list or a promtool-style string (see the module doc). A token that
+    is none of the forms raises ValueError naming it."""
     if isinstance(spec, list):
         return [None if v in (None, "_") else float(v) for v in spec]
     out: list[float | None] = []
     for tok in str(spec).split():
-        if "x" in tok and not tok.lower().startswith(("nan", "inf")):
-            head, n = tok.rsplit("x", 1)
-            count = int(n)
-            # the +/- between start and increment (not an exponent's sign, as in 1e-3)
-            idx = max((i for i in range(1, len(head))
-                       if head[i] in "+-" and head[i - 1] not in "eE"), default=-1)
-            if idx > 0:
-                start, inc = float(head[:idx]), float(head[idx:])
-                out.extend(start + inc * i for i in range(count + 1))
+        try:
+            head, sep, n = tok.rpartition("x")
+            if sep and head and n.isdigit():
+                count = int(n)
+                # the +/- between start and increment (not an exponent's sign, as in 1e-3)
+                idx = max((i for i in range(1, len(head))
+                           if head[i] in "+-" and head[i - 1] not in "eE"), default=-1)
+                if idx > 0:
+                    start, inc = float(head[:idx]), float(head[idx:])
+                    out.extend(start + inc * i for i in range(count + 1))
+                else:
+                    out.extend([_value(head)] * (count + 1))
             else:
-                out.extend([_value(head)] * (count + 1))
-        else:
-            out.append(_value(tok))
+                out.append(_value(tok))
+        except ValueError:
+            raise ValueError(f"series token {tok!r} is not a value, '_', 'a x n' (n+1 copies, as 'NaNx3') "
+                             "or 'a+b x n' (a ramp)") from None
     return out
 
 
@@ -74,7 +80,10 @@ class TestOutcome:
 def _run_one(pack: Pack, case: dict) -> TestOutcome:
     name = case.get("name", "unnamed")
     run_id = case.get("run_id", "test-run")
-    series = {m: expand_series(v) for m, v in (case.get("series") or {}).items()}
+    try:
+        series = {m: expand_series(v) for m, v in (case.get("series") or {}).items()}
+    except (TypeError, ValueError) as exc:
+        return TestOutcome(name, False, [f"bad series: {exc}"])
     if not series:
         return TestOutcome(name, False, ["the test has no series"])
     if case.get("targets"):
@@ -86,6 +95,8 @@ def _run_one(pack: Pack, case: dict) -> TestOutcome:
     firing = []
     for step in range(n):
         metrics = {m: v[step] for m, v in series.items() if step < len(v) and v[step] is not None}
+        if not metrics:     # nothing logged at this step: no event, as from a run logging sparsely
+            continue
         ts = 1_700_000_000.0 + step * interval
         ev = parse_event({"schema": 1, "kind": "step", "run_id": run_id, "step": step,
                           "ts": ts, "metrics": metrics}, ts)
@@ -102,10 +113,19 @@ def _run_one(pack: Pack, case: dict) -> TestOutcome:
             problems.append(f"expected {exp['rule']}/{exp.get('severity', 'any')} at step "
                             f"{at if at is not None else 'any'}"
                             f"{f' (+{within})' if within else ''}; got {got or 'nothing'}")
-    for rule in case.get("absent") or []:
-        hits = [f"{a.rule}/{a.severity}@{a.step}" for a in firing if a.rule == rule]
+    for item in case.get("absent") or []:
+        if isinstance(item, str):
+            rule, severity = item, None
+        elif isinstance(item, dict) and isinstance(item.get("rule"), str) and set(item) <= {"rule", "severity"}:
+            rule, severity = item["rule"], item.get("severity")
+        else:
+            problems.append(f"absent: {item!r} is neither a rule id nor {{rule, severity}}")
+            continue
+        hits = [f"{a.rule}/{a.severity}@{a.step}" for a in firing
+                if a.rule == rule and (severity is None or a.severity == severity)]
         if hits:
-            problems.append(f"{rule} must not fire; it fired: {hits}")
+            what = f"{rule}/{severity}" if severity else rule
+            problems.append(f"{what} must not fire; it fired: {hits}")
     return TestOutcome(name, not problems, problems, [f"{a.rule}/{a.severity}@{a.step}" for a in firing])
 
 

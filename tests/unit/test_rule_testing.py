@@ -157,3 +157,58 @@ def test_a_file_without_tests_is_an_error(tmp_path):
     f.write_text("rules: rlhf\n")
     with pytest.raises(RuleFileError):
         run_rule_tests(f)
+
+
+def test_a_repeated_nan_or_inf_and_a_bad_token_said_by_name():
+    got = expand_series("NaNx2 Infx1 1")
+    assert [math.isnan(v) for v in got[:3]] == [True] * 3 and got[3:] == [math.inf, math.inf, 1.0]
+    with pytest.raises(ValueError, match="series token 'NaN x2'|'x2'"):
+        expand_series("1 x2")
+
+
+def test_absent_names_one_tier_and_a_bad_entry_fails_the_case(tmp_path):
+    """`absent: [{rule, severity}]` forbids that tier only; an entry of another shape is a
+    problem of the case (it used to match nothing, so the case could never fail)."""
+    f = tmp_path / "t.yaml"
+    f.write_text(textwrap.dedent("""
+        rules: rlhf
+        tests:
+          - name: a NaN loss is black, not red
+            series:
+              loss/value: "1x5 NaN"
+            absent: [{rule: nan_inf, severity: red}]
+          - name: a NaN loss is black (wrongly forbidden)
+            series:
+              loss/value: "1x5 NaN"
+            absent: [{rule: nan_inf, severity: black}]
+          - name: a bad entry
+            series:
+              loss/value: "1x5"
+            absent: [{rules: nan_inf}]
+          - name: a bad series
+            series:
+              loss/value: "1x5 oops"
+        """))
+    ok, black, bad, series = run_rule_tests(f)
+    assert ok.passed
+    assert not black.passed and "nan_inf/black must not fire" in black.problems[0]
+    assert not bad.passed and "neither a rule id nor {rule, severity}" in bad.problems[0]
+    assert not series.passed and "series token 'oops'" in series.problems[0]
+
+
+def test_a_step_where_nothing_is_logged_sends_no_event(tmp_path):
+    """A sparse series is a run that logs sparsely: the steps between its points are not
+    events (an empty one used to break a `for:` that counts logged points)."""
+    f = tmp_path / "t.yaml"
+    f.write_text(textwrap.dedent("""
+        rules: rlhf
+        tests:
+          - name: two logged NaN gradient norms 60 steps apart, every one logged, pause
+            series:
+              loss/policy: "0.7 _x28 0.7 _x28 0.7 _x28 0.7"
+              grad_norm/actor: "1 _x28 NaN _x28 NaN _x28 NaN"
+            expect:
+              - {rule: nan_inf, severity: red, step: 90}
+        """))
+    [o] = run_rule_tests(f)
+    assert o.passed, o.problems
