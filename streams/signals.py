@@ -521,26 +521,27 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
                 sp = split()
                 return NAN if sp[2] is None else _ratio(sp[0], sp[2][-1])
             return f
+        def noise_z(sp: list, center: float) -> float:
+            """The level against ``center`` in the reference's point-to-point noise."""
+            if sp[2] is None:
+                return NAN
+            xs = win.xs
+            return _zscore(sp[0], center, diff_scale(islice(xs, 0, len(xs) - sp[3])))
+
         if sig == "over_max_z":
+            # a trend, however steep, climbs past the reference's maximum by a step or two of
+            # its noise at a time; a jump does not
             def f():
                 sp = split()
-                if sp[2] is None:
-                    return NAN
-                # in units of the reference's point-to-point noise: a trend, however steep,
-                # climbs past the reference's maximum by a step or two of it at a time
-                xs = win.xs
-                return _zscore(sp[0], sp[2][-1], diff_scale(islice(xs, 0, len(xs) - sp[3])))
+                return noise_z(sp, sp[2][-1] if sp[2] is not None else NAN)
             return f
         if sig == "shift_dz":
+            # shift_z in that noise: a window stretched to its points over a learning curve (a
+            # run logged every 20 steps) has a robust scale that is mostly the trend, which
+            # hides a crash; the scale of the changes is not
             def f():
                 sp = split()
-                if sp[2] is None:
-                    return NAN
-                # shift_z in the reference's point-to-point noise: a window stretched to its
-                # points over a learning curve (a run logged every 20 steps) has a robust scale
-                # that is mostly the trend, which hides a crash; the changes' scale is not
-                xs = win.xs
-                return _zscore(sp[0], sp[1], diff_scale(islice(xs, 0, len(xs) - sp[3])))
+                return noise_z(sp, sp[1])
             return f
         if sig == "range_pos":
             def f():

@@ -1756,31 +1756,22 @@ impl Core {
                 }
                 Ok(ratio(sp.level, sp.top))
             }
-            OverMaxZ => {
+            // the level against a center in the reference's point-to-point noise: over_max_z
+            // (the reference's maximum: a trend climbs past it a step of noise at a time, a
+            // jump does not), shift_dz (its median: a learning curve swells the robust scale
+            // of a window stretched to its points, not that of the changes)
+            OverMaxZ | ShiftDz => {
                 self.split(py, r.win)?;
                 let w = &self.windows[r.win];
                 let sp = &w.cache_split.as_ref().unwrap().1;
                 if !sp.has_ref {
                     return Ok(NAN);
                 }
-                let top = sp.top;
+                let center = if matches!(r.sig, OverMaxZ) { sp.top } else { sp.med };
                 let end = (w.xs.len() as i64 - sp.k).max(0) as usize;
                 let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
                 let level = sp.level;
-                Ok(zscore(level, top, diff_scale(py, &head)?))
-            }
-            ShiftDz => {
-                self.split(py, r.win)?;
-                let w = &self.windows[r.win];
-                let sp = &w.cache_split.as_ref().unwrap().1;
-                if !sp.has_ref {
-                    return Ok(NAN);
-                }
-                let med = sp.med;
-                let end = (w.xs.len() as i64 - sp.k).max(0) as usize;
-                let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
-                let level = sp.level;
-                Ok(zscore(level, med, diff_scale(py, &head)?))
+                Ok(zscore(level, center, diff_scale(py, &head)?))
             }
             RangePos => {
                 self.split(py, r.win)?;
