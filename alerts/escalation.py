@@ -228,6 +228,15 @@ def complete(sent: SentCommand, answers: Mapping[int, dict], now: float, timeout
     return not silent_ranks(answers) or now - sent.ts >= timeout
 
 
+def ready_of(heard: list[tuple[SentCommand, dict[int, dict]]], now: float,
+             timeout: float) -> tuple[list[tuple[SentCommand, dict[int, dict]]], set[str]]:
+    """(the commands among ``heard`` whose answers are all in (:func:`complete`), to tell; the
+    ids of the others, which wait where they are for their silent ranks)."""
+    ready = [(s, a) for s, a in heard if complete(s, a, now, timeout)]
+    told = {s.command_id for s, _ in ready}
+    return ready, {s.command_id for s, _ in heard} - told
+
+
 def with_answers(confirmed: list[tuple[SentCommand, dict]], audits: Mapping[str, list],
                  secret: str | None) -> list[tuple[SentCommand, dict[int, dict]]]:
     """Each confirmed brake with the answers of its run's ranks read from the run's audit
@@ -270,9 +279,8 @@ class MemoryAcks:
         answered, stale = answered_of(self.asked.values(), acked, now)
         heard = confirmed_of(done, acked, current) + answered
         audits = {s.run_id: self.control.audit.get(s.run_id, []) for s, _ in heard}
-        confirmed = [(s, a) for s, a in with_answers(heard, audits, self.secret) if complete(s, a, now, timeout)]
+        confirmed, waiting = ready_of(with_answers(heard, audits, self.secret), now, timeout)
         told = {s.command_id for s, _ in confirmed}
-        waiting = {s.command_id for s, _ in heard} - told      # some ranks have not answered yet
         for s in [*overdue, *done]:
             if s.command_id in waiting:
                 continue
@@ -460,9 +468,8 @@ class RedisAcks:
         # what a run answered is told once all its ranks have (or after the timeout): until
         # then the command stays where it is, read again on the next check
         heard = confirmed_of(done, acked, current) + answered
-        heard = with_answers(heard, await self._audits(heard), self.secret)
-        ready = {s.command_id for s, a in heard if complete(s, a, now, timeout)}
-        waiting = {s.command_id for s, _ in heard} - ready
+        confirmed, waiting = ready_of(with_answers(heard, await self._audits(heard), self.secret), now, timeout)
+        ready = {s.command_id for s, _ in confirmed}
         done = [s for s in done if s.command_id not in waiting and await self._forget(s.command_id)]  # one caller each
         mine = []
         for s in overdue:
@@ -482,7 +489,7 @@ class RedisAcks:
                 won.add(cid)
         if stale:
             await self.redis.hdel(self.asked, *[c.id for c in stale])
-        return Checked(mine, resolved, [(s, a) for s, a in heard if s.command_id in ready and s.command_id in won])
+        return Checked(mine, resolved, [(s, a) for s, a in confirmed if s.command_id in won])
 
     async def _audits(self, confirmed: list) -> dict[str, list]:
         """The newest audit entries of the runs of ``confirmed`` (one round trip; read while a

@@ -31,7 +31,8 @@ from typing import Any
 from contract.alert import Alert
 
 __all__ = ["ACKNOWLEDGED_RULE", "NOTICE_RULES", "OPERATOR_RULE", "acknowledged_notice", "is_notice",
-           "notice_fingerprint", "notice_group", "say_answers", "say_ranks", "silent_ranks", "takes_notices",
+           "notice_fingerprint", "notice_group", "say_answers", "say_heard", "say_ranks", "silent_ranks",
+           "takes_notices",
            "world_of"]
 
 #: the rule name of an operator's notice
@@ -105,10 +106,20 @@ def world_of(answers: Mapping[int, Mapping[str, Any]]) -> int | None:
     return max(sizes) if sizes else None
 
 
-def silent_ranks(answers: Mapping[int, Mapping[str, Any]]) -> list[int]:
-    """The ranks of the run (:func:`world_of`) that have not answered."""
-    world = world_of(answers)
+def silent_ranks(answers: Mapping[int, Mapping[str, Any]], world: int | None = None) -> list[int]:
+    """The ranks of the run (``world`` ranks, else as :func:`world_of` gives it) that have not
+    answered."""
+    world = world or world_of(answers)
     return [r for r in range(world) if r not in answers] if world else []
+
+
+def say_heard(answers: Mapping[int, Mapping[str, Any]], world: int | None = None) -> tuple[bool, list[int], str]:
+    """(every rank that answered applied it, the silent ranks (:func:`silent_ranks`), the
+    answers in a few words followed by ``; no answer yet (ranks 2-3)``): what an operator is
+    shown while a run's ranks answer (``rlwatch pause --wait``, the dashboard's cockpit)."""
+    applied, said = say_answers(answers)
+    silent = silent_ranks(answers, world)
+    return applied, silent, said + (f"; no answer yet ({say_ranks(silent)})" if silent else "")
 
 
 def acknowledged_notice(sent, answers: Mapping[int, Mapping[str, Any]], now: float) -> Alert:

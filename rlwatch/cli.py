@@ -418,18 +418,13 @@ async def _answers(control, run_id: str, command_id: str, secret: str | None, se
 def _say_answers(what: str, run: str, waited: float, answers: dict, world: int | None) -> None:
     """Print the ranks' answers. A rank that did not apply the command exits with
     :data:`REFUSED` (its answer on stderr); a rank that did not answer with :data:`UNANSWERED`."""
-    from alerts.notices import world_of
-    from alerts.operator import say_answers, say_ranks
+    from alerts.notices import say_heard
 
-    world = world or world_of(answers)
-    missing = [r for r in range(world or 0) if r not in answers]
     if not answers:
         print(f"{run}: no answer within {waited:g}s (a run answers at its next step boundary, or at "
               f"once while paused; `rlwatch status {run}` shows it when it comes)")
         raise SystemExit(UNANSWERED)
-    ok, said = say_answers(answers)
-    if missing:
-        said += f"; no answer yet ({say_ranks(missing)})"
+    ok, missing, said = say_heard(answers, world)
     if not ok:
         print(f"rlwatch {what}: run {run} answered {said}", file=sys.stderr)
         raise SystemExit(REFUSED)

@@ -236,19 +236,16 @@ def _answered(cmd, history: list[dict], secret: str | None) -> dict | None:
     applied it, "said": "applied (ranks 0-6); no answer yet (rank 7)", "ranks": 7, "world": 8
     (None when the answers do not say)}``; None when no rank has answered yet (a
     state of "paused" is then the monitor's, not yet the run's)."""
-    from alerts.notices import say_ranks, silent_ranks, world_of
-    from alerts.operator import answers_of, say_answers
+    from alerts.notices import say_heard, world_of
+    from alerts.operator import answers_of
 
     if cmd is None:
         return None
     answers = answers_of(history, cmd.id, secret)
     if not answers:
         return None
-    held, said = say_answers(answers)
-    silent = silent_ranks(answers)
-    if silent:       # the run's world size is in its answers: the ranks not heard from yet
-        said += f"; no answer yet ({say_ranks(silent)})"
-    return {"held": held and not silent, "said": said, "ranks": len(answers), "world": world_of(answers)}
+    applied, silent, said = say_heard(answers)
+    return {"held": applied and not silent, "said": said, "ranks": len(answers), "world": world_of(answers)}
 
 
 async def api_incidents(request: web.Request) -> web.Response:
