@@ -23,8 +23,10 @@ from typing import Any, Callable, Protocol
 from contract.commands import (
     Command,
     RunControl,
+    AUDIT_LENGTH,
     applied_key,
     audit_key,
+    audit_since,
     channel,
     implied_state,
     next_state,
@@ -33,13 +35,23 @@ from contract.commands import (
     state_key,
 )
 
-__all__ = ["ControlChannel", "MemoryControl", "RedisControl", "pipelined", "redis_client"]
+__all__ = ["AUDIT_READ", "ControlChannel", "MemoryControl", "RedisControl", "audit_entries", "pipelined",
+           "redis_client"]
 
 log = logging.getLogger("rlwatch.alerts")
 
 APPLIED_TTL = 14 * 24 * 3600
 _SEEN_RUNS = 10_000     # state records remembered by a RedisControl (RedisControl._seen)
 _STALE_TRIES = 100      # a state changed by others this many times in a row: give up loudly
+
+#: audit entries read for the answers to one command, at most: the whole stream (trimmed
+#: approximately, it may hold more than its length)
+AUDIT_READ = 2 * AUDIT_LENGTH
+
+
+def audit_entries(entries: list) -> list[dict]:
+    """The entries of an ``XRANGE`` reply of an audit stream, as dicts (oldest first as read)."""
+    return [json.loads(fields[b"entry"]) for _, fields in entries if b"entry" in fields]
 
 #: Apply a command once, atomically (RedisControl._apply). KEYS: the run's state, the command's
 #: applied mark, the set of runs, the audit stream, the pending list. ARGV: whether a state
@@ -80,6 +92,9 @@ class ControlChannel(Protocol):
     async def status(self, run_id: str) -> RunControl: ...
     async def runs(self) -> list[str]: ...
     async def history(self, run_id: str, count: int = 50) -> list[dict]: ...
+    async def since(self, run_id: str, ts: float) -> list[dict]:
+        """The run's audit entries written since a command sent at ``ts`` (oldest first):
+        every answer of its ranks to it, however many ranks the run has."""
     async def close(self) -> None: ...
 
 
@@ -254,8 +269,11 @@ class RedisControl:
         return sorted(m.decode() for m in await self.redis.smembers(runs_key()))
 
     async def history(self, run_id: str, count: int = 50) -> list[dict]:
-        entries = await self.redis.xrevrange(audit_key(run_id), count=count)
-        return [json.loads(fields[b"entry"]) for _, fields in reversed(entries)]
+        return audit_entries(list(reversed(await self.redis.xrevrange(audit_key(run_id), count=count))))
+
+    async def since(self, run_id: str, ts: float) -> list[dict]:
+        return audit_entries(await self.redis.xrange(audit_key(run_id), min=audit_since(ts), max="+",
+                                                     count=AUDIT_READ))
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -298,6 +316,9 @@ class MemoryControl:
 
     async def history(self, run_id: str, count: int = 50) -> list[dict]:
         return self.audit.get(run_id, [])[-count:]
+
+    async def since(self, run_id: str, ts: float) -> list[dict]:
+        return self.audit.get(run_id, [])[-AUDIT_READ:]     # nothing older is kept in memory
 
     async def close(self) -> None:
         return None

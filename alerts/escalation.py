@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from contract.alert import SEVERITIES, Alert
-from contract.commands import Command, RunControl, ack_signature, acks_key, audit_key, state_key
+from contract.commands import Command, RunControl, ack_signature, acks_key, audit_key, audit_since, state_key
 
 __all__ = ["BRAKES", "Checked", "MemoryAcks", "RedisAcks", "SentCommand", "escalation_alert", "overdue_commands",
            "unreachable_alert"]
@@ -313,9 +313,6 @@ class MemoryAcks:
         return due
 
 
-#: the newest audit entries of a run read for the answers of its ranks to a confirmed brake
-AUDIT_READ = 1000
-
 #: stored commands RedisAcks keeps parsed, at most (then it parses afresh)
 PARSED_MEMORY = 20_000
 
@@ -492,17 +489,22 @@ class RedisAcks:
         return Checked(mine, resolved, [(s, a) for s, a in confirmed if s.command_id in won])
 
     async def _audits(self, confirmed: list) -> dict[str, list]:
-        """The newest audit entries of the runs of ``confirmed`` (one round trip; read while a
+        """The audit entries of the runs of ``confirmed`` since the earliest of their commands
+        was sent, every rank's answer however many ranks a run has (one round trip; read while a
         command that a rank answered waits for the others' answers, within the timeout)."""
-        runs = sorted({s.run_id for s, _ in confirmed})
-        if not runs:
+        from alerts.control import AUDIT_READ, audit_entries
+
+        since: dict[str, float] = {}
+        for s, _ in confirmed:
+            since[s.run_id] = min(s.ts, since.get(s.run_id, s.ts))
+        if not since:
             return {}
+        runs = sorted(since)
         async with self.redis.pipeline(transaction=False) as pipe:
             for r in runs:
-                pipe.xrevrange(audit_key(r), count=AUDIT_READ)
+                pipe.xrange(audit_key(r), min=audit_since(since[r]), max="+", count=AUDIT_READ)
             got = await pipe.execute()
-        return {r: [json.loads(fields[b"entry"]) for _, fields in reversed(entries) if b"entry" in fields]
-                for r, entries in zip(runs, got)}
+        return {r: audit_entries(entries) for r, entries in zip(runs, got)}
 
     async def _forget(self, command_id: str) -> bool:
         """Forget a settled brake; whether this call did (another worker's check may have)."""

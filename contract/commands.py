@@ -31,6 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "ACTIONS",
+    "AUDIT_LENGTH",
+    "AUDIT_SKEW",
     "FRESH_SECONDS",
     "SKEW_SECONDS",
     "STATE_ACTIONS",
@@ -40,6 +42,7 @@ __all__ = [
     "acks_key",
     "applied_key",
     "audit_key",
+    "audit_since",
     "channel",
     "implied_state",
     "next_state",
@@ -87,6 +90,21 @@ def applied_key(command_id: str) -> str:
 
 def audit_key(run_id: str) -> str:
     return f"{PREFIX}:audit:{run_id}"
+
+
+#: entries a run's audit stream keeps (trimmed approximately: Redis may keep a few more)
+AUDIT_LENGTH = 10_000
+
+#: how far the clock of the host that sent a command may run ahead of Redis's, whose clock
+#: numbers the audit entries: the answers to a command are read from this long before it was sent
+AUDIT_SKEW = 300.0
+
+
+def audit_since(ts: float) -> str:
+    """The first audit-stream id (``XRANGE`` start) that can hold an answer to a command sent
+    at ``ts`` (seconds since the epoch, the sender's clock): Redis numbers entries by its own
+    clock in milliseconds, so :data:`AUDIT_SKEW` earlier."""
+    return str(max(0, int((ts - AUDIT_SKEW) * 1000)))
 
 
 def runs_key() -> str:

@@ -392,8 +392,7 @@ ANSWER_GRACE = 1.0
 REFUSED, UNANSWERED = 3, 4
 
 
-async def _answers(control, run_id: str, command_id: str, secret: str | None, seconds: float,
-                   world: int | None) -> dict:
+async def _answers(control, cmd, secret: str | None, seconds: float, world: int | None) -> dict:
     """The answers of the run's ranks to a command (by rank), waited for up to ``seconds``:
     until each of its ``world`` ranks answered, or (its size unknown) :data:`ANSWER_GRACE`
     after the first answer. Without ``world``, the size the answers give (each training
@@ -404,7 +403,7 @@ async def _answers(control, run_id: str, command_id: str, secret: str | None, se
     deadline = time.monotonic() + seconds
     first = None
     while True:
-        got = answers_of(await control.history(run_id, 200 + 4 * (world or 0)), command_id, secret)
+        got = answers_of(await control.since(cmd.run_id, cmd.ts), cmd.id, secret)
         now = time.monotonic()
         if got and first is None:
             first = now
@@ -514,7 +513,7 @@ def cmd_command(args) -> int:
                 world = ((rec or {}).get("summary") or {}).get("world_size")
                 world = world if isinstance(world, int) and 0 < world <= 4096 else None
                 _say_answers(what, args.run, args.wait, await _answers(
-                    control, args.run, cmd.id, settings.control_secret, args.wait, world), world)
+                    control, cmd, settings.control_secret, args.wait, world), world)
             elif what in ("adjust", "rollback", "snapshot"):
                 print(ONE_SHOT_NOTE.format(action=what, run=args.run))
             if what == "resume":

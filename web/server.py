@@ -221,12 +221,14 @@ async def api_audit(request: web.Request) -> web.Response:
     try:
         st = await control.status(run)
         hist = await control.history(run, _int(request, "count", 50, 1, 500))
+        # every rank's answer to the command that set the state, however many ranks answered
+        answers = await control.since(run, st.command.ts) if st.command is not None else []
     except Exception as exc:  # noqa: BLE001 - Redis down: say so, keep the page alive
         return _json(request, {"run_id": run, "state": None, "history": [],
                                "error": f"control channel unreachable: {exc}"}, status=503)
     return _json(request, {"run_id": run, "state": st.state,
                            "command": st.command.model_dump(exclude_none=True) if st.command else None,
-                           "answered": _answered(st.command, hist, getattr(control, "secret", None)),
+                           "answered": _answered(st.command, answers, getattr(control, "secret", None)),
                            "history": hist})
 
 

@@ -423,6 +423,64 @@ def test_a_brake_is_confirmed_once_every_rank_answered_or_after_the_timeout(serv
     r.close()
 
 
+def test_a_brake_on_a_run_of_thousands_of_ranks_is_confirmed_with_every_answer(services):
+    """The answers to a brake are read from the run's audit stream since the brake was sent,
+    not from its newest entries: on a run of 1,500 ranks whose stream also holds 1,200 answers
+    to an earlier command, the tracker, `rlwatch pause --wait` and the cockpit (all through
+    ``since``) see every rank's answer, and the brake is told as holding on all of them, not as
+    partial at the timeout."""
+    from alerts.escalation import RedisAcks
+    from alerts.notices import acknowledged_notice
+    from alerts.operator import answers_of
+
+    world = 1500
+    ns = "rlwatch:big-" + uuid.uuid4().hex[:8]
+    run_id = "big-" + uuid.uuid4().hex[:6]
+    r = redis_sync.Redis.from_url(services["redis"])
+
+    def answers(cmd, ranks, now):
+        pipe = r.pipeline(transaction=False)
+        for rank in ranks:
+            ack = {"type": "ack", "command_id": cmd.id, "run_id": cmd.run_id, "action": cmd.action,
+                   "status": "applied", "rank": rank, "world_size": world, "ts": now}
+            ack["signature"] = ack_signature(ack, SECRET)
+            pipe.xadd(audit_key(cmd.run_id), {"entry": json.dumps(ack)})
+        pipe.hset(acks_key(cmd.run_id), cmd.id, json.dumps(ack))
+        pipe.execute()
+
+    # written long before (an id of 1970): outside any brake's window, never read for one
+    r.xadd(audit_key(run_id), {"entry": json.dumps({"type": "ack", "command_id": "old", "rank": 0})}, id="1000-0")
+
+    async def go():
+        control = RedisControl(services["redis"], SECRET)
+        acks = RedisAcks(control.redis, ns, SECRET)
+        now = time.time()
+        try:
+            before = Command(run_id=run_id, action="adjust", params={"lr": 0.5}, ts=now - 30).signed(SECRET)
+            await control.send(before)
+            answers(before, range(1200), now - 29)
+            cmd = Command(run_id=run_id, action="pause", ts=now, rule="kl_spike", severity="red",
+                          step=9).signed(SECRET)
+            await control.send(cmd)
+            await acks.expect(cmd)
+            answers(cmd, range(world), now + 1)
+            checked = await acks.check(now + 2, timeout=60)
+            read = await control.since(run_id, cmd.ts)
+            return cmd, checked, read, {c.id for c in await acks.outstanding()}
+        finally:
+            await control.close()
+
+    cmd, checked, read, left = run(go())
+    ((s, got),) = checked.confirmed
+    assert s.command_id == cmd.id and sorted(got) == list(range(world)) and checked.overdue == []
+    n = acknowledged_notice(s, got, s.ts + 2)
+    assert n.labels["ack_status"] != "partial" and f"ranks 0-{world - 1} of {world}" in n.summary
+    assert left == set()
+    assert sorted(answers_of(read, cmd.id, SECRET)) == list(range(world))
+    assert all(e.get("command_id") != "old" for e in read)
+    r.close()
+
+
 def test_unacknowledged_brakes_of_many_runs_are_published_again_in_one_round_trip(services):
     """BrakeLane.resend re-signs every brake no worker acknowledged and publishes them again
     together: a fleet's outstanding brakes (runs without a listener, or gone) cost one round

@@ -188,6 +188,15 @@ def test_operator_commands_go_through_the_control_channel_signed():
         async with s.get(base + "/api/run/audit?run=ppo-a", headers={"X-RLWatch-Token": TOKEN}) as r:
             audit = await r.json()
         assert audit["answered"] == {"held": True, "said": "applied (ranks 0-1)", "ranks": 2, "world": None}
+        # a run of 64 ranks: every answer counts, not only those among the history shown (50)
+        for rank in range(64):
+            control.record_ack({"type": "ack", "command_id": stop.id, "run_id": "ppo-a", "action": "stop",
+                                "status": "applied", "detail": "", "rank": rank, "world_size": 64,
+                                "ts": stop.ts + 2})
+        async with s.get(base + "/api/run/audit?run=ppo-a", headers={"X-RLWatch-Token": TOKEN}) as r:
+            audit = await r.json()
+        assert len(audit["history"]) == 50
+        assert audit["answered"] == {"held": True, "said": "applied (ranks 0-63)", "ranks": 64, "world": 64}
         async with s.get(base + "/api/config") as r:
             assert (await r.json())["controls"]["enabled"] is True
     run(go, token=TOKEN, secret=SECRET)
