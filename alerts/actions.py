@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from contract.alert import Alert
 from contract.commands import Command
 
-__all__ = ["COMMAND_ACTIONS", "Enforcement", "EnforcementPolicy", "commands_for"]
+__all__ = ["COMMAND_ACTIONS", "Enforcement", "EnforcementPolicy", "command_id", "commands_for"]
 
 COMMAND_ACTIONS = ("pause", "stop", "rollback", "adjust", "snapshot")
 
@@ -62,6 +62,12 @@ def may_command(alert: Alert) -> bool:
     return alert.state == "firing" and any(a in COMMAND_ACTIONS for a in alert.actions)
 
 
+def command_id(key: str, action: str) -> str:
+    """The id of the ``action`` command an alert of delivery key ``key`` sends (the same each
+    time it is handled, so a worker applies it once; an incident names its commands by it)."""
+    return hashlib.sha256(f"{key}|{action}".encode()).hexdigest()[:32]
+
+
 def commands_for(alert: Alert, now: float, enforcement: Enforcement = Enforcement(),
                  secret: str | None = None, key: str | None = None) -> list[Command]:
     """The commands a firing alert sends (in order: stop before pause before the rest).
@@ -86,7 +92,7 @@ def commands_for(alert: Alert, now: float, enforcement: Enforcement = Enforcemen
             if not alert.rollback_to:
                 continue  # no checkpoint reported before the onset: nothing to roll back to
             params = {"to_step": alert.rollback_to["step"], "checkpoint": alert.rollback_to["checkpoint"]}
-        ids = {"id": hashlib.sha256(f"{key}|{action}".encode()).hexdigest()[:32]} if key else {}
+        ids = {"id": command_id(key, action)} if key else {}
         cmd = Command(**ids, run_id=alert.run_id, action=action, params=params, ts=now,
                       reason=f"{alert.rule} ({alert.severity}): {alert.summary}",
                       issuer=f"rule:{alert.rule}", rule=alert.rule, severity=alert.severity,

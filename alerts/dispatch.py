@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from alerts.actions import COMMAND_ACTIONS, Enforcement, commands_for
+from alerts.actions import COMMAND_ACTIONS, Enforcement, command_id, commands_for
 from alerts.brake import BRAKE_RETRY, BrakeLane
 from alerts.control import ControlChannel
 from alerts.delivery import Drainer, StoreHealth, delivery_key, notice_item
@@ -271,7 +271,8 @@ class Dispatcher:
         for alert, out, snapshot, done in todo:
             note = {"actions_advisory": out.advisory} if out.advisory else {}
             if self.incidents is not None and alert.state == "firing" and "snapshot" in alert.actions:
-                inc = make_incident(alert, snapshot, now, done)
+                key = delivery_key(alert)
+                inc = make_incident(alert, snapshot, now, done, {a: command_id(key, a) for a in done})
                 incidents.append(inc)
                 out.incident = inc["id"]
                 note = {"incident": inc["id"], **note}

@@ -18,8 +18,8 @@ from alerts.control import pipelined
 from contract.alert import Alert, Raw, read_json, splice_json
 from contract.events import record_json
 
-__all__ = ["IncidentStore", "MemoryIncidents", "RedisIncidents", "incident_id", "incident_json",
-           "make_incident"]
+__all__ = ["IncidentStore", "MemoryIncidents", "RedisIncidents", "answered_commands", "incident_id",
+           "incident_json", "make_incident"]
 
 TTL = 30 * 24 * 3600
 
@@ -33,7 +33,8 @@ def incident_id(alert: Alert) -> str:
 _SHORT_SNAPSHOT = 16
 
 
-def make_incident(alert: Alert, snapshot: dict | Raw | None, now: float, done: list[str]) -> dict:
+def make_incident(alert: Alert, snapshot: dict | Raw | None, now: float, done: list[str],
+                  commands: dict[str, str] | None = None) -> dict:
     """The incident record of ``alert``: plain JSON values throughout (the alert and its
     snapshot as their JSON reads back, non-finite numbers as the contract's strings), the
     same in memory as a store reads back. A snapshot that comes as its JSON text (a
@@ -43,21 +44,38 @@ def make_incident(alert: Alert, snapshot: dict | Raw | None, now: float, done: l
     data.pop("snapshot", None)
     if isinstance(snapshot, Raw):
         if len(snapshot) > _SHORT_SNAPSHOT:
-            return _incident(alert, data, now, done, snapshot)
+            return _incident(alert, data, now, done, commands, snapshot)
         snapshot = read_json(bytes(snapshot))
     # through pydantic-core's writer and msgspec's reader: a tenth of the time of walking
     # the snapshot (thousands of numbers) in Python
-    return _incident(alert, data, now, done, read_json(record_json(snapshot)) if snapshot else
+    return _incident(alert, data, now, done, commands, read_json(record_json(snapshot)) if snapshot else
                      {"note": "no snapshot data came with this alert (the processor keeps none "
                               "for this run)"})
 
 
-def _incident(alert: Alert, data: dict, now: float, done: list[str], snapshot) -> dict:
+def _incident(alert: Alert, data: dict, now: float, done: list[str], commands: dict[str, str] | None,
+              snapshot) -> dict:
     return {
         "id": incident_id(alert), "created": now, "run_id": alert.run_id, "rule": alert.rule,
         "severity": alert.severity, "step": alert.step, "onset_step": alert.onset_step,
-        "summary": alert.summary, "actions_taken": done, "alert": data, "snapshot": snapshot,
+        "summary": alert.summary, "actions_taken": done, "commands": dict(commands or {}),
+        "alert": data, "snapshot": snapshot,
     }
+
+
+def answered_commands(incident: dict, entries: list, secret: str | None) -> dict[str, str]:
+    """What the run's ranks answered to each command the incident's alert sent it (action ->
+    the answers in a few words, or that none came), from the run's audit entries since the
+    incident (:meth:`alerts.control.RedisControl.since`; signed answers only, with a control
+    secret): did the training side keep its snapshot, does the pause hold?"""
+    from alerts.notices import say_heard
+    from alerts.operator import answers_of
+
+    out = {}
+    for action, cid in (incident.get("commands") or {}).items():
+        answers = answers_of(entries, cid, secret)
+        out[action] = say_heard(answers)[2] if answers else "no answer from the run"
+    return out
 
 
 def incident_json(incident: dict) -> bytes:

@@ -677,7 +677,21 @@ def cmd_incidents(args) -> int:
     ns = namespace(_settings(args, args.cmd))      # the application's incidents
 
     if args.incidents_cmd == "show":
-        inc = _redis_run(args, lambda r: RedisIncidents(r, ns).get(args.id))
+        settings = _settings(args, args.cmd)
+
+        async def show(r):
+            from alerts.control import RedisControl
+            from alerts.incidents import answered_commands
+
+            inc = await RedisIncidents(r, ns).get(args.id)
+            if inc is not None and inc.get("commands"):
+                # what the run answered to the commands (the training side's snapshot, the pause)
+                control = RedisControl(settings.redis, settings.control_secret, redis=r)
+                entries = await control.since(inc["run_id"], inc["created"])
+                inc["answered"] = answered_commands(inc, entries, settings.control_secret)
+            return inc
+
+        inc = _redis_run(args, show)
         if inc is None:
             raise SystemExit(f"rlwatch incidents: no single incident with id {args.id!r}")
         if args.json:
@@ -688,6 +702,8 @@ def cmd_incidents(args) -> int:
               f"(onset {inc['onset_step']})")
         print(f"  {inc['summary']}")
         print(f"  monitor did: {', '.join(inc.get('actions_taken') or []) or 'nothing'}")
+        for action, said in (inc.get("answered") or {}).items():
+            print(f"  run answered {action}: {said}")
         if "note" in snap:
             print(f"  {snap['note']}")
             return 0

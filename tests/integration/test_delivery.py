@@ -1124,6 +1124,24 @@ route:
         assert snap["ranks"]["0"]["batch_ids"] == [f"batch-{inc['step']}"]
         shown = rlwatch("incidents", "show", inc["id"][:8], redis_url=redis_url, env_extra=app)
         assert shown.returncode == 0 and "kl_above_target" in shown.stdout and "offending step" in shown.stdout
+        # the incident names the commands sent to the run, and says what the run answered to
+        # each: nothing yet (this run has no control listener) ...
+        assert set(full["commands"]) == {"pause", "snapshot"}
+        assert full["answered"] == {"pause": "no answer from the run", "snapshot": "no answer from the run"}
+        assert "run answered snapshot: no answer from the run" in shown.stdout
+        # ... then a rank's signed answer (a script without on_snapshot), and a forged one
+        ack = {"type": "ack", "command_id": full["commands"]["snapshot"], "run_id": run_id, "action": "snapshot",
+               "status": "ignored", "detail": "no on_snapshot callback", "rank": 0, "ts": time.time()}
+        forged = {**ack, "status": "applied", "rank": 1, "signature": "0" * 64}
+        ack["signature"] = ack_signature(ack, CONTROL_SECRET)
+        r = redis_sync.Redis.from_url(redis_url)
+        for entry in (ack, forged):
+            r.xadd(f"rlwatch:audit:{run_id}", {"entry": json.dumps(entry)})
+        r.close()
+        env_ctl = {**app, "RLWATCH_CONTROL_SECRET": CONTROL_SECRET}
+        shown = rlwatch("incidents", "show", inc["id"], redis_url=redis_url, env_extra=env_ctl)
+        assert "run answered snapshot: ignored (rank 0): no on_snapshot callback" in shown.stdout, shown.stdout
+        assert "run answered pause: no answer from the run" in shown.stdout
         # the webhook got the red alert too, without the snapshot (it stays in Redis)
         hook = rec.wait_for("/hook", lambda r: r.json().get("run_id") == run_id and r.json().get("rule") == "kl_above_target"
                             and r.json().get("severity") == "red")[0].json()
