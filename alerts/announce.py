@@ -11,7 +11,11 @@ the process that sent the command: the command is already applied, and the opera
 and then which receivers took it. A silence that matches the notice mutes it, as it mutes any
 notification. A receiver that fails, or does not answer within ``timeout``, is reported to the
 operator, and the notice is left in the worker's outbox (with a Redis) for the workers' timer to
-retry, as any notification is.
+retry, as any notification is: but only for a receiver some monitor worker sends to (each says
+so in the outbox, :meth:`alerts.delivery.Drainer.note_receivers`). A receiver configured only
+where the command was sent (``RLWATCH_SLACK_WEBHOOK`` in the operator's shell, not the
+workers') would never be retried: its notice is not kept, and the operator is told so
+(:attr:`Announced.unqueued`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from alerts.delivery import notice_item
+from alerts.delivery import DRAINED_WITHIN, notice_item
 from alerts.notices import takes_notices
 from alerts.notifiers import Notifier, PermanentDeliveryError
 from alerts.operator import operator_notice
@@ -41,12 +45,14 @@ log = logging.getLogger("rlwatch.announce")
 @dataclass
 class Announced:
     """What became of a notice: the receivers that took it, those that failed (name -> why),
-    those a silence muted (name -> the silence), and those left to the workers to retry."""
+    those a silence muted (name -> the silence), those left to the workers to retry, and those
+    that failed and are not left to them, no worker sending to them (name -> why)."""
 
     sent: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     silenced: dict[str, str] = field(default_factory=dict)
     retrying: list[str] = field(default_factory=list)
+    unqueued: dict[str, str] = field(default_factory=dict)
 
 
 class Announcer:
@@ -101,6 +107,7 @@ class Announcer:
                 return out
         results = await asyncio.gather(*(self._send(name, alert) for name in targets),
                                        return_exceptions=True)
+        keep: list[tuple[str, float | None]] = []
         for name, r in zip(targets, results):
             if isinstance(r, BaseException):
                 why_not = "no answer within %gs" % self.timeout if isinstance(r, asyncio.TimeoutError) \
@@ -109,18 +116,42 @@ class Announcer:
                 log.error("rlwatch: telling %s of the %s of run %s failed: %s", name, cmd.action,
                           cmd.run_id, out.failed[name])
                 if not isinstance(r, PermanentDeliveryError):
-                    await self._keep(name, alert, now, out, getattr(r, "retry_after", None))
+                    keep.append((name, getattr(r, "retry_after", None)))
             else:
                 out.sent.append(name)
+        if keep and self.outbox is not None:
+            drained = await self._drained(now)
+            for name, retry_after in keep:
+                await self._keep(name, alert, now, out, retry_after, drained)
         return out
 
     async def _send(self, name: str, alert) -> None:
         await asyncio.wait_for(self.notifiers[name].send(alert, []), self.timeout)
 
-    async def _keep(self, name: str, alert, now: float, out: Announced, retry_after: float | None) -> None:
+    async def _drained(self, now: float) -> set[str] | None:
+        """The receivers some monitor worker said it sends to within ``DRAINED_WITHIN`` seconds
+        of ``now`` (None: that could not be read)."""
+        try:
+            seen = await self.outbox.receivers_seen()  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - unread: a failed notice is kept, as it always was
+            log.error("rlwatch: could not read which receivers the monitor workers send to (%s): a "
+                      "failed notice is kept for a retry whatever its receiver", self._safe(exc))
+            return None
+        return {name for name, at in seen.items() if now - at <= DRAINED_WITHIN}
+
+    async def _keep(self, name: str, alert, now: float, out: Announced, retry_after: float | None,
+                    drained: set[str] | None = None) -> None:
         """Queue a failed notice in the outbox, due after the retry policy's first wait, for
-        the workers' timer to send (the failure is the operator's news already)."""
+        the workers' timer to send (the failure is the operator's news already); not when no
+        worker sends to ``name`` (``drained``, None: unknown), which ``out.unqueued`` says."""
         if self.outbox is None:
+            return
+        if drained is not None and name not in drained:
+            out.unqueued[name] = (f"no monitor worker sends to {name} (it is configured only here)"
+                                  if drained else
+                                  f"no monitor worker is running to send to {name} (none seen in the last "
+                                  f"{DRAINED_WITHIN / 60:.0f} minutes)") + ": not kept for a retry"
+            log.error("rlwatch: the %s notice for %s: %s", name, alert.run_id, out.unqueued[name])
             return
         item = notice_item(alert, name, now, now + self.retry.delay(1, retry_after), attempts=1,
                            error=out.failed.get(name, ""))

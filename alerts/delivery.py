@@ -12,6 +12,11 @@ handling an alert never waits on a receiver.
 
 Each notification is sent at most once per (receiver, alert key): the outbox's mark, set when it
 is queued and replaced by the outcome, is the one idempotency mechanism of delivery.
+
+A worker says in the outbox which receivers it sends to (:meth:`Drainer.note_receivers`, from
+the timer): an operator's notice that failed is kept there for a retry only for a receiver some
+worker sends to (:mod:`alerts.announce`); the items of a receiver no worker sends to (kept by an
+older version) are named in the log and dead-lettered once old (:meth:`Drainer.bury_strays`).
 """
 
 from __future__ import annotations
@@ -40,6 +45,15 @@ NOT_NOTIFIED = (None, "silenced", "inhibited", "skipped", "dead")
 #: pass goes on with another (the worker notifies many alerts at once, and only the timer's
 #: next tick took the rest)
 PASS_ITEMS = 100
+#: seconds between a worker's notes of the receivers it sends to, at most one a timer tick
+NOTE_EVERY = 30.0
+#: a receiver noted by a worker within this many seconds is one a worker sends to
+DRAINED_WITHIN = 300.0
+#: seconds between a worker's checks for items of receivers no worker sends to (one worker of
+#: the deployment per period does the check: :meth:`Outbox.turn`)
+STRAY_EVERY = 600.0
+#: items of a receiver no worker sends to are dead-lettered once queued this many seconds ago
+STRAY_AGE = 3600.0
 
 
 def delivery_key(alert: Alert) -> str:
@@ -105,6 +119,8 @@ class Drainer:
         self.failures = 0
         self._lanes: dict[str, asyncio.Task] = {}
         self._again: set[str] = set()
+        self._noted: float | None = None       # when this worker last noted its receivers
+        self._strays_told: set[str] = set()    # receivers no worker sends to, logged once each
 
     @property
     def _run_scoped(self) -> bool:
@@ -145,6 +161,46 @@ class Drainer:
         for t in self._lanes.values():
             t.cancel()
         await asyncio.gather(*self._lanes.values(), return_exceptions=True)
+
+    # -- which receivers the workers send to ----------------------------------------------------
+    async def note_receivers(self, now: float) -> None:
+        """Say in the outbox that this worker sends to its receivers, once per ``NOTE_EVERY``
+        seconds at most (an operator's notice that failed is kept for a retry only for a
+        receiver some worker noted within ``DRAINED_WITHIN``)."""
+        if self._noted is not None and self._noted <= now < self._noted + NOTE_EVERY:
+            return
+        await self.outbox.note_receivers(list(self.notifiers), now)
+        self._noted = now
+
+    async def bury_strays(self, now: float) -> int:
+        """The items waiting for a receiver that neither this worker nor any other (lately)
+        sends to: each such receiver named in the log (once), its items dead-lettered once
+        queued ``STRAY_AGE`` ago. The number dead-lettered."""
+        seen = await self.outbox.receivers_seen()
+        drained = {name for name, at in seen.items() if now - at <= DRAINED_WITHIN}
+        buried = 0
+        for name in await self.outbox.queued_receivers():
+            if name in self.notifiers or name in drained:
+                continue
+            if name not in self._strays_told:
+                self._strays_told.add(name)
+                log.error("rlwatch: %d notification(s) wait in the outbox for %s, which no monitor worker "
+                          "sends to (it is configured only where they were queued, or no longer): dead-lettered "
+                          "once %.0f min old (said once)", await self.outbox.pending(name), name, STRAY_AGE / 60)
+            # an item is due at or after it was queued: those due STRAY_AGE ago are that old at least
+            n = 0
+            while True:
+                old = await self.outbox.take_due(name, now - STRAY_AGE, limit=PASS_ITEMS, lease=0.0)
+                for it in old:
+                    await self.outbox.bury(it, f"no monitor worker sends to {name}")
+                n += len(old)
+                if len(old) < PASS_ITEMS:
+                    break
+            if n:
+                buried += n
+                log.error("rlwatch: dead-lettered %d notification(s) for %s, which no monitor worker "
+                          "sends to", n, name)
+        return buried
 
     # -- one pass -------------------------------------------------------------------------------
     async def drain(self, now: float | None = None, receivers: Iterable[str] | None = None,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from alerts.actions import COMMAND_ACTIONS, Enforcement, command_id, commands_for
 from alerts.brake import BRAKE_RETRY, BrakeLane
 from alerts.control import ControlChannel
-from alerts.delivery import Drainer, StoreHealth, delivery_key, notice_item
+from alerts.delivery import STRAY_EVERY, Drainer, StoreHealth, delivery_key, notice_item
 from alerts.escalation import RESEND_MOST, AckTracker, escalation_alert, unreachable_alert
 from alerts.notices import acknowledged_notice, takes_notices
 from alerts.grouping import GroupClock, due, group_key, repeat_due
@@ -107,6 +107,9 @@ class Dispatcher:
                                 safe=self._safe) if control is not None else None
         self._direct_tasks: set[asyncio.Task] = set()
         self.direct_failures = 0
+        #: when this worker last asked for the turn of :meth:`Drainer.bury_strays` (its first
+        #: tick only starts the count: the deployment's other workers say what they send to first)
+        self._strays_at: float | None = None
 
     @property
     def failures(self) -> int:
@@ -376,14 +379,25 @@ class Dispatcher:
 
         The first part reads the whole fleet's state (its firing alerts and group clocks, its
         brakes not acknowledged) and acts on it once for all: one worker of the deployment does
-        it per ``fleet_turn`` seconds (:meth:`Outbox.turn`), not every worker at every tick."""
+        it per ``fleet_turn`` seconds (:meth:`Outbox.turn`), not every worker at every tick.
+
+        The tick also says which receivers this worker sends to (:meth:`Drainer.note_receivers`)
+        and, one worker per ``STRAY_EVERY`` seconds, settles the items of receivers no worker
+        sends to (:meth:`Drainer.bury_strays`)."""
         now = self.clock() if now is None else now
         try:
+            await self.drainer.note_receivers(now)
             if await self.outbox.turn("timer", now, self.fleet_turn):
                 await self._repeats(now)
                 await self.check_acks(now, wait=wait)
                 if self.brakes is not None:
                     await self.brakes.resend(now)
+            if self._strays_at is None:
+                self._strays_at = now
+            elif not self._strays_at <= now < self._strays_at + STRAY_EVERY:
+                self._strays_at = now
+                if await self.outbox.turn("strays", now, STRAY_EVERY):
+                    await self.drainer.bury_strays(now)
         except Exception as exc:  # noqa: BLE001 - Redis down: the next tick tries again
             self.health.failed(exc, "checking repeats and acknowledgements", now)
             return 0

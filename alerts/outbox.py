@@ -19,7 +19,9 @@ Redis keys (prefix ``rlwatch:<app id>:outbox:``, so deployments sharing a Redis 
 other's notifications): ``items`` (hash id -> item), ``due:<receiver>`` (zset),
 ``steps:<run>`` (zset id -> step), ``mark:<id>`` (outcome), ``dead:<receiver>`` (list),
 ``groups`` (hash), ``active`` (hash fingerprint -> alert), ``active:<run>`` (the same, one
-run's), ``runstep`` (hash run -> step).
+run's), ``runstep`` (hash run -> step), ``receivers`` (hash receiver -> when a worker last said
+it sends to it: an operator's notice is kept for a retry only for such a receiver,
+:mod:`alerts.announce`).
 """
 
 from __future__ import annotations
@@ -106,6 +108,12 @@ class Outbox(Protocol):
     async def run_step(self, run_id: str) -> int | None: ...
     async def run_steps(self, run_ids: list[str]) -> dict[str, int | None]:
         """:meth:`run_step` of each of ``run_ids``, in one round trip."""
+    async def note_receivers(self, receivers: list[str], now: float) -> None:
+        """A worker says it sends to ``receivers`` (drains their items), as of ``now``."""
+    async def receivers_seen(self) -> dict[str, float]:
+        """Each receiver some worker said it sends to, and when it last said so."""
+    async def queued_receivers(self) -> list[str]:
+        """The receivers that have items waiting (due or not)."""
     async def admit_all(self, alerts: list[tuple[Alert, list[str]]], now: float) -> list[dict[str, GroupClock | None]]:
         """:meth:`track` each alert, then read the clocks of its groups, as they were before
         this call (one round trip for all)."""
@@ -157,6 +165,7 @@ class MemoryOutbox:
         self.firing: dict[str, tuple[float, Alert]] = {}
         self.run_steps_seen: dict[str, int] = {}   # run -> its newest step
         self.turns: dict[str, float] = {}          # name -> when last taken
+        self.drained: dict[str, float] = {}        # receiver -> when a worker last said it sends to it
 
     async def enqueue(self, item: OutboxItem) -> bool:
         if item.id in self.marks:
@@ -289,6 +298,15 @@ class MemoryOutbox:
     async def run_steps(self, run_ids: list[str]) -> dict[str, int | None]:
         return {r: self.run_steps_seen.get(r) for r in run_ids}
 
+    async def note_receivers(self, receivers: list[str], now: float) -> None:
+        self.drained.update(dict.fromkeys(receivers, now))
+
+    async def receivers_seen(self) -> dict[str, float]:
+        return dict(self.drained)
+
+    async def queued_receivers(self) -> list[str]:
+        return sorted(r for r, q in self.due.items() if q)
+
 
 _ENQUEUE = """
 if redis.call('SET', KEYS[1], 'queued', 'NX', 'EX', ARGV[4]) then
@@ -414,6 +432,11 @@ return out
 
 def _s(x) -> str:
     return x.decode() if isinstance(x, bytes) else x
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by a Redis pattern (SCAN's MATCH): ``*?[]\\`` escaped."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 class RedisOutbox:
@@ -671,3 +694,18 @@ class RedisOutbox:
             return {}
         raws = await self.redis.hmget(self.p + "runstep", run_ids)
         return {r: None if raw is None else int(raw) for r, raw in zip(run_ids, raws)}
+
+    async def note_receivers(self, receivers: list[str], now: float) -> None:
+        if receivers:
+            await self.redis.hset(self.p + "receivers", mapping=dict.fromkeys(receivers, repr(now)))
+
+    async def receivers_seen(self) -> dict[str, float]:
+        return {_s(k): float(v) for k, v in (await self.redis.hgetall(self.p + "receivers")).items()}
+
+    async def queued_receivers(self) -> list[str]:
+        """The receivers with a due set (Redis deletes an empty one): a scan of the keys, for
+        the occasional check of items no worker sends (:meth:`Drainer.bury_strays`)."""
+        prefix = self.p + "due:"
+        names = {_s(k)[len(prefix):] async for k in
+                 self.redis.scan_iter(match=_glob_escape(prefix) + "*", count=1000)}
+        return sorted(names)

@@ -455,7 +455,8 @@ async def _announce(settings, redis, cmd, state: str, step, why) -> None:
         print(f"{cmd.run_id}: not told (silenced): "
               + ", ".join(f"{name} ({by})" for name, by in got.silenced.items()))
     for name, error in got.failed.items():
-        later = "; a worker retries it" if name in got.retrying else ""
+        later = "; a worker retries it" if name in got.retrying else \
+            f"; {got.unqueued[name]}" if name in got.unqueued else ""
         print(f"rlwatch {cmd.action}: the command was sent, but telling {name} failed: {error}{later}",
               file=sys.stderr)
 

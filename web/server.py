@@ -349,7 +349,7 @@ async def api_command(request: web.Request) -> web.Response:
         step = (fleet.summary(run) or {}).get("last_step")
         got = await announcer.announce(cmd, new.state, step=step, why=why)
         out["announced"] = {"sent": got.sent, "failed": got.failed, "silenced": got.silenced,
-                            "retrying": got.retrying}
+                            "retrying": got.retrying, "unqueued": got.unqueued}
     return _json(request, out)
 
 

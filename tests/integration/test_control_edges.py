@@ -243,6 +243,22 @@ def test_a_command_sent_by_hand_is_told_to_the_runs_receivers(services, recorder
     keys = [h.headers["Idempotency-Key"] for h in (first, second)]
     assert keys[0] != keys[1] and all(h.json()["fingerprint"] in k for h, k in zip((first, second), keys))
 
+    # a worker of the deployment sends to the webhook (its timer says so in the outbox)
+    import asyncio
+
+    from alerts.factory import build_dispatcher
+    from contract.settings import Settings
+
+    async def a_worker_ticks(*later: float) -> None:
+        d = build_dispatcher(Settings(redis=services["redis"], app_id=env["RLWATCH_APP_ID"],
+                                      webhook_url=f"{recorder.url}/hook"))
+        try:
+            for t in later:
+                await d.tick(time.time() + t)
+        finally:
+            await d.close()
+
+    asyncio.run(a_worker_ticks(0))
     # the webhook unreachable: said on stderr, the others told, the command applied
     dead = f"http://127.0.0.1:{free_port()}/hook"
     out = rlwatch("resume", run, "--reason", "looked fine", RLWATCH_WEBHOOK_URL=dead)
@@ -253,21 +269,7 @@ def test_a_command_sent_by_hand_is_told_to_the_runs_receivers(services, recorder
     assert len(recorder.on("/slack/webhook")) == 3 and len(recorder.on("/hook")) == 2
     # the notice was kept in the deployment's outbox: a worker's timer sends it once the webhook
     # answers again (here: a worker whose webhook is reachable), once
-    import asyncio
-
-    from alerts.factory import build_dispatcher
-    from contract.settings import Settings
-
-    async def a_worker_ticks() -> None:
-        d = build_dispatcher(Settings(redis=services["redis"], app_id=env["RLWATCH_APP_ID"],
-                                      webhook_url=f"{recorder.url}/hook"))
-        try:
-            for later in (120, 300):
-                await d.tick(time.time() + later)
-        finally:
-            await d.close()
-
-    asyncio.run(a_worker_ticks())
+    asyncio.run(a_worker_ticks(120, 300))
     hooks = recorder.on("/hook")
     assert len(hooks) == 3 and hooks[2].json()["summary"] == f"run {run}: resume sent by {who}: looked fine; the run is running"
     # the bot: the run's first notice starts a thread; a snapshot goes in it, quietly; a resume
@@ -297,3 +299,88 @@ def test_a_command_sent_by_hand_is_told_to_the_runs_receivers(services, recorder
     out = rlwatch("stop", run, "--no-announce")
     assert out.returncode == 0 and ": told " not in out.stdout and f"{run}: stopped" in out.stdout, out
     assert len(recorder.on("/hook")) == 3 and len(recorder.on("/slack/webhook")) == 3
+
+
+def test_a_notice_for_a_receiver_only_the_operator_has_is_not_kept_for_a_retry(services, recorder):
+    """The operator's shell has a webhook the workers do not (RLWATCH_WEBHOOK_URL set for the
+    CLI only): its notice, failed, is not left in the outbox, where no worker would ever send
+    it, and the operator reads why; the Slack the workers send to, failed too, is kept and a
+    worker sends it later. Notices an older version kept for such a receiver are dead-lettered
+    by a worker once old."""
+    import asyncio
+    import os
+    import subprocess
+    import sys
+
+    import redis.asyncio as aioredis
+
+    from alerts.delivery import notice_item
+    from alerts.factory import build_dispatcher, namespace
+    from alerts.operator import operator_notice
+    from alerts.outbox import RedisOutbox
+    from contract.settings import Settings
+    from tests.integration.conftest import ROOT
+    from tests.support.ports import free_port
+
+    app, run = "only-here-" + uuid.uuid4().hex[:6], f"only-here-{uuid.uuid4().hex[:6]}"
+    worker_settings = Settings(redis=services["redis"], app_id=app, slack_webhook=f"{recorder.url}/slack/webhook")
+    ns = namespace(worker_settings)
+
+    async def a_worker_ticks(*later: float, strays: bool = False) -> None:
+        d = build_dispatcher(worker_settings)
+        try:
+            for t in later:
+                await d.tick(time.time() + t)
+            if strays:
+                await d.drainer.bury_strays(time.time())
+        finally:
+            await d.close()
+
+    async def in_redis(what):
+        r = aioredis.from_url(services["redis"])
+        try:
+            return await what(r, RedisOutbox(r, ns))
+        finally:
+            await r.aclose()
+
+    asyncio.run(a_worker_ticks(0))
+
+    async def noted(r, box):
+        return sorted((await r.hgetall(f"{ns}:outbox:receivers")).keys()), sorted(await box.receivers_seen())
+    assert asyncio.run(in_redis(noted)) == ([b"console", b"slack-webhook"], ["console", "slack-webhook"])
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    env = dict(os.environ, RLWATCH_REDIS=services["redis"], RLWATCH_APP_ID=app,
+               RLWATCH_SLACK_WEBHOOK=f"{dead}/slack", RLWATCH_WEBHOOK_URL=f"{dead}/hook")
+    env.pop("RLWATCH_ROUTES", None)
+    out = subprocess.run([sys.executable, "-m", "rlwatch", "pause", run, "--force", "--reason", "spikes"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and f"{run}: paused (pause sent" in out.stdout, out
+    said = [line for line in out.stderr.splitlines() if line.startswith("rlwatch pause: ")]
+    assert len(said) == 2, out
+    assert "telling slack-webhook failed" in said[0] and said[0].endswith("; a worker retries it"), said
+    assert "telling webhook failed" in said[1] and said[1].endswith(
+        "; no monitor worker sends to webhook (it is configured only here): not kept for a retry"), said
+
+    async def pending(r, box):
+        return await box.pending("slack-webhook"), await box.pending("webhook"), await box.pending()
+    assert asyncio.run(in_redis(pending)) == (1, 0, 1)
+    asyncio.run(a_worker_ticks(120, 300))          # the worker's Slack answers: sent, once
+    (slack,) = recorder.on("/slack/webhook")
+    assert f"run {run}: pause sent by" in slack.json()["text"]
+    assert asyncio.run(in_redis(pending)) == (0, 0, 0)
+
+    # a notice an older version kept for the webhook (no worker sends to it): dead-lettered once old
+    async def kept_long_ago(r, box):
+        from alerts.delivery import STRAY_AGE
+
+        then = time.time() - STRAY_AGE - 60
+        notice = operator_notice(Command(run_id=run, action="stop", ts=then), "stopped", then)
+        await box.enqueue(notice_item(notice, "webhook", then, then + 1, attempts=1))
+        return await box.queued_receivers()
+    assert asyncio.run(in_redis(kept_long_ago)) == ["webhook"]
+    asyncio.run(a_worker_ticks(strays=True))
+
+    async def buried(r, box):
+        return await box.pending(), [it.last_error for it in await box.dead("webhook")]
+    assert asyncio.run(in_redis(buried)) == (0, ["no monitor worker sends to webhook"])

@@ -389,14 +389,18 @@ def test_rows_of_every_worker_come_from_the_fleet_store():
 
 def test_an_operator_command_from_the_dashboard_is_told_to_the_runs_receivers():
     """The team's channel hears of a brake pulled from the dashboard (who, why, the run's state
-    now); a receiver that fails is in the answer, and the command stands."""
+    now); a receiver that fails is in the answer, with why no worker retries it (the workers do
+    not send to it), and the command stands."""
     from alerts.announce import Announcer
     from alerts.notifiers import DeliveryError
+    from alerts.outbox import MemoryOutbox
     from tests.unit.alerts._helpers import Recording
 
     slack, hook = Recording("slack-webhook"), Recording("webhook")
     hook.fail = DeliveryError("webhook answered 500")
     closed = []
+    outbox = MemoryOutbox()         # the workers': they send to Slack only
+    asyncio.run(outbox.note_receivers(["console", "slack-webhook"], time.time()))
 
     class Closing(Announcer):
         async def close(self):
@@ -404,7 +408,7 @@ def test_an_operator_command_from_the_dashboard_is_told_to_the_runs_receivers():
 
     def factory(control):
         assert control is not None        # made once the control channel is there
-        return Closing([slack, hook])
+        return Closing([slack, hook], outbox=outbox)
 
     async def go(s, base, fleet, control):
         async with s.post(base + "/api/run/command?run=ppo-a", json={"action": "pause", "reason": "grad spikes"},
@@ -412,7 +416,10 @@ def test_an_operator_command_from_the_dashboard_is_told_to_the_runs_receivers():
             out = await r.json()
         assert r.status == 200 and out["state"] == "paused"
         assert out["announced"] == {"sent": ["slack-webhook"], "failed": {"webhook": "DeliveryError: webhook answered 500"},
-                                    "silenced": {}, "retrying": []}
+                                    "silenced": {}, "retrying": [],
+                                    "unqueued": {"webhook": "no monitor worker sends to webhook (it is "
+                                                            "configured only here): not kept for a retry"}}
+        assert await outbox.pending() == 0
         (alert, _), = slack.sent
         assert alert.rule == "operator_command" and alert.labels["issuer"] == "web:operator"
         assert alert.summary.startswith("run ppo-a: pause sent by web:operator: grad spikes; the run is paused")

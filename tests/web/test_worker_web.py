@@ -99,7 +99,7 @@ def test_worker_feeds_the_dashboard_and_takes_its_commands(services, recorder): 
         assert answer["state"] == "paused"
         # the worker's receivers were told who paused it and why (the console left out)
         assert answer["announced"] == {"sent": ["slack-webhook", "slack-bot", "webhook"], "failed": {},
-                                       "silenced": {}, "retrying": []}
+                                       "silenced": {}, "retrying": [], "unqueued": {}}
         told = [q.json() for q in recorder.on("/hook") if q.json().get("rule") == "operator_command"]
         assert [(t["run_id"], t["labels"]["issuer"], t["labels"]["run_state"]) for t in told] == \
             [(healthy, "web:operator", "paused")]

@@ -589,9 +589,10 @@
     if (!body) return;
     const what = action === "rollback" ? `rollback to step ${body.command.params.to_step} (${body.why})`
       : action === "adjust" ? `adjust ${Object.entries(body.command.params).map(([k, v]) => `${k}=${v}`).join(" ")}` : action;
-    const told = Object.assign({ sent: [], failed: {}, silenced: {}, retrying: [] }, body.announced || {});
+    const told = Object.assign({ sent: [], failed: {}, silenced: {}, retrying: [], unqueued: {} }, body.announced || {});
     const failed = Object.entries(told.failed).map(([name, why]) =>
-      `telling ${name} failed: ${why}` + (told.retrying.includes(name) ? " (a worker retries it)" : ""));
+      `telling ${name} failed: ${why}` + (told.retrying.includes(name) ? " (a worker retries it)"
+        : told.unqueued[name] ? ` (${told.unqueued[name]})` : ""));
     const muted = Object.entries(told.silenced).map(([name, by]) => `${name} (${by})`);
     say(`${what} sent (command ${body.command.id.slice(0, 8)}); run is now ${body.state}`
       + (told.sent.length ? `; told ${told.sent.join(", ")}` : "")

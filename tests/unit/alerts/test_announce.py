@@ -152,14 +152,16 @@ def test_a_failed_notice_is_left_for_the_workers_to_retry_once():
 
     outbox = MemoryOutbox()
     slack, hook = Recording("slack-webhook"), Recording("webhook")
+    clock = Clock(T0 - 60)
+    worker = Dispatcher([slack, hook], MemoryControl(), clock=clock, outbox=outbox)
+    run(worker.tick())                                     # (it says which receivers it sends to)
     slack.fail = DeliveryError("Slack answered 503")
     hook.fail = PermanentDeliveryError("webhook answered 410")
     got = run(Announcer([slack, hook], outbox=outbox).announce(_cmd(), "paused", step=9, now=T0))
     assert got.sent == [] and sorted(got.failed) == ["slack-webhook", "webhook"]
-    assert got.retrying == ["slack-webhook"]
+    assert got.retrying == ["slack-webhook"] and got.unqueued == {}
     slack.fail = hook.fail = None
-    clock = Clock()
-    worker = Dispatcher([slack, hook], MemoryControl(), clock=clock, outbox=outbox)
+    clock.t = T0
     run(worker.tick(clock.advance(0.5)))
     assert slack.sent == []                                # not before its retry is due
     for _ in range(4):
@@ -181,3 +183,113 @@ def test_a_silence_that_matches_the_notice_mutes_it():
     other = Command(run_id="exp-8", action="pause", ts=T0, issuer="cli:oncall")
     assert run(ann.announce(other, "paused", now=T0)).sent == ["slack-webhook"]
     assert run(ann.announce(_cmd(), "paused", now=T0 + 120)).sent == ["slack-webhook"]   # expired
+
+
+def _worker(outbox, *names, at=T0 - 60):
+    """A monitor worker sending to ``names`` on ``outbox``, its timer ticked once at ``at``."""
+    from alerts.control import MemoryControl
+    from alerts.dispatch import Dispatcher
+    from tests.unit.alerts._helpers import Clock
+
+    clock = Clock(at)
+    worker = Dispatcher([Recording(n) for n in names], MemoryControl(), clock=clock, outbox=outbox)
+    run(worker.tick())
+    return worker, clock
+
+
+def test_a_failed_notice_is_kept_only_for_a_receiver_a_worker_sends_to_and_the_operator_hears_why(caplog):
+    """The operator's shell has a webhook the workers do not: were its notice queued, no worker
+    would ever send it, nor bury it, and the operator would read "a worker retries it". It is
+    not queued, and the answer says why; the receiver the workers share is queued as before."""
+    import logging
+
+    from alerts.outbox import MemoryOutbox
+
+    outbox = MemoryOutbox()
+    _worker(outbox, "slack-webhook")
+    slack, hook = Recording("slack-webhook"), Recording("webhook")
+    slack.fail = DeliveryError("Slack answered 503")
+    hook.fail = DeliveryError("connection refused")
+    with caplog.at_level(logging.ERROR):
+        got = run(Announcer([slack, hook], outbox=outbox).announce(_cmd(), "paused", now=T0))
+    assert got.failed == {"slack-webhook": "DeliveryError: Slack answered 503",
+                          "webhook": "DeliveryError: connection refused"}
+    assert got.retrying == ["slack-webhook"]
+    assert got.unqueued == {"webhook": "no monitor worker sends to webhook (it is configured only here): "
+                                       "not kept for a retry"}
+    assert run(outbox.pending("slack-webhook")) == 1 and run(outbox.pending("webhook")) == 0
+    assert "not kept for a retry" in caplog.text
+
+    # an hour on, no worker has said what it sends to (none is running): nothing is kept
+    got = run(Announcer([slack], outbox=outbox).announce(_cmd(), "paused", now=T0 + 3600))
+    assert got.retrying == [] and run(outbox.pending("slack-webhook")) == 1     # (the first notice)
+    assert got.unqueued == {"slack-webhook": "no monitor worker is running to send to slack-webhook "
+                                             "(none seen in the last 5 minutes): not kept for a retry"}
+
+
+def test_when_it_cannot_read_what_the_workers_send_to_the_notice_is_kept_as_before(caplog):
+    import logging
+
+    from alerts.outbox import MemoryOutbox
+
+    class Unreadable(MemoryOutbox):
+        async def receivers_seen(self):
+            raise ConnectionError("Redis at 10.0.0.1:6379 unreachable")
+
+    outbox = Unreadable()
+    hook = Recording("webhook")
+    hook.fail = DeliveryError("webhook answered 502")
+    with caplog.at_level(logging.ERROR):
+        got = run(Announcer([hook], outbox=outbox).announce(_cmd(), "paused", now=T0))
+    assert got.retrying == ["webhook"] and got.unqueued == {}
+    assert run(outbox.pending("webhook")) == 1
+    assert "could not read which receivers the monitor workers send to" in caplog.text
+
+
+def test_a_worker_says_which_receivers_it_sends_to_at_most_every_half_minute():
+    from alerts.delivery import NOTE_EVERY
+    from alerts.outbox import MemoryOutbox
+
+    notes: list = []
+
+    class Counting(MemoryOutbox):
+        async def note_receivers(self, receivers, now):
+            notes.append((sorted(receivers), now))
+            await super().note_receivers(receivers, now)
+
+    outbox = Counting()
+    worker, clock = _worker(outbox, "slack-webhook", "webhook", at=T0)
+    for _ in range(20):                  # a tick every 2 s for 40 s
+        run(worker.tick(clock.advance(2)))
+    assert notes == [(["slack-webhook", "webhook"], T0), (["slack-webhook", "webhook"], T0 + NOTE_EVERY)]
+    assert run(outbox.receivers_seen()) == {"slack-webhook": T0 + NOTE_EVERY, "webhook": T0 + NOTE_EVERY}
+
+
+def test_notices_kept_for_a_receiver_no_worker_sends_to_are_named_once_and_buried_when_old(caplog):
+    """Kept by an older version (or for a receiver since removed from the workers): no worker
+    would ever send them. A worker names the receiver in its log, once, and dead-letters its
+    items once an hour old; a receiver another worker sends to is left to that worker."""
+    import logging
+
+    from alerts.delivery import notice_item
+    from alerts.operator import operator_notice
+    from alerts.outbox import MemoryOutbox
+
+    outbox = MemoryOutbox()
+    for name in ("webhook", "pager"):
+        run(outbox.enqueue(notice_item(operator_notice(_cmd(), "paused", T0), name, T0, T0 + 1, attempts=1)))
+    worker, clock = _worker(outbox, "slack-webhook", at=T0)
+    with caplog.at_level(logging.ERROR):
+        for _ in range(70):                                     # a tick a minute for 70 minutes
+            run(outbox.note_receivers(["pager"], clock.t))      # (another worker sends to "pager")
+            run(worker.tick(clock.advance(60)))
+            if clock.t < T0 + 3600:
+                assert run(outbox.pending("webhook")) == 1      # not before it is an hour old
+    assert run(outbox.pending("webhook")) == 0
+    (dead,) = run(outbox.dead("webhook"))
+    assert dead.last_error == "no monitor worker sends to webhook"
+    assert run(outbox.pending("pager")) == 1 and run(outbox.dead("pager")) == []
+    told = [r.getMessage() for r in caplog.records if "wait in the outbox for webhook" in r.getMessage()]
+    assert len(told) == 1 and "no monitor worker sends to" in told[0]
+    assert "pager" not in caplog.text
+    assert any("dead-lettered 1 notification(s) for webhook" in r.getMessage() for r in caplog.records)
