@@ -41,17 +41,21 @@ def sim_faults() -> list[str]:
 
 
 def sim_cases(faults, seeds: int, every: list[int], healthy_seeds: int,
-              seed_from: int = HELDOUT_SEEDS_FROM) -> list[SimCase]:
+              seed_from: int = HELDOUT_SEEDS_FROM, reward: tuple[float, float] = (1.0, 0.0)) -> list[SimCase]:
+    """The held-out cases; ``reward``: (scale, offset) of the reward as another reward model
+    would give it (rlwatch.backtest.reward_as)."""
     cases = []
     for fault in faults:
         for i in range(seeds):
             for j, k in enumerate(every):
                 algo = ("ppo", "grpo")[(i + j) % 2]          # alternate; the sim falls back
-                cases.append(SimCase(fault, algo, seed_from + 10 * i + j, k))
+                cases.append(SimCase(fault, algo, seed_from + 10 * i + j, k,
+                                     reward_scale=reward[0], reward_offset=reward[1]))
     for i in range(healthy_seeds):
         for j, k in enumerate(every):
             for algo in ALGOS:
-                cases.append(SimCase("healthy", algo, seed_from + 500 + 10 * i + j, k))
+                cases.append(SimCase("healthy", algo, seed_from + 500 + 10 * i + j, k,
+                                     reward_scale=reward[0], reward_offset=reward[1]))
     return cases
 
 
@@ -94,7 +98,8 @@ def real_section(pack, tune: bool, out: dict) -> None:
 def sim_section(pack, args, out: dict) -> None:
     every = [int(x) for x in args.every.split(",")]
     faults = args.faults.split(",") if args.faults else sim_faults()
-    cases = sim_cases(faults, args.seeds, every, args.healthy_seeds, args.seed_from)
+    cases = sim_cases(faults, args.seeds, every, args.healthy_seeds, args.seed_from,
+                      (args.reward_scale, args.reward_offset))
     print(f"\n== Simulated runs: {len(cases)} cases, held-out seeds >= {args.seed_from}, "
           f"logging every {', '.join(map(str, every))} steps")
     t0 = time.time()
@@ -173,6 +178,9 @@ def main() -> None:
                          "pick a fresh base to measure)")
     ap.add_argument("--faults", help="comma-separated fault ids (default: every fault)")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--reward-scale", type=float, default=1.0,
+                    help="simulated runs: the reward as another reward model gives it, scale * r + offset")
+    ap.add_argument("--reward-offset", type=float, default=0.0)
     ap.add_argument("--real-only", action="store_true")
     ap.add_argument("--sim-only", action="store_true")
     ap.add_argument("--tune", action="store_true", help="also score a pack tuned on the other sources")

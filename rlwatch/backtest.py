@@ -579,6 +579,8 @@ class SimCase:
     healthy_variant: str | None = "random"
     steps: int | None = None          # None: onset + SIM_WINDOW + 1 (healthy: HEALTHY_STEPS)
     window: int = SIM_WINDOW
+    reward_scale: float = 1.0         # the reward as another reward model would give it:
+    reward_offset: float = 0.0        # scale * reward + offset (:func:`reward_as`)
 
     @property
     def run_id(self) -> str:
@@ -615,6 +617,34 @@ def _sim_config(case: SimCase):
     return sim, sim.SimConfig(**kw), fields
 
 
+def reward_as(raw: dict, scale: float, offset: float) -> dict:
+    """A simulated event with its reward given by another reward model: ``scale * r + offset``
+    for the mean reward (its groups, the per-sample rewards and their distribution too), its
+    spread scaled. A reward model's zero and unit are arbitrary (a Bradley-Terry model's scores
+    shift freely), so a rule should judge a run alike under any of them."""
+    def aff(v):
+        return scale * v + offset if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+    m = raw.get("metrics")
+    if m:
+        m = dict(m)
+        if "reward/mean" in m:
+            m["reward/mean"] = aff(m["reward/mean"])
+        if isinstance(m.get("reward/std"), (int, float)):
+            m["reward/std"] = abs(scale) * m["reward/std"]
+        raw = {**raw, "metrics": m}
+    g = (raw.get("groups") or {}).get("reward/mean")
+    if g:
+        raw = {**raw, "groups": {**raw["groups"], "reward/mean": {k: aff(v) for k, v in g.items()}}}
+    d = (raw.get("dists") or {}).get("reward")
+    if d is not None:
+        raw = {**raw, "dists": {**raw["dists"], "reward": [aff(v) for v in d]}}
+    if raw.get("samples"):
+        raw = {**raw, "samples": [{**x, "reward": aff(x["reward"])} if "reward" in x else x
+                                  for x in raw["samples"]]}
+    return raw
+
+
 def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
     """Simulate ``case`` and feed it through a Pipeline of ``pack``; (label, alerts, span, info)."""
     from contract.events import parse_event
@@ -641,6 +671,8 @@ def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
     for raw in sim.simulate(cfg, steps):
         if subsample and raw.get("kind") in ("step", "samples") and raw["step"] % case.log_every:
             continue
+        if case.reward_scale != 1.0 or case.reward_offset != 0.0:
+            raw = reward_as(raw, case.reward_scale, case.reward_offset)
         ev = parse_event(raw, raw["ts"])
         last_ts = max(last_ts, ev.ts or 0.0)
         if ev.kind == "step" and ev.rank == 0:

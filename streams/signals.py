@@ -38,6 +38,8 @@ LEVEL_STEPS = 5
 LEVEL_POINTS = 3
 #: points of a run's start that make a baseline, at least
 BASELINE_POINTS = 3
+#: the steps of a run's start whose median shift_gain measures the run's gain from
+START_STEPS = 20
 
 
 def median_of(sorted_values: list[float]) -> float:
@@ -470,7 +472,7 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
     if sig == "delta":
         return lambda: trk.values[-1] - trk.values[-2] if len(trk.values) >= 2 else NAN
     if sig in ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "ratio_to_max",
-               "over_max_z", "shift_dz"):
+               "over_max_z", "shift_dz", "shift_gain"):
         def split() -> list:
             """[level, reference median, reference (sorted), k level points, scale or None],
             once per new point (the scale only when a signal asks for it)."""
@@ -542,6 +544,19 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
             def f():
                 sp = split()
                 return noise_z(sp, sp[1])
+            return f
+        if sig == "shift_gain":
+            # the change in the run's own unit: what it has moved since its start (its first
+            # START_STEPS steps), or that start's spread when it has moved less. A reward
+            # model's zero is arbitrary (shift_rel reads a fall of 0.5 from 2.5 as a fifth of the
+            # fall from 0.5); what the run gained and lost is not
+            def f():
+                sp = split()
+                if sp[2] is None:
+                    return NAN
+                unit = abs(sp[1] - trk.baseline(START_STEPS)) + trk.baseline_stat(START_STEPS, 1)
+                d = sp[0] - sp[1]
+                return 0.0 if unit == 0 and d == 0 else _ratio(d, unit)
             return f
         if sig == "range_pos":
             def f():
@@ -817,8 +832,8 @@ class Bank:
             other = self.window(self.track(cycle_metric, smooth), window, min_points)
             other.need_mk()
             cycle = other     # handed to the reader in the cycle slot
-        elif signal in ("gain_t", "noise_ratio"):
-            trk.baselines.setdefault(window, [])
+        elif signal in ("gain_t", "noise_ratio", "shift_gain"):
+            trk.baselines.setdefault(START_STEPS if signal == "shift_gain" else window, [])
             win = self.window(trk, window, min_points)
             win.need_sorted()
         elif signal in ("ratio_to_start", "start_z", "ratio_to_start_max"):

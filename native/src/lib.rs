@@ -43,6 +43,8 @@ const LEVEL_POINTS: i64 = 3;
 const BASELINE_POINTS: usize = 3;
 const MAD_SCALE: f64 = 1.4826;
 const SPLIT_REF_POINTS: i64 = 12;
+/// the steps of a run's start whose median shift_gain measures the run's gain from
+const START_STEPS: i64 = 20;
 const MEAN_AD_SCALE: f64 = 1.2533;
 
 // -- Python's arithmetic -----------------------------------------------------------------------
@@ -1394,6 +1396,7 @@ enum Sig {
     RatioToMax,
     OverMaxZ,
     ShiftDz,
+    ShiftGain,
     Median,
     Min,
     Max,
@@ -1438,6 +1441,7 @@ impl Sig {
             "ratio_to_max" => RatioToMax,
             "over_max_z" => OverMaxZ,
             "shift_dz" => ShiftDz,
+            "shift_gain" => ShiftGain,
             "median" => Median,
             "min" => Min,
             "max" => Max,
@@ -1772,6 +1776,21 @@ impl Core {
                 let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
                 let level = sp.level;
                 Ok(zscore(level, center, diff_scale(py, &head)?))
+            }
+            // the change in the run's own unit: what it moved since its start (its first
+            // START_STEPS steps), or that start's robust scale when larger (a reward model's
+            // zero is arbitrary; what the run gained and lost is not)
+            ShiftGain => {
+                self.split(py, r.win)?;
+                let sp = &self.windows[r.win].cache_split.as_ref().unwrap().1;
+                if !sp.has_ref {
+                    return Ok(NAN);
+                }
+                let trk = &self.tracks[r.trk];
+                let unit =
+                    (sp.med - trk.baseline(START_STEPS)).abs() + trk.baseline_stat(START_STEPS, 1);
+                let d = sp.level - sp.med;
+                Ok(if unit == 0.0 && d == 0.0 { 0.0 } else { ratio(d, unit) })
             }
             RangePos => {
                 self.split(py, r.win)?;
@@ -2279,11 +2298,12 @@ impl Bank {
                 other = core.window(ot, w, min_points);
                 core.windows[other].need_mk();
             }
-            "gain_t" | "noise_ratio" => {
+            "gain_t" | "noise_ratio" | "shift_gain" => {
                 let w = need_window()?;
+                let b = if signal_s == "shift_gain" { START_STEPS } else { w };
                 let t = &mut core.tracks[trk];
-                if !t.baselines.iter().any(|(k, _)| *k == w) {
-                    t.baselines.push((w, Baseline::Collecting(Vec::new())));
+                if !t.baselines.iter().any(|(k, _)| *k == b) {
+                    t.baselines.push((b, Baseline::Collecting(Vec::new())));
                 }
                 win = core.window(trk, w, min_points);
                 core.windows[win].need_sorted();

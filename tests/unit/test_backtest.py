@@ -195,3 +195,35 @@ def test_labels_file_with_sources(tmp_path):
     assert [(x.run, x.source, x.max_delay) for x in labs] == [("a.jsonl", "team-a", 50), ("b.jsonl", "team-b", None)]
     with pytest.raises(FileNotFoundError):
         load_labels(tmp_path / "nowhere")
+
+
+# -- the reward as another reward model gives it ----------------------------------------------------
+
+def test_reward_as_shifts_and_scales_every_reward_of_an_event_and_only_those():
+    from rlwatch.backtest import reward_as
+
+    raw = {"kind": "step", "step": 3,
+           "metrics": {"reward/mean": 0.5, "reward/std": 0.2, "kl/mean": 0.01, "judge/score": 0.4},
+           "dists": {"reward": [0.0, 1.0], "response_length": [10, 20]},
+           "groups": {"reward/mean": {"math": 0.25}},
+           "samples": [{"prompt_id": "p", "reward": 2.0, "response": "x"}, {"prompt_id": "q"}]}
+    got = reward_as(raw, -2.0, 3.0)
+    assert got["metrics"] == {"reward/mean": 2.0, "reward/std": 0.4, "kl/mean": 0.01, "judge/score": 0.4}
+    assert got["dists"] == {"reward": [3.0, 1.0], "response_length": [10, 20]}
+    assert got["groups"] == {"reward/mean": {"math": 2.5}}
+    assert got["samples"] == [{"prompt_id": "p", "reward": -1.0, "response": "x"}, {"prompt_id": "q"}]
+    assert raw["metrics"]["reward/mean"] == 0.5 and raw["dists"]["reward"] == [0.0, 1.0]   # not changed
+
+
+def test_a_simulated_case_under_another_reward_model_is_judged_alike():
+    """The pack reads a reward crash the same whether the reward model's scores sit at 0.9 or at
+    2.9: shift_gain, not a share of the level."""
+    from rlwatch.backtest import SimCase, judge, run_sim
+
+    verdicts = []
+    for offset in (0.0, 2.0):
+        case = SimCase("reward_crash", "ppo", 41000, 5, 0.3, reward_offset=offset)
+        label, alerts, span, _ = run_sim(case, "rlhf")
+        verdicts.append(judge(label, alerts, span))
+    assert [v.passed for v in verdicts] == [True, True]
+    assert verdicts[0].caught.step == verdicts[1].caught.step

@@ -19,7 +19,7 @@ from tests.unit._core import feed_series, firing, resolved, rlhf_pack, step_even
 
 PACKS = Path(__file__).resolve().parents[2] / "rules" / "packs"
 
-NEW = ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "over_max_z", "shift_dz",
+NEW = ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "over_max_z", "shift_dz", "shift_gain",
        "ratio_to_max", "start_z", "ratio_to_start_max", "gain_t", "follow_z", "range",
        "noise_ratio")
 
@@ -115,6 +115,26 @@ def test_shift_dz_tells_a_crash_that_a_learning_curve_in_a_stretched_window_hide
     # without a trend the changes' scale is sqrt(2) the values' own: shift_dz is the milder
     flat = [0.5 + rng.gauss(0, 0.02) for _ in range(60)] + [0.3] * 3
     assert -run(flat, "shift_dz", 50)[-1] < -run(flat, "shift_z", 50)[-1]
+
+
+def test_shift_gain_reads_a_fall_alike_whatever_the_reward_models_zero_and_unit():
+    """A run that learnt from 0.2 (its first 50 steps) to 0.8 and then lost half of it:
+    shift_gain says -0.5 of the gain however the reward is shifted or scaled (another reward
+    model), where shift_rel, a share of the level, reads the same fall as -0.38 at 0.8 and
+    -0.05 at 5.8."""
+    rng = random.Random(5)
+    learn = [0.2 + 0.6 * min(max(i - 50, 0) / 20, 1.0) + rng.gauss(0, 0.01) for i in range(150)]
+    fell = learn + [0.5] * 3
+    got = [run([a * x + b for x in fell], "shift_gain", 50)[-1] for a, b in ((1, 0), (1, 5), (10, -3), (0.1, 0))]
+    assert got[0] == pytest.approx(-0.5, abs=0.03)
+    assert all(g == pytest.approx(got[0], rel=1e-6) for g in got)
+    assert run(fell, "shift_rel", 50)[-1] == pytest.approx(-0.375, abs=0.02)
+    assert run([x + 5 for x in fell], "shift_rel", 50)[-1] == pytest.approx(-0.052, abs=0.01)
+    # a run that has not moved since its start: the unit is its start's spread, not ~0
+    flat = noisy(90, 0.5, 0.02, seed=2)
+    assert abs(run(flat, "shift_gain", 50)[-1]) < 3
+    assert run(flat + [0.3] * 3, "shift_gain", 50)[-1] < -5
+    assert run([0.5] * 93, "shift_gain", 50)[-1] == 0.0                      # constant: no change
 
 
 def test_start_z_and_gain_t_measure_the_run_against_its_own_warm_up():
