@@ -86,7 +86,7 @@ MAX_INCARNATION_LEN = 64
 #: The canonical metric names (contract section 2), and the few more the built-in pack reads.
 CANONICAL_METRICS = frozenset({
     "reward/mean", "reward/std", "reward/frac_zero_std", "kl/mean", "kl/token_max",
-    "kl/token_p99", "kl/beta", "kl/ppo", "entropy/mean", "loss/policy", "loss/value",
+    "kl/token_p99", "kl/beta", "kl/ppo", "entropy/mean", "loss/policy", "loss/value", "loss/total",
     "value/mean", "value/std", "returns/mean", "returns/std", "returns/abs_max",
     "advantages/mean", "advantages/std", "ppo/clip_frac", "value/clip_frac", "ppo/epoch",
     "response/length_mean", "response/length_max", "response/truncated_frac",

@@ -155,6 +155,12 @@ def test_an_unknown_metric_is_a_warning_with_its_line_and_the_pack_still_loads()
     assert warnings[0].startswith("mine.yaml:5: warning:") and "kl/mena" in warnings[0]
 
 
+def test_the_built_in_pack_names_only_metrics_the_contract_knows():
+    """`rlwatch rules check` of the pack users copy says nothing but OK (nan_inf reads
+    loss/total, a framework's total loss)."""
+    assert pack_warnings(load_pack("rlhf")) == []
+
+
 def test_rules_check_prints_the_warning_and_passes(tmp_path, capsys):
     f = tmp_path / "w.yaml"
     f.write_text("rules:\n  - id: a\n    tiers:\n      - severity: red\n"
