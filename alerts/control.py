@@ -21,9 +21,9 @@ from collections import OrderedDict
 from typing import Any, Callable, Protocol
 
 from contract.commands import (
+    AUDIT_LENGTH,
     Command,
     RunControl,
-    AUDIT_LENGTH,
     applied_key,
     audit_key,
     audit_since,
@@ -74,14 +74,14 @@ end
 if ARGV[3] ~= '' then redis.call('SET', KEYS[1], ARGV[3]) end
 redis.call('SET', KEYS[2], '1', 'EX', ARGV[4])
 redis.call('SADD', KEYS[3], ARGV[5])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', '10000', '*', 'entry', ARGV[6])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', '%d', '*', 'entry', ARGV[6])
 if ARGV[7] ~= '' then
   redis.call('LPUSH', KEYS[5], ARGV[7])
   redis.call('LTRIM', KEYS[5], 0, 99)
 end
 redis.call('PUBLISH', ARGV[8], ARGV[9])
 return {'ok'}
-"""
+""" % AUDIT_LENGTH
 
 
 class ControlChannel(Protocol):

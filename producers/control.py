@@ -19,6 +19,7 @@ from collections import OrderedDict
 from typing import Callable
 
 from contract.commands import (
+    AUDIT_LENGTH,
     FRESH_SECONDS,
     SKEW_SECONDS,
     Command,
@@ -291,7 +292,7 @@ class ControlListener(CommandInbox):
             except queue.Empty:
                 return
             try:
-                client.xadd(audit_key(self.run_id), {"entry": json.dumps(ack)}, maxlen=10_000,
+                client.xadd(audit_key(self.run_id), {"entry": json.dumps(ack)}, maxlen=AUDIT_LENGTH,
                             approximate=True)
                 client.hset(acks_key(self.run_id), ack["command_id"], json.dumps(ack))
             except Exception:
