@@ -149,7 +149,7 @@ SIGNALS = {
                 "of their changes: a learning curve in the window does not swell it)",
     "shift_gain": "change point: current level (median of the last few points) - median of the "
                   "window's earlier points, in the run's own unit: how far that median lies from "
-                  "the median of the run's first 20 steps (or their robust scale, when larger): "
+                  "the median of the run's first 20 steps, plus their robust scale: "
                   "-0.5 lost half of what the run gained since its start, whatever the reward "
                   "model's zero and unit",
     "noise_ratio": "robust scale of the point-to-point changes over the window / that of the "

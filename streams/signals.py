@@ -547,7 +547,8 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
             return f
         if sig == "shift_gain":
             # the change in the run's own unit: what it has moved since its start (its first
-            # START_STEPS steps), or that start's spread when it has moved less. A reward
+            # START_STEPS steps) plus that start's spread (a start that already climbed counts
+            # that climb; a run that has not moved has its start's noise as its unit). A reward
             # model's zero is arbitrary (shift_rel reads a fall of 0.5 from 2.5 as a fifth of the
             # fall from 0.5); what the run gained and lost is not
             def f():

@@ -1778,8 +1778,8 @@ impl Core {
                 Ok(zscore(level, center, diff_scale(py, &head)?))
             }
             // the change in the run's own unit: what it moved since its start (its first
-            // START_STEPS steps), or that start's robust scale when larger (a reward model's
-            // zero is arbitrary; what the run gained and lost is not)
+            // START_STEPS steps) plus that start's robust scale (a reward model's zero is
+            // arbitrary; what the run gained and lost is not)
             ShiftGain => {
                 self.split(py, r.win)?;
                 let sp = &self.windows[r.win].cache_split.as_ref().unwrap().1;
