@@ -68,7 +68,10 @@ A condition (``when``) is one of:
   ``{hashes: actor, mismatch: true}``;
 * a per-sample distribution of the step: ``{dist: reward, stat: bimodality, above: 0.6}``;
 * a correlation of two per-sample arrays: ``{corr: [reward, response_length], window: 20, above: 0.5}``;
-* per-category groups: ``{groups: reward/mean, stat: gap_slope, above: 0}``;
+* per-category groups: ``{groups: reward/mean, stat: gap_slope, above: 0}``; the slopes
+  per step (``min_slope``, ``max_slope``, ``gap_slope``, ``spread_slope``), or the same with
+  ``_z`` (``max_slope_z``): the move over ``window`` steps in the categories' own noise (the
+  sigma of their scatter around their trends), which reads alike whatever the reward's unit;
 * samples: ``{samples: token_kl_argmax, stat: top_share, above: 0.5}``;
 * silence: ``{stalled_seconds: 300}`` (or a parameter name);
 * composites: ``{all: [...]}``, ``{any: [...]}``, ``{not: {...}}``.
@@ -189,7 +192,8 @@ READY_POINTS = {
 DIST_STATS = ("bimodality", "skewness", "mean", "std", "median", "p99", "max", "tail_mass",
               "frac_at_cap", "ratio_to_start")
 RANK_STATS = ("max_over_median", "max", "median")
-GROUP_STATS = ("gap", "gap_slope", "min_slope", "max_slope", "spread_slope")
+GROUP_STATS = ("gap", "gap_slope", "min_slope", "max_slope", "spread_slope",
+               "gap_slope_z", "min_slope_z", "max_slope_z", "spread_slope_z")
 SAMPLE_STATS = ("top_share", "repetition", "prompt_extreme")
 
 

@@ -62,6 +62,10 @@ MAX_TS_AHEAD = 3600.0
 RELAUNCH_STEPS_BACK = 10
 PRESET_TRIES = 5           # first step events read to find the framework of unmapped names
 GROUP_TREND_EVERY = 10
+#: steps over which a group's scatter (its noise unit) is remembered: e^-1 of its weight is left
+#: after this many steps, long enough that a run logged every 20 steps has some 50 second
+#: differences in it, short enough to follow a run whose noise changes
+GROUP_NOISE_MEMORY = 300.0
 MAX_CATEGORIES = 64      # categories of a group metric followed (the others are left out)
 #: Events may carry per-run targets as tags, e.g. {"target.kl": "0.03"} (the SDK's targets=).
 TARGET_TAG_PREFIX = "target."
@@ -194,6 +198,19 @@ class PySeries:
     def slope(self) -> float:
         return _ls_slope([p[0] for p in self.pts], [p[1] for p in self.pts])
 
+    def curvature(self, after: int) -> tuple[float, int]:
+        """``(sum of squares, count)`` of the second differences ``x[i] - 2 x[i-1] + x[i-2]``
+        of the points ``i`` whose step is above ``after`` (a straight trend gives 0: what is
+        left is the series' scatter, 6 times its variance for independent noise)."""
+        pts, ss, n = self.pts, 0.0, 0
+        i = len(pts)
+        while i > 2 and pts[i - 1][0] > after:
+            d2 = pts[i - 1][1] - 2.0 * pts[i - 2][1] + pts[i - 3][1]
+            ss += d2 * d2
+            n += 1
+            i -= 1
+        return ss, n
+
     def to_list(self) -> list:
         return [list(p) for p in self.pts]
 
@@ -248,18 +265,21 @@ class PyStepView:
             got = self._groups.get(key)
             if got is None:
                 return NAN, None
-            slopes, gap_slope, gap, lo, hi = got
+            slopes, gap_slope, gap, lo, hi, unit = got
             if stat == "gap":
                 return gap, None
-            if stat == "gap_slope":
-                return gap_slope, slopes
+            scale = unit if z else 1.0
+            if base == "gap_slope":
+                return gap_slope * scale, slopes
             if lo is None:
                 return NAN, None
-            if stat == "min_slope":
-                return lo, slopes
-            if stat == "max_slope":
-                return hi, slopes
-            return hi - lo, slopes
+            if base == "min_slope":
+                return lo * scale, slopes
+            if base == "max_slope":
+                return hi * scale, slopes
+            return (hi - lo) * scale, slopes
+        z = stat.endswith("_z")
+        base = stat[:-2] if z else stat
         return read
 
     def nonfinite(self, names: list[str] | None = None) -> Callable[[], list[str]]:
@@ -462,6 +482,28 @@ def py_update_group(points: dict, gap, cats: dict, step: int, edge: int,
             pts.append(step, v)
     if len(finite) >= 2:
         gap.append(step, max(finite) - min(finite))
+
+
+def group_noise(g: dict, step: int) -> float:
+    """The scatter of a group's categories around their trends (their noise sigma), from the
+    second differences of each category's points, which a straight trend does not reach:
+    pooled over the categories and remembered over GROUP_NOISE_MEMORY steps, so that a run
+    logged every 20 steps, with 5 points per category in a 100-step window, still has a
+    steady unit. Counts the points logged since it was last asked (``g["noise"]``: sum of
+    squares, count, step; kept in the run's state). NaN until 3 second differences."""
+    noise = g.get("noise")
+    if noise is None:
+        noise = g["noise"] = [0.0, 0.0, -1]
+    ss, n, through = noise
+    if step > through:
+        keep = math.exp(-(step - through) / GROUP_NOISE_MEMORY) if through >= 0 else 1.0
+        ss, n = ss * keep, n * keep
+        for series in g["points"].values():
+            s2, k = series.curvature(through)
+            ss += s2
+            n += k
+    noise[0], noise[1], noise[2] = ss, n, step    # a step back (a restart) counts from there
+    return math.sqrt(ss / (6.0 * n)) if n >= 3 else NAN
 
 
 update_group = py_update_group
@@ -1039,8 +1081,10 @@ class RunState:
 
     def group_trends(self, key: str, window: int) -> tuple:
         """(per-category slopes, the gap's slope, the gap, the smallest and the largest finite
-        slope or None), recomputed every GROUP_TREND_EVERY steps (category trends move
-        slowly)."""
+        slope or None, the noise unit), recomputed every GROUP_TREND_EVERY steps (category
+        trends move slowly). The noise unit turns a slope per step into the move over
+        ``window`` steps in the categories' own scatter (:func:`group_noise`); NaN until
+        they have shown some."""
         g = self.groups[key]
         step = self.last_step.get(0, 0)
         cached = self._group_cache.get(key)
@@ -1051,9 +1095,11 @@ class RunState:
             gap = g["gap"]
             gap_slope = gap.slope() if len(gap) and gap.span() >= half else NAN
             finite = [v for v in slopes.values() if v == v]
+            sigma = group_noise(g, step)
             cached = self._group_cache[key] = (
                 step, slopes, gap_slope, gap.last(),
-                min(finite) if finite else None, max(finite) if finite else None)
+                min(finite) if finite else None, max(finite) if finite else None,
+                window / sigma if sigma > 0.0 else NAN)
         return cached[1:]
 
     def _tally(self, event) -> None:
@@ -1211,7 +1257,8 @@ class RunState:
                            for k, v in self.dist_bases.items()},
             "corr_ema": self.corr_ema,
             "groups": {k: {"points": {c: series(p) for c, p in g["points"].items()},
-                           "gap": series(g["gap"])} for k, g in self.groups.items()},
+                           "gap": series(g["gap"]), "noise": list(g.get("noise", ()))}
+                       for k, g in self.groups.items()},
             "prompts": self.prompts,
             "latest_metrics": {k: v for k, v in self.latest_metrics.items() if math.isfinite(v)},
         }
@@ -1262,6 +1309,9 @@ class RunState:
             if k in rs.groups:
                 rs.groups[k] = {"points": {c: Series(p) for c, p in v.get("points", {}).items()},
                                 "gap": Series(v.get("gap", []))}
+                noise = v.get("noise")
+                if isinstance(noise, list) and len(noise) == 3:
+                    rs.groups[k]["noise"] = [float(noise[0]), float(noise[1]), int(noise[2])]
         rs.prompts = state.get("prompts", {})
         rs.latest_metrics = state.get("latest_metrics", {})
         return rs

@@ -388,6 +388,22 @@ impl Series {
         ls_slope(py, &self.pts)
     }
 
+    /// ``(sum of squares, count)`` of the second differences ``x[i] - 2 x[i-1] + x[i-2]`` of
+    /// the points ``i`` whose step is above ``after`` (a straight trend gives 0: what is left
+    /// is the series' scatter, 6 times its variance for independent noise).
+    fn curvature(&self, after: i64) -> (f64, usize) {
+        let (mut ss, mut n) = (0.0, 0);
+        let pts = &self.pts;
+        let mut i = pts.len();
+        while i > 2 && pts[i - 1].0 > after {
+            let d2 = pts[i - 1].1 - 2.0 * pts[i - 2].1 + pts[i - 3].1;
+            ss += d2 * d2;
+            n += 1;
+            i -= 1;
+        }
+        (ss, n)
+    }
+
     fn to_list<'py>(&self, py: Python<'py>) -> Bound<'py, PyList> {
         PyList::new_bound(py, self.pts.iter().map(|&(s, x)| PyList::new_bound(py, [s.into_py(py), x.into_py(py)])))
     }

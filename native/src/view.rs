@@ -26,7 +26,7 @@ struct ViewData {
     finite: Option<bool>,
     /// the moments of each array asked for (None: the step has no such array)
     moments: Vec<(Py<PyString>, Option<Py<Moments>>)>,
-    /// the trends of each group the step has: (slopes, gap slope, gap, lowest, highest)
+    /// the trends of each group the step has: (slopes, gap slope, gap, lowest, highest, unit)
     groups: Vec<(Py<PyString>, Py<PyTuple>)>,
 }
 
@@ -114,10 +114,11 @@ impl StepView {
     }
 
     /// The trends of the step's group ``key`` (``RunState.group_trends``: slopes by category,
-    /// the gap's slope, the gap, the lowest and the highest finite slope or None).
+    /// the gap's slope, the gap, the lowest and the highest finite slope or None, the noise
+    /// unit that a ``_z`` statistic multiplies its slope by).
     fn set_group(&self, key: Bound<'_, PyString>, trends: Bound<'_, PyTuple>) -> PyResult<()> {
-        if trends.len() != 5 {
-            return Err(pyo3::exceptions::PyValueError::new_err("set_group: five trends"));
+        if trends.len() != 6 {
+            return Err(pyo3::exceptions::PyValueError::new_err("set_group: six trends"));
         }
         data_lock(&self.data)?.groups.push((key.unbind(), trends.unbind()));
         Ok(())
@@ -142,14 +143,19 @@ impl StepView {
     /// The reader of statistic ``stat`` of group ``key`` (``(value, slopes or None)``;
     /// ``(nan, None)`` when the step has no such group).
     fn group_stat(&self, key: Bound<'_, PyString>, stat: String) -> PyResult<GroupStat> {
-        let stat = match stat.as_str() {
+        // a ``_z`` statistic is its slope's in the group's noise unit (trends' sixth item)
+        let (base, z) = match stat.strip_suffix("_z") {
+            Some(b) => (b, true),
+            None => (stat.as_str(), false),
+        };
+        let stat = match base {
             "gap" => GroupSig::Gap,
             "gap_slope" => GroupSig::GapSlope,
             "min_slope" => GroupSig::Min,
             "max_slope" => GroupSig::Max,
             _ => GroupSig::Range,
         };
-        Ok(GroupStat { data: self.data.clone(), key: key.unbind(), stat })
+        Ok(GroupStat { data: self.data.clone(), key: key.unbind(), stat, z: z && stat != GroupSig::Gap })
     }
 
     /// The reader of the step's non-finite metrics among ``names`` (every metric when None).
@@ -223,6 +229,7 @@ pub struct GroupStat {
     data: Data,
     key: Py<PyString>,
     stat: GroupSig,
+    z: bool,
 }
 
 impl GroupStat {
@@ -246,13 +253,13 @@ impl GroupStat {
         };
         let t = t.bind(py);
         let item = |i: usize| -> PyResult<Bound<'_, PyAny>> { t.get_item(i) };
-        Ok(match self.stat {
+        let v: f64 = match self.stat {
             GroupSig::Gap => item(2)?.extract()?,
             GroupSig::GapSlope => item(1)?.extract()?,
             _ => {
                 let lo = item(3)?;
                 if lo.is_none() {
-                    NAN
+                    return Ok(NAN);
                 } else {
                     match self.stat {
                         GroupSig::Min => lo.extract()?,
@@ -261,7 +268,8 @@ impl GroupStat {
                     }
                 }
             }
-        })
+        };
+        Ok(if self.z { v * item(5)?.extract::<f64>()? } else { v })
     }
 }
 
@@ -276,14 +284,20 @@ impl GroupStat {
         let t = t.bind(py);
         let slopes = t.get_item(0)?;
         let (lo, hi) = (t.get_item(3)?, t.get_item(4)?);
-        Ok(match self.stat {
-            GroupSig::Gap => (t.get_item(2)?, none).into_py(py),
-            GroupSig::GapSlope => (t.get_item(1)?, slopes).into_py(py),
-            _ if lo.is_none() => (NAN, none).into_py(py),
-            GroupSig::Min => (lo, slopes).into_py(py),
-            GroupSig::Max => (hi, slopes).into_py(py),
-            GroupSig::Range => (hi.extract::<f64>()? - lo.extract::<f64>()?, slopes).into_py(py),
-        })
+        if self.stat == GroupSig::Gap {
+            return Ok((t.get_item(2)?, none).into_py(py));
+        }
+        if self.stat != GroupSig::GapSlope && lo.is_none() {
+            return Ok((NAN, none).into_py(py));
+        }
+        let scale: f64 = if self.z { t.get_item(5)?.extract()? } else { 1.0 };
+        let v: f64 = match self.stat {
+            GroupSig::GapSlope => t.get_item(1)?.extract()?,
+            GroupSig::Min => lo.extract()?,
+            GroupSig::Max => hi.extract()?,
+            _ => hi.extract::<f64>()? - lo.extract::<f64>()?,
+        };
+        Ok((v * scale, slopes).into_py(py))
     }
 }
 

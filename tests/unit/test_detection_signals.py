@@ -357,3 +357,67 @@ def test_a_cycle_rise_restored_from_an_older_worker_s_state_goes_on():
     state["cycles"] = [[m, c, v[:2]] for m, c, v in state["cycles"]]
     with pytest.raises(ValueError, match="three or eight values"):
         again.load(state)
+
+
+def _imbalance_run(scale: float, offset: float, *, steps: int = 420, every: int = 1) -> list:
+    """A run with three reward categories (scatter 0.04): all rise at 0.002 per step until step
+    200, then 'creative' goes on rising while 'safety' falls; its reward under another reward
+    model (``scale * r + offset``). Its step events, one per logged step."""
+    rng = random.Random(17)
+    out = []
+    for step in range(0, steps, every):
+        base = 0.2 + 0.002 * min(step, 200)
+        after = max(step - 200, 0)
+        cats = {"safety": base - 0.004 * after, "knowledge": base + 0.1, "creative": base - 0.1 + 0.005 * after}
+        cats = {c: scale * (v + rng.gauss(0, 0.04)) + offset for c, v in cats.items()}
+        out.append(step_event("g", step, {"reward/mean": sum(cats.values()) / 3},
+                              groups={"reward/mean": cats}))
+    return out
+
+
+def _imbalance_alerts(events, pack) -> list:
+    pipeline = Pipeline(pack)
+    return [(a.step, a.severity, a.state) for ev in events for a in pipeline.feed(ev, ev.ts)
+            if a.rule == "category_imbalance"]
+
+
+@pytest.mark.parametrize("every", [1, 10])
+def test_category_imbalance_judges_a_run_alike_whatever_the_reward_models_unit(every):
+    """The categories' trends are read in their own noise (max_slope_z ...): the same run under
+    a reward model 10 times wider or narrower, or shifted, gets the same alerts at the same
+    steps. (With slopes per step against 0.001, the narrower one was never alarmed and a
+    healthy run 10 times wider was.)"""
+    from tests.unit._core import only_rules
+
+    pack = only_rules("category_imbalance")
+    got = {(a, b): _imbalance_alerts(_imbalance_run(a, b, every=every), pack)
+           for a, b in ((1, 0), (10, 0), (0.1, 0), (1, 3))}
+    ref = got[(1, 0)]
+    assert ("orange", "firing") in {(s, st) for _, s, st in ref}
+    assert min(step for step, s, st in ref if st == "firing") > 200      # after the split, not before
+    assert all(v == ref for v in got.values()), got
+    # the healthy part alone (every category rising alike) is quiet at any unit
+    for a in (1, 10, 0.1):
+        assert _imbalance_alerts(_imbalance_run(a, 0, steps=200, every=every), pack) == []
+
+
+def test_a_groups_noise_unit_is_kept_in_the_runs_state():
+    """A worker that restarts from a run's state reads the same trends as one that did not."""
+    from streams.processor import Processor
+
+    proc = Processor(rlhf_pack())
+    events = _imbalance_run(1, 0, steps=300)
+    whole, first = proc.new_state("g"), proc.new_state("g")
+    for ev in events[:250]:
+        proc.process(whole, ev, ev.ts)
+        proc.process(first, ev, ev.ts)
+    restored = type(first).from_state(first.to_state(), proc.resolve)
+    for ev in events[250:]:
+        proc.process(whole, ev, ev.ts)
+        proc.process(restored, ev, ev.ts)
+    key = "reward/mean|100"
+    assert whole.groups[key]["noise"][1] > 100
+    assert restored.groups[key]["noise"] == pytest.approx(whole.groups[key]["noise"])
+    assert restored.group_trends(key, 100)[5] == pytest.approx(whole.group_trends(key, 100)[5])
+    # the unit is the window over the categories' scatter (0.04 here)
+    assert 100 / whole.group_trends(key, 100)[5] == pytest.approx(0.04, rel=0.15)

@@ -246,6 +246,9 @@ def test_a_series_is_the_python_one_number_for_number(pts, ordered, edge, keep):
                 a.append(s, v)
                 b.append(s, v)
         assert _same(a.slope(), b.slope())
+        for after in (-1, edge):
+            (ssa, na), (ssb, nb) = a.curvature(after), b.curvature(after)
+            assert _same(ssa, ssb) and na == nb
         assert len(a) == len(b) and a.span() == b.span() and _same(a.last(), b.last())
         assert str(a.to_list()) == str(b.to_list())    # (NaN != NaN: compare as text)
         # a worker writes the points as MessagePack: msgspec's bytes of the same list
@@ -267,6 +270,10 @@ def test_a_series_of_a_line_and_its_edges():
     s.trim(10**9, 3)            # never fewer than 3
     assert len(s) == 3 and s.last() == 2.0 + 0.5 * 95
     assert math.isnan(native.Series().last()) and native.Series().span() == 0
+    assert s.curvature(-1) == (0.0, 1)              # a straight line: no scatter; 3 points, 1 triple
+    bumpy = native.Series([[0, 1.0], [1, 2.0], [2, 1.0], [3, 2.0]])
+    assert bumpy.curvature(-1) == (8.0, 2)          # second differences -2 and +2
+    assert bumpy.curvature(2) == (4.0, 1)           # only the points logged after step 2
     assert native.Series([(1, 2.0), [2, 3]]).to_list() == [[1, 2.0], [2, 3.0]]   # as a state loads
     with pytest.raises(TypeError):
         native.Series([["one", 2.0]])

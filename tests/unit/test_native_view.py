@@ -175,14 +175,16 @@ def test_a_run_state_on_the_native_core_reads_its_step_through_the_native_view()
     assert not st.view.finite() and st.moments("reward").mean == 1.5
 
 
-GROUP_STATS = ["gap", "gap_slope", "min_slope", "max_slope", "range"]
+GROUP_STATS = ["gap", "gap_slope", "min_slope", "max_slope", "range",
+               "gap_slope_z", "min_slope_z", "max_slope_z", "spread_slope_z"]
 
 
 def _trends(rnd: random.Random) -> tuple:
     slopes = {c: rnd.choice([rnd.uniform(-1, 1), math.nan]) for c in ("a", "b", "c")[:rnd.randrange(4)]}
     finite = [v for v in slopes.values() if v == v]
     return (slopes, rnd.choice([rnd.uniform(-1, 1), math.nan]), rnd.choice([rnd.uniform(0, 2), math.nan]),
-            min(finite) if finite else None, max(finite) if finite else None)
+            min(finite) if finite else None, max(finite) if finite else None,
+            rnd.choice([rnd.uniform(0.5, 50), math.nan]))
 
 
 def test_the_native_group_reader_gives_what_its_reference_gives():
