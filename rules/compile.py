@@ -435,7 +435,7 @@ _SIGNAL_COST = {
 #: Signals whose numbers depend on when they are read (running float sums re-added from scratch
 #: after a gap, a value recomputed every few points): an ``all`` holding one keeps its order,
 #: so that skipping a read never changes a number.
-_READ_TIMED = frozenset({"mean", "std", "zscore", "slope", "rel_trend", "flat_range", "autocorr",
+_READ_TIMED = frozenset({"mean", "std", "zscore", "slope", "rel_trend", "trend_gain", "flat_range", "autocorr",
                          "robust_z", "rel_drop", "rel_rise", "level_change"})
 
 

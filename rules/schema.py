@@ -155,6 +155,9 @@ SIGNALS = {
                   "the median of the run's first 20 steps, plus their robust scale: "
                   "-0.5 lost half of what the run gained since its start, whatever the reward "
                   "model's zero and unit",
+    "trend_gain": "least-squares slope x window, in the run's own unit (shift_gain's): the "
+                  "climb across the window as a share of how far the window's median lies from "
+                  "the median of the run's first 20 steps, plus their robust scale",
     "noise_ratio": "robust scale of the point-to-point changes over the window / that of the "
                    "run's first `window` steps (the noise grew: oscillation, instability)",
     "follow_z": "how much of the metric's trend `versus` follows: Mann-Kendall z of `versus` / "
@@ -170,7 +173,7 @@ MIN_POINTS = {
     "value": 1, "ema": 1, "mean": 3, "std": 3, "median": 3, "min": 2, "max": 2, "zscore": 20,
     "robust_z": 20, "ratio_to_median": 10, "ratio_to_start": 1, "rel_drop": 3, "rel_rise": 3,
     "trend_z": 16, "trend_tau": 16, "slope": 8, "flat_range": 5, "autocorr": 24,
-    "sign_flip_rate": 12, "diff_ratio": 12, "delta": 2, "cycle_rise": 1, "rel_trend": 10,
+    "sign_flip_rate": 12, "diff_ratio": 12, "delta": 2, "cycle_rise": 1, "rel_trend": 10, "trend_gain": 10,
     "level_change": 12,
     # change points, warm-up baselines, spikes (the detection pack's signals)
     "shift_z": 16, "level_ratio": 16, "shift_rel": 16, "range_pos": 16, "level_to_max": 16,
@@ -182,7 +185,7 @@ READY_POINTS = {
     "value": 1, "ema": 1, "mean": 1, "std": 2, "median": 1, "min": 1, "max": 1, "zscore": 5,
     "robust_z": 5, "ratio_to_median": 2, "ratio_to_start": 1, "rel_drop": 1, "rel_rise": 1,
     "trend_z": 3, "trend_tau": 3, "slope": 2, "flat_range": 2, "autocorr": 8,
-    "sign_flip_rate": 3, "diff_ratio": 3, "delta": 2, "cycle_rise": 1, "rel_trend": 3,
+    "sign_flip_rate": 3, "diff_ratio": 3, "delta": 2, "cycle_rise": 1, "rel_trend": 3, "trend_gain": 3,
     "level_change": 10,
     "shift_z": 15, "level_ratio": 15, "shift_rel": 15, "range_pos": 15, "level_to_max": 15,
     "over_max_z": 15, "shift_dz": 15, "shift_gain": 15, "ratio_to_max": 4, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 2,

@@ -647,6 +647,17 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
                 return NAN
             return win.slope() * window / max(abs(win.median()), 1e-12)
         return f
+    if sig == "trend_gain":
+        # rel_trend in the run's own unit (shift_gain's): the climb across the window as a
+        # share of what the run moved since its start, plus that start's spread
+        def f():
+            sync()
+            span = win.st[-1] - win.st[0] + 1
+            if span < window // 2:
+                return NAN
+            unit = abs(win.median() - trk.baseline(START_STEPS)) + trk.baseline_stat(START_STEPS, 1)
+            return _ratio(win.slope() * window, unit)
+        return f
     if sig == "level_change":
         def f():
             sync()
@@ -833,6 +844,11 @@ class Bank:
             other = self.window(self.track(cycle_metric, smooth), window, min_points)
             other.need_mk()
             cycle = other     # handed to the reader in the cycle slot
+        elif signal == "trend_gain":
+            trk.baselines.setdefault(START_STEPS, [])
+            win = self.window(trk, window, min_points)
+            win.need_sums()
+            win.need_sorted()
         elif signal in ("gain_t", "noise_ratio", "shift_gain"):
             trk.baselines.setdefault(START_STEPS if signal == "shift_gain" else window, [])
             win = self.window(trk, window, min_points)

@@ -1413,6 +1413,7 @@ enum Sig {
     RelRise,
     FlatRange,
     RelTrend,
+    TrendGain,
     LevelChange,
     SignFlipRate,
     DiffRatio,
@@ -1458,6 +1459,7 @@ impl Sig {
             "rel_rise" => RelRise,
             "flat_range" => FlatRange,
             "rel_trend" => RelTrend,
+            "trend_gain" => TrendGain,
             "level_change" => LevelChange,
             "sign_flip_rate" => SignFlipRate,
             "diff_ratio" => DiffRatio,
@@ -1925,6 +1927,21 @@ impl Core {
                 let slope = w.slope(py)?;
                 Ok(slope * window as f64 / py_max(w.median().abs(), 1e-12))
             }
+            // rel_trend in the run's own unit (shift_gain's): the climb across the window as a
+            // share of what the run moved since its start, plus that start's robust scale
+            TrendGain => {
+                self.sync(r.win);
+                let w = &self.windows[r.win];
+                let span = dq_last(&w.st)? - w.st[0] + 1;
+                if span < window.div_euclid(2) {
+                    return Ok(NAN);
+                }
+                let slope = w.slope(py)?;
+                let trk = &self.tracks[r.trk];
+                let unit = (w.median() - trk.baseline(START_STEPS)).abs()
+                    + trk.baseline_stat(START_STEPS, 1);
+                Ok(ratio(slope * window as f64, unit))
+            }
             LevelChange => {
                 self.sync(r.win);
                 let w = &self.windows[r.win];
@@ -2298,14 +2315,17 @@ impl Bank {
                 other = core.window(ot, w, min_points);
                 core.windows[other].need_mk();
             }
-            "gain_t" | "noise_ratio" | "shift_gain" => {
+            "gain_t" | "noise_ratio" | "shift_gain" | "trend_gain" => {
                 let w = need_window()?;
-                let b = if signal_s == "shift_gain" { START_STEPS } else { w };
+                let b = if matches!(signal_s.as_str(), "shift_gain" | "trend_gain") { START_STEPS } else { w };
                 let t = &mut core.tracks[trk];
                 if !t.baselines.iter().any(|(k, _)| *k == b) {
                     t.baselines.push((b, Baseline::Collecting(Vec::new())));
                 }
                 win = core.window(trk, w, min_points);
+                if signal_s == "trend_gain" {
+                    core.windows[win].need_sums();
+                }
                 core.windows[win].need_sorted();
             }
             "ratio_to_start" | "start_z" | "ratio_to_start_max" => {

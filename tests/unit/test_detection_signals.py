@@ -19,7 +19,7 @@ from tests.unit._core import feed_series, firing, resolved, rlhf_pack, step_even
 
 PACKS = Path(__file__).resolve().parents[2] / "rules" / "packs"
 
-NEW = ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "over_max_z", "shift_dz", "shift_gain",
+NEW = ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "over_max_z", "shift_dz", "shift_gain", "trend_gain",
        "ratio_to_max", "start_z", "ratio_to_start_max", "gain_t", "follow_z", "range",
        "noise_ratio")
 
@@ -135,6 +135,24 @@ def test_shift_gain_reads_a_fall_alike_whatever_the_reward_models_zero_and_unit(
     assert abs(run(flat, "shift_gain", 50)[-1]) < 3
     assert run(flat + [0.3] * 3, "shift_gain", 50)[-1] < -5
     assert run([0.5] * 93, "shift_gain", 50)[-1] == 0.0                      # constant: no change
+
+
+def test_trend_gain_reads_a_climb_alike_whatever_the_reward_models_zero_and_unit():
+    """A run that learnt from 0.2 to 0.5 over its first 100 steps, held, then climbs 0.3 more in
+    60 steps: trend_gain reads that climb as a share of what the run gained since its first
+    20 steps, the same under any affine reward model, where rel_trend, a share of the level,
+    reads it as 0.45 at 0.65 and as 0.11 at 2.65 (and blows up where the reward crosses 0)."""
+    rng = random.Random(8)
+    xs = ([0.2 + 0.003 * i + rng.gauss(0, 0.01) for i in range(100)]
+          + [0.5 + rng.gauss(0, 0.01) for _ in range(100)]
+          + [0.5 + 0.005 * i + rng.gauss(0, 0.01) for i in range(60)])
+    got = [run([a * x + b for x in xs], "trend_gain", 60)[-1] for a, b in ((1, 0), (1, 2), (10, -3), (0.1, 0))]
+    assert 0.5 < got[0] < 1.0
+    assert all(g == pytest.approx(got[0], rel=1e-6) for g in got)
+    assert run(xs, "rel_trend", 60)[-1] == pytest.approx(0.45, abs=0.05)
+    assert run([x + 2 for x in xs], "rel_trend", 60)[-1] == pytest.approx(0.11, abs=0.02)
+    # the held plateau itself: no climb
+    assert abs(run(xs[:200], "trend_gain", 60)[-1]) < 0.1
 
 
 def test_start_z_and_gain_t_measure_the_run_against_its_own_warm_up():
