@@ -12,6 +12,8 @@ A test file::
           kl/mean: "0.02x20 0.02+0.02x10"   # promtool notation: a x n = n+1 copies of a;
                                           # a+b x n = a, a+b, ..., a+n*b; _ = not logged
           reward/mean: [1.0, 1.1, NaN]    # or a plain list
+        groups:                    # optional: per-category values of a group metric, per step
+          reward/mean: {math: "0.5+0.01x50", code: "0.5x50"}
         expect:                    # alerts that must fire (firing state), within `within` steps
           - {rule: kl_above_target, severity: red, step: 24, within: 3}
         absent: [nan_inf]          # rules that must not fire at all (any severity)
@@ -77,6 +79,17 @@ class TestOutcome:
     fired: list[str] = field(default_factory=list)
 
 
+def _whole(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _well_formed(exp) -> bool:
+    """An expectation is ``{rule, severity?, step?, within?}``, its steps whole numbers."""
+    return (isinstance(exp, dict) and isinstance(exp.get("rule"), str)
+            and set(exp) <= {"rule", "severity", "step", "within"}
+            and (exp.get("step") is None or _whole(exp["step"])) and _whole(exp.get("within", 0)))
+
+
 def _run_one(pack: Pack, case: dict) -> TestOutcome:
     name = case.get("name", "unnamed")
     run_id = case.get("run_id", "test-run")
@@ -84,26 +97,44 @@ def _run_one(pack: Pack, case: dict) -> TestOutcome:
         series = {m: expand_series(v) for m, v in (case.get("series") or {}).items()}
     except (TypeError, ValueError) as exc:
         return TestOutcome(name, False, [f"bad series: {exc}"])
-    if not series:
+    groups = case.get("groups") or {}
+    if not isinstance(groups, dict) or not all(isinstance(c, dict) and c for c in groups.values()):
+        return TestOutcome(name, False, ["groups: a group metric -> {category: series} each"])
+    try:
+        cats = {(m, c): expand_series(v) for m, by in groups.items() for c, v in by.items()}
+    except (TypeError, ValueError) as exc:
+        return TestOutcome(name, False, [f"bad group series: {exc}"])
+    if not series and not cats:
         return TestOutcome(name, False, ["the test has no series"])
     if case.get("targets"):
         pack = pack.model_copy(update={"overrides": [*pack.overrides,
                                                      Override(runs=run_id, targets=case["targets"])]})
     pipeline = Pipeline(pack)
     interval = float(case.get("interval", 1.0))
-    n = max(len(v) for v in series.values())
+    n = max(len(v) for v in [*series.values(), *cats.values()])
     firing = []
     for step in range(n):
         metrics = {m: v[step] for m, v in series.items() if step < len(v) and v[step] is not None}
-        if not metrics:     # nothing logged at this step: no event, as from a run logging sparsely
-            continue
+        by_group: dict[str, dict[str, float]] = {}
+        for (m, c), v in cats.items():
+            if step < len(v) and v[step] is not None:
+                by_group.setdefault(m, {})[c] = v[step]
+        if not metrics and not by_group:   # nothing logged at this step: no event, as from a
+            continue                       # run logging sparsely
         ts = 1_700_000_000.0 + step * interval
-        ev = parse_event({"schema": 1, "kind": "step", "run_id": run_id, "step": step,
-                          "ts": ts, "metrics": metrics}, ts)
+        raw = {"schema": 1, "kind": "step", "run_id": run_id, "step": step, "ts": ts,
+               "metrics": metrics}
+        if by_group:
+            raw["groups"] = by_group
+        ev = parse_event(raw, ts)
         firing += [a for a in pipeline.feed(ev, ts) if a.state == "firing"]
     problems = []
     for exp in case.get("expect") or []:
-        within = int(exp.get("within", 0))
+        if not _well_formed(exp):
+            problems.append(f"expect: {exp!r} is not {{rule, severity?, step?, within?}} with "
+                            "whole-number steps")
+            continue
+        within = exp.get("within", 0)
         at = exp.get("step")
         match = [a for a in firing if a.rule == exp["rule"]
                  and ("severity" not in exp or a.severity == exp["severity"])

@@ -212,3 +212,43 @@ def test_a_step_where_nothing_is_logged_sends_no_event(tmp_path):
         """))
     [o] = run_rule_tests(f)
     assert o.passed, o.problems
+
+
+def test_a_case_can_give_a_group_metrics_categories(tmp_path):
+    """``groups:`` feeds per-category values (here with no other metric): a rule on the
+    categories fires on them, and a bad group spec or expectation is named, not a crash."""
+    (tmp_path / "cats.yaml").write_text(textwrap.dedent("""
+        pack: cats
+        rules:
+          - id: gap_widening
+            tiers:
+              - severity: yellow
+                when: {groups: reward/mean, stat: gap, above: 0.5}
+        """))
+    f = tmp_path / "cats_test.yaml"
+    f.write_text(textwrap.dedent("""
+        rules: cats.yaml
+        tests:
+          - name: the gap between the categories passes 0.5
+            groups:
+              reward/mean: {math: "0.5+0.03x29", code: "0.5x29"}
+            expect:
+              - {rule: gap_widening, severity: yellow, step: 20}
+          - name: a category without a series
+            groups:
+              reward/mean: {}
+          - name: a category series that is not one
+            groups:
+              reward/mean: {math: "0.5 lots"}
+          - name: an expectation whose step is not a number
+            groups:
+              reward/mean: {math: "0.5+0.1x9", code: "0.5x9"}
+            expect:
+              - {rule: gap_widening, step: soon}
+        """))
+    ok, empty, bad, step = run_rule_tests(f)
+    # (a group's trends are worked out every 10 steps: the gap passes 0.5 at step 17)
+    assert ok.passed and ok.fired == ["gap_widening/yellow@20"], ok
+    assert not empty.passed and "groups:" in empty.problems[0]
+    assert not bad.passed and "'lots'" in bad.problems[0]
+    assert not step.passed and "whole-number steps" in step.problems[0]
