@@ -11,6 +11,7 @@
 
     python bench/backtest.py [--seeds 2] [--every 1,5,10] [--seed-from N] [--jobs 2] [--faults a,b] [--real-only]
                              [--sim-only] [--tune] [--rules PACK] [--json OUT]
+                             [--reward-scale K] [--reward-offset B] [--metric-scale PREFIX=K ...]
 """
 from __future__ import annotations
 
@@ -41,22 +42,40 @@ def sim_faults() -> list[str]:
 
 
 def sim_cases(faults, seeds: int, every: list[int], healthy_seeds: int,
-              seed_from: int = HELDOUT_SEEDS_FROM, reward: tuple[float, float] = (1.0, 0.0)) -> list[SimCase]:
+              seed_from: int = HELDOUT_SEEDS_FROM, reward: tuple[float, float] = (1.0, 0.0),
+              scales: tuple = ()) -> list[SimCase]:
     """The held-out cases; ``reward``: (scale, offset) of the reward as another reward model
-    would give it (rlwatch.backtest.reward_as)."""
+    would give it (rlwatch.backtest.reward_as); ``scales``: metric families of another size
+    (rlwatch.backtest.scaled_metrics)."""
     cases = []
     for fault in faults:
         for i in range(seeds):
             for j, k in enumerate(every):
                 algo = ("ppo", "grpo")[(i + j) % 2]          # alternate; the sim falls back
                 cases.append(SimCase(fault, algo, seed_from + 10 * i + j, k,
-                                     reward_scale=reward[0], reward_offset=reward[1]))
+                                     reward_scale=reward[0], reward_offset=reward[1],
+                                     metric_scales=scales))
     for i in range(healthy_seeds):
         for j, k in enumerate(every):
             for algo in ALGOS:
                 cases.append(SimCase("healthy", algo, seed_from + 500 + 10 * i + j, k,
-                                     reward_scale=reward[0], reward_offset=reward[1]))
+                                     reward_scale=reward[0], reward_offset=reward[1],
+                                     metric_scales=scales))
     return cases
+
+
+def _scales(specs: list[str]) -> tuple:
+    """``["entropy/=3", ...]`` as ((prefix, factor), ...); a malformed one exits with its name."""
+    out = []
+    for spec in specs:
+        prefix, sep, factor = spec.rpartition("=")
+        try:
+            out.append((prefix, float(factor)))
+        except ValueError:
+            sep = ""
+        if not sep or not prefix:
+            raise SystemExit(f"--metric-scale {spec!r}: expected PREFIX=FACTOR, e.g. entropy/=3")
+    return tuple(out)
 
 
 def real_section(pack, tune: bool, out: dict) -> None:
@@ -99,7 +118,7 @@ def sim_section(pack, args, out: dict) -> None:
     every = [int(x) for x in args.every.split(",")]
     faults = args.faults.split(",") if args.faults else sim_faults()
     cases = sim_cases(faults, args.seeds, every, args.healthy_seeds, args.seed_from,
-                      (args.reward_scale, args.reward_offset))
+                      (args.reward_scale, args.reward_offset), _scales(args.metric_scale))
     print(f"\n== Simulated runs: {len(cases)} cases, held-out seeds >= {args.seed_from}, "
           f"logging every {', '.join(map(str, every))} steps")
     t0 = time.time()
@@ -181,6 +200,10 @@ def main() -> None:
     ap.add_argument("--reward-scale", type=float, default=1.0,
                     help="simulated runs: the reward as another reward model gives it, scale * r + offset")
     ap.add_argument("--reward-offset", type=float, default=0.0)
+    ap.add_argument("--metric-scale", action="append", default=[], metavar="PREFIX=FACTOR",
+                    help="simulated runs: metrics whose name starts with PREFIX multiplied by "
+                         "FACTOR, as a run of another size logs them (entropy/=3, grad_norm/=10, "
+                         "response/length=4: its per-sample lengths too); repeatable")
     ap.add_argument("--real-only", action="store_true")
     ap.add_argument("--sim-only", action="store_true")
     ap.add_argument("--tune", action="store_true", help="also score a pack tuned on the other sources")

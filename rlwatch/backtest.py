@@ -581,6 +581,7 @@ class SimCase:
     window: int = SIM_WINDOW
     reward_scale: float = 1.0         # the reward as another reward model would give it:
     reward_offset: float = 0.0        # scale * reward + offset (:func:`reward_as`)
+    metric_scales: tuple = ()         # ((metric prefix, factor), ...): :func:`scaled_metrics`
 
     @property
     def run_id(self) -> str:
@@ -645,6 +646,32 @@ def reward_as(raw: dict, scale: float, offset: float) -> dict:
     return raw
 
 
+#: the per-sample array that follows a metric family when it is scaled
+_DIST_OF = {"response/length": "response_length"}
+
+
+def scaled_metrics(raw: dict, scales) -> dict:
+    """A simulated event as a run of another size would log it: each metric whose name starts
+    with one of ``scales``' prefixes multiplied by its factor (``entropy/`` x 3: another
+    vocabulary; ``grad_norm/`` x 10: another model; ``response/length`` x 4: a task with longer
+    answers, its per-sample lengths too). A rule should read such a run alike."""
+    m = raw.get("metrics")
+    if m:
+        m = dict(m)
+        for k, v in m.items():
+            for prefix, factor in scales:
+                if k.startswith(prefix) and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    m[k] = v * factor
+        raw = {**raw, "metrics": m}
+    dists = raw.get("dists")
+    for prefix, factor in scales:
+        name = _DIST_OF.get(prefix)
+        if dists and name in dists:
+            dists = {**dists, name: [x * factor for x in dists[name]]}
+            raw = {**raw, "dists": dists}
+    return raw
+
+
 def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
     """Simulate ``case`` and feed it through a Pipeline of ``pack``; (label, alerts, span, info)."""
     from contract.events import parse_event
@@ -673,6 +700,8 @@ def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
             continue
         if case.reward_scale != 1.0 or case.reward_offset != 0.0:
             raw = reward_as(raw, case.reward_scale, case.reward_offset)
+        if case.metric_scales:
+            raw = scaled_metrics(raw, case.metric_scales)
         ev = parse_event(raw, raw["ts"])
         last_ts = max(last_ts, ev.ts or 0.0)
         if ev.kind == "step" and ev.rank == 0:

@@ -67,6 +67,8 @@ A condition (``when``) is one of:
 * across ranks: ``{ranks: METRIC, stat: max_over_median, above: 3}``;
   ``{hashes: actor, mismatch: true}``;
 * a per-sample distribution of the step: ``{dist: reward, stat: bimodality, above: 0.6}``;
+  ``tail_mass`` is the share above ``cap``, ``tail_over_median`` the share above ``cap`` times
+  the step's median (a tail in the batch's own unit, for positive values such as lengths);
 * a correlation of two per-sample arrays: ``{corr: [reward, response_length], window: 20, above: 0.5}``;
 * per-category groups: ``{groups: reward/mean, stat: gap_slope, above: 0}``; the slopes
   per step (``min_slope``, ``max_slope``, ``gap_slope``, ``spread_slope``), or the same with
@@ -193,7 +195,7 @@ READY_POINTS = {
 }
 
 DIST_STATS = ("bimodality", "skewness", "mean", "std", "median", "p99", "max", "tail_mass",
-              "frac_at_cap", "ratio_to_start")
+              "frac_at_cap", "ratio_to_start", "tail_over_median")
 RANK_STATS = ("max_over_median", "max", "median")
 GROUP_STATS = ("gap", "gap_slope", "min_slope", "max_slope", "spread_slope",
                "gap_slope_z", "min_slope_z", "max_slope_z", "spread_slope_z")
@@ -295,7 +297,7 @@ class Condition(_Strict):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name} belongs to metric conditions")
         if self.cap is not None and source != "dist":
-            raise ValueError("cap belongs to dist conditions (tail_mass, frac_at_cap)")
+            raise ValueError("cap belongs to dist conditions (tail_mass, frac_at_cap, tail_over_median)")
         least = {"autocorr": 5, "trend_z": 3, "trend_tau": 3, "slope": 3}.get(self.signal, 1)
         if self.window < least:
             raise ValueError(f"signal {self.signal} needs a window of at least {least} steps")

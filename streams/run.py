@@ -134,6 +134,11 @@ class _Moments:
             return self._sorted[lo] + (self._sorted[hi] - self._sorted[lo]) * (pos - lo)
         if stat == "tail_mass":
             return NAN if cap is None else sum(1 for x in self.xs if x > cap) / n
+        if stat == "tail_over_median":    # the tail in the batch's own unit
+            if cap is None:
+                return NAN
+            edge = cap * self.value("median", None)
+            return sum(1 for x in self.xs if x > edge) / n
         if stat == "frac_at_cap":
             return NAN if cap is None else sum(1 for x in self.xs if x >= cap) / n
         raise ValueError(f"unknown dist stat {stat!r}")

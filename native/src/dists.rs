@@ -295,6 +295,14 @@ impl Moments {
                     count as f64 / nf
                 }
             },
+            // the share above ``cap`` times the step's median: a tail in the batch's own unit
+            "tail_over_median" => match cap {
+                None => NAN,
+                Some(c) => {
+                    let edge = c * self.quantile(0.5);
+                    self.xs.iter().filter(|&&x| x > edge).count() as f64 / nf
+                }
+            },
             _ => {
                 return Err(pyo3::exceptions::PyValueError::new_err(format!(
                     "unknown dist stat '{stat}'"

@@ -227,3 +227,31 @@ def test_a_simulated_case_under_another_reward_model_is_judged_alike():
         verdicts.append(judge(label, alerts, span))
     assert [v.passed for v in verdicts] == [True, True]
     assert verdicts[0].caught.step == verdicts[1].caught.step
+
+
+def test_scaled_metrics_multiplies_a_family_and_its_per_sample_array_only():
+    from rlwatch.backtest import scaled_metrics
+
+    raw = {"kind": "step", "step": 3,
+           "metrics": {"response/length_mean": 200.0, "response/length_max": 400, "entropy/mean": 1.5,
+                       "kl/mean": 0.01, "flag": True},
+           "dists": {"reward": [0.0, 1.0], "response_length": [100, 300]}}
+    got = scaled_metrics(raw, (("response/length", 4.0), ("entropy/", 0.5)))
+    assert got["metrics"] == {"response/length_mean": 800.0, "response/length_max": 1600,
+                              "entropy/mean": 0.75, "kl/mean": 0.01, "flag": True}
+    assert got["dists"] == {"reward": [0.0, 1.0], "response_length": [400, 1200]}
+    assert raw["metrics"]["response/length_mean"] == 200.0 and raw["dists"]["response_length"] == [100, 300]
+
+
+def test_a_length_fault_with_answers_4_times_longer_is_judged_alike():
+    """A long-response tail (length_shape) is caught at the same step whether the task's answers
+    run to 250 or to 1,000 tokens: the tail is read against the batch's own median."""
+    from rlwatch.backtest import SimCase, judge, run_sim
+
+    verdicts = []
+    for factor in (1.0, 4.0):
+        case = SimCase("length_shape", "ppo", 51000, 1, 0.5, metric_scales=(("response/length", factor),))
+        label, alerts, span, _ = run_sim(case, "rlhf")
+        verdicts.append(judge(label, alerts, span))
+    assert [v.passed for v in verdicts] == [True, True]
+    assert verdicts[0].caught.step == verdicts[1].caught.step

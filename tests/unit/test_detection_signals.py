@@ -439,3 +439,29 @@ def test_a_groups_noise_unit_is_kept_in_the_runs_state():
     assert restored.group_trends(key, 100)[5] == pytest.approx(whole.group_trends(key, 100)[5])
     # the unit is the window over the categories' scatter (0.04 here)
     assert 100 / whole.group_trends(key, 100)[5] == pytest.approx(0.04, rel=0.15)
+
+
+def test_length_shape_reads_a_long_tail_in_the_batchs_own_unit():
+    """A quarter of the batch at three times the others' length is a tail whether the task's
+    answers run to 200 tokens or to 800; a batch whose lengths are all 4 times longer is not
+    one. (Against 500 tokens, the 800-token task was a tail at every step.)"""
+    from tests.unit._core import only_rules
+
+    pack = only_rules("length_shape")
+
+    def alerts(scale: float, tail_from: int) -> list:
+        rng = random.Random(4)       # the same batches at each scale
+        pipeline = Pipeline(pack)
+        out = []
+        for step in range(120):
+            lengths = [scale * rng.lognormvariate(math.log(200), 0.3) for _ in range(64)]
+            if step >= tail_from:
+                lengths[:20] = [scale * 600 + rng.gauss(0, 20) for _ in range(20)]
+            ev = step_event("l", step, {"response/length_mean": sum(lengths) / 64},
+                            dists={"response_length": lengths})
+            out += [(a.step, a.severity) for a in pipeline.feed(ev, ev.ts) if a.state == "firing"]
+        return out
+
+    assert alerts(1, 10_000) == [] and alerts(4, 10_000) == []
+    tail, longer = alerts(1, 60), alerts(4, 60)
+    assert tail and 60 < tail[0][0] <= 90 and [s for s, _ in longer] == [s for s, _ in tail]

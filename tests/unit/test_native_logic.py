@@ -64,7 +64,7 @@ def test_moments_are_the_python_ones_number_for_number(xs):
     assert got.xs == ref.xs or (got.xs != got.xs)   # the finite values, in order
     for cap in (1.0, 0.0, -0.0, math.nan, None, 1e300, xs[0] if xs else 2.0):
         for stat in ("mean", "ratio_to_start", "std", "skewness", "bimodality", "max", "median",
-                     "p99", "tail_mass", "frac_at_cap"):
+                     "p99", "tail_mass", "frac_at_cap", "tail_over_median"):
             assert _same(got.value(stat, cap), ref.value(stat, cap)), (stat, cap)
     if ref.n == 0:   # an empty dist reads NaN whatever is asked (as the Python does)
         assert _same(got.value("no_such_stat", None), math.nan)

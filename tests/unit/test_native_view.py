@@ -23,7 +23,7 @@ import streams._native as native  # noqa: E402 - an ImportError here fails the r
 from streams.run import PyStepView, RunState  # noqa: E402
 
 STATS = ["mean", "std", "skewness", "bimodality", "max", "median", "p99", "tail_mass",
-         "frac_at_cap", "ratio_to_start"]
+         "frac_at_cap", "ratio_to_start", "tail_over_median"]
 ODD = [math.nan, math.inf, -math.inf, 1e308, -1e308, 0.0, -0.0, 5e-324]
 
 
