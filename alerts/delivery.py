@@ -54,6 +54,9 @@ DRAINED_WITHIN = 300.0
 STRAY_EVERY = 600.0
 #: items of a receiver no worker sends to are dead-lettered once queued this many seconds ago
 STRAY_AGE = 3600.0
+#: a receiver no worker has noted for this many seconds leaves the outbox's list of receivers
+#: (a deployment that renames or drops receivers does not keep them for ever)
+FORGET_AFTER = 86400.0
 
 
 def delivery_key(alert: Alert) -> str:
@@ -175,9 +178,13 @@ class Drainer:
     async def bury_strays(self, now: float) -> int:
         """The items waiting for a receiver that neither this worker nor any other (lately)
         sends to: each such receiver named in the log (once), its items dead-lettered once
-        queued ``STRAY_AGE`` ago. The number dead-lettered."""
+        queued ``STRAY_AGE`` ago. The number dead-lettered. Receivers no worker has noted for
+        ``FORGET_AFTER`` seconds are forgotten."""
         seen = await self.outbox.receivers_seen()
         drained = {name for name, at in seen.items() if now - at <= DRAINED_WITHIN}
+        gone = [name for name, at in seen.items() if now - at > FORGET_AFTER]
+        if gone:
+            await self.outbox.forget_receivers(gone)
         buried = 0
         for name in await self.outbox.queued_receivers():
             if name in self.notifiers or name in drained:

@@ -112,6 +112,8 @@ class Outbox(Protocol):
         """A worker says it sends to ``receivers`` (drains their items), as of ``now``."""
     async def receivers_seen(self) -> dict[str, float]:
         """Each receiver some worker said it sends to, and when it last said so."""
+    async def forget_receivers(self, receivers: list[str]) -> None:
+        """``receivers`` leave :meth:`receivers_seen` (until a worker notes them again)."""
     async def queued_receivers(self) -> list[str]:
         """The receivers that have items waiting (due or not)."""
     async def admit_all(self, alerts: list[tuple[Alert, list[str]]], now: float) -> list[dict[str, GroupClock | None]]:
@@ -303,6 +305,10 @@ class MemoryOutbox:
 
     async def receivers_seen(self) -> dict[str, float]:
         return dict(self.drained)
+
+    async def forget_receivers(self, receivers: list[str]) -> None:
+        for name in receivers:
+            self.drained.pop(name, None)
 
     async def queued_receivers(self) -> list[str]:
         return sorted(r for r, q in self.due.items() if q)
@@ -701,6 +707,10 @@ class RedisOutbox:
 
     async def receivers_seen(self) -> dict[str, float]:
         return {_s(k): float(v) for k, v in (await self.redis.hgetall(self.p + "receivers")).items()}
+
+    async def forget_receivers(self, receivers: list[str]) -> None:
+        if receivers:
+            await self.redis.hdel(self.p + "receivers", *receivers)
 
     async def queued_receivers(self) -> list[str]:
         """The receivers with a due set (Redis deletes an empty one): a scan of the keys, for

@@ -384,3 +384,13 @@ def test_a_notice_for_a_receiver_only_the_operator_has_is_not_kept_for_a_retry(s
     async def buried(r, box):
         return await box.pending(), [it.last_error for it in await box.dead("webhook")]
     assert asyncio.run(in_redis(buried)) == (0, ["no monitor worker sends to webhook"])
+
+    # a receiver no worker has noted for a day (renamed, dropped) leaves the outbox's list
+    async def noted_long_ago(r, box):
+        from alerts.delivery import FORGET_AFTER
+
+        await box.note_receivers(["old-pager"], time.time() - FORGET_AFTER - 60)
+        return sorted(await box.receivers_seen())
+    assert asyncio.run(in_redis(noted_long_ago)) == ["console", "old-pager", "slack-webhook"]
+    asyncio.run(a_worker_ticks(strays=True))
+    assert asyncio.run(in_redis(noted)) == ([b"console", b"slack-webhook"], ["console", "slack-webhook"])

@@ -293,3 +293,10 @@ def test_notices_kept_for_a_receiver_no_worker_sends_to_are_named_once_and_burie
     assert len(told) == 1 and "no monitor worker sends to" in told[0]
     assert "pager" not in caplog.text
     assert any("dead-lettered 1 notification(s) for webhook" in r.getMessage() for r in caplog.records)
+    # "pager", no longer noted by anyone, is forgotten a day later; this worker's own stays
+    from alerts.delivery import FORGET_AFTER
+
+    later = clock.t + FORGET_AFTER + 1
+    run(outbox.note_receivers(["slack-webhook"], later))
+    run(worker.drainer.bury_strays(later))
+    assert set(run(outbox.receivers_seen())) == {"slack-webhook"}
