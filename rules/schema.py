@@ -41,7 +41,9 @@ logging interval of the run:
 * ``for: N`` -- the condition held at every logged point from its onset (the step of the first
   true point) over at least N training steps: ``step - onset_step + 1 >= N``. Logged every
   step, ``for: 5`` fires on the 5th true point; logged every 10 steps, on the 2nd consecutive
-  true point (11 steps). ``for: 1`` fires at once.
+  true point (11 steps). ``for: 1`` fires at once. ``for_points: P`` asks besides that the
+  condition held at P logged points in a row: a brake that must not follow a transient
+  (``for: 3, for_points: 3``) then needs three true points however sparsely the run logs.
 * ``keep_firing_for: N`` -- a firing alert resolves once its condition has been false for more
   than N steps since the first false point; ``escalate_after: N`` -- N steps after firing.
 * ``min_steps: N`` -- a warm-up: the condition is undecided until the metric has been logged
@@ -316,6 +318,7 @@ class Tier(_Strict):
     severity: Literal["info", "yellow", "orange", "red", "black"]
     when: Condition
     for_: int = Field(default=1, ge=1, alias="for", description="training steps held")
+    for_points: int = Field(default=1, ge=1, description="logged points in a row held (besides `for` steps)")
     for_seconds: float = Field(default=0.0, ge=0)
     keep_firing_for: int = Field(default=0, ge=0, description="steps to keep firing once false")
     escalate_after: int | None = Field(default=None, ge=1,

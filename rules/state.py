@@ -4,14 +4,16 @@ One :class:`AlertState` per (rule, tier, rank) of a run; every count is in train
 (the step numbers of the events), so a run logging every 10 steps is judged like one logging
 every step::
 
-    inactive --true--> pending --true over N steps and T seconds--> firing
+    inactive --true--> pending --true over N steps (and P points) and T seconds--> firing
     pending  --false--> inactive
     firing   --false for more than keep_firing_for steps--> inactive  (emits "resolved")
     firing   --still true escalate_after steps after firing--> escalated (emits once)
 
 "True over N steps" is ``step - onset_step + 1 >= N`` at a true point, ``onset_step`` being the
-step of the first true point. An undecided verdict (no data at this step) changes nothing. The
-step numbers and timestamps come from the events, never from a clock.
+step of the first true point; "and P points": the condition was true at P logged points in a
+row (``for_points``: on a run logging every 10 steps, ``for: 3`` alone holds at the second
+point, so a two-point transient would pass). An undecided verdict (no data at this step)
+changes nothing. The step numbers and timestamps come from the events, never from a clock.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ __all__ = ["AlertState", "Transition", "advance"]
 Transition = Literal["firing", "resolved", "escalated"]
 
 _FIELDS = ("status", "onset_step", "onset_ts", "false_since", "fired_step", "escalated", "value",
-           "threshold", "metric", "rank", "detail", "summary")
+           "threshold", "metric", "rank", "detail", "summary", "points")
 
 
 class AlertState:
@@ -34,7 +36,7 @@ class AlertState:
                  fired_step: int | None = None, escalated: bool = False,
                  value: float | None = None, threshold: float | None = None,
                  metric: str | None = None, rank: int | None = None, detail: str | None = None,
-                 summary: str | None = None):
+                 summary: str | None = None, points: int = 0):
         self.status = status
         self.onset_step = onset_step
         self.onset_ts = onset_ts
@@ -48,6 +50,7 @@ class AlertState:
         self.rank = rank
         self.detail = detail
         self.summary = summary
+        self.points = points             # true points in a row while pending
 
     def to_state(self) -> dict:
         return {k: getattr(self, k) for k in _FIELDS}
@@ -67,18 +70,19 @@ class AlertState:
 
 def advance(s: AlertState, holds: bool | None, step: int, ts: float, *, for_steps: int = 1,
             for_seconds: float = 0.0, keep_firing_for: int = 0,
-            escalate_after: int | None = None) -> Transition | None:
+            escalate_after: int | None = None, for_points: int = 1) -> Transition | None:
     """Move ``s`` by one evaluation; return the transition to announce, if any."""
     if holds is None:
         return None
     if holds:
         s.false_since = None
         if s.status == "inactive":
-            s.status, s.onset_step, s.onset_ts = "pending", step, ts
+            s.status, s.onset_step, s.onset_ts, s.points = "pending", step, ts, 0
         if s.status == "pending":
-            if (step - s.onset_step + 1 >= for_steps
+            s.points += 1
+            if (step - s.onset_step + 1 >= for_steps and s.points >= for_points
                     and ts - (s.onset_ts if s.onset_ts is not None else ts) >= for_seconds):
-                s.status, s.fired_step = "firing", step
+                s.status, s.fired_step, s.points = "firing", step, 0
                 return "firing"
             return None
         if (escalate_after is not None and not s.escalated
@@ -87,7 +91,7 @@ def advance(s: AlertState, holds: bool | None, step: int, ts: float, *, for_step
             return "escalated"
         return None
     if s.status == "pending":
-        s.status, s.onset_step, s.onset_ts = "inactive", None, None
+        s.status, s.onset_step, s.onset_ts, s.points = "inactive", None, None, 0
         return None
     if s.status == "firing":
         if s.false_since is None:

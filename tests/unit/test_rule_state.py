@@ -126,3 +126,22 @@ def test_state_round_trips_through_dict():
     s, _ = run(seq([True, True, False]), for_steps=1, keep_firing_for=3)
     s.value, s.threshold = 0.3, 0.2
     assert AlertState.from_state(s.to_state()) == s
+
+
+def test_for_points_asks_that_many_true_points_in_a_row_however_sparse_the_logging():
+    """Logged every 2 steps, ``for: 3`` alone fires at the second true point (3 steps); with
+    ``for_points: 3`` it waits for the third, and a false point starts the count again."""
+    sparse = [(True, 10, 10.0), (True, 12, 12.0), (True, 14, 14.0)]
+    assert run(sparse, for_steps=3)[1] == [(12, "firing")]
+    assert run(sparse, for_steps=3, for_points=3)[1] == [(14, "firing")]
+    s, out = run([(True, 10, 10.0), (True, 12, 12.0), (False, 14, 14.0), (True, 16, 16.0),
+                  (None, 17, 17.0), (True, 18, 18.0), (True, 20, 20.0)], for_steps=3, for_points=3)
+    assert out == [(20, "firing")] and s.onset_step == 16
+    # logged every step, for_points: 3 with for: 3 changes nothing
+    assert run(seq([True] * 4), for_steps=3, for_points=3)[1] == run(seq([True] * 4), for_steps=3)[1]
+    # a pending state written and read back keeps its count
+    s = AlertState()
+    advance(s, True, 10, 10.0, for_steps=3, for_points=3)
+    advance(s, True, 12, 12.0, for_steps=3, for_points=3)
+    back = AlertState.from_state(s.to_state())
+    assert advance(back, True, 14, 14.0, for_steps=3, for_points=3) == "firing"
