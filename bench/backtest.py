@@ -12,6 +12,7 @@
     python bench/backtest.py [--seeds 2] [--every 1,5,10] [--seed-from N] [--jobs 2] [--faults a,b] [--real-only]
                              [--sim-only] [--tune] [--rules PACK] [--json OUT]
                              [--reward-scale K] [--reward-offset B] [--metric-scale PREFIX=K ...]
+                             [--metric-noise PREFIX=SD ...]
 """
 from __future__ import annotations
 
@@ -43,10 +44,10 @@ def sim_faults() -> list[str]:
 
 def sim_cases(faults, seeds: int, every: list[int], healthy_seeds: int,
               seed_from: int = HELDOUT_SEEDS_FROM, reward: tuple[float, float] = (1.0, 0.0),
-              scales: tuple = ()) -> list[SimCase]:
+              scales: tuple = (), noise: tuple = ()) -> list[SimCase]:
     """The held-out cases; ``reward``: (scale, offset) of the reward as another reward model
     would give it (rlwatch.backtest.reward_as); ``scales``: metric families of another size
-    (rlwatch.backtest.scaled_metrics)."""
+    (rlwatch.backtest.scaled_metrics); ``noise``: noisier ones (rlwatch.backtest.noisy_metrics)."""
     cases = []
     for fault in faults:
         for i in range(seeds):
@@ -54,17 +55,17 @@ def sim_cases(faults, seeds: int, every: list[int], healthy_seeds: int,
                 algo = ("ppo", "grpo")[(i + j) % 2]          # alternate; the sim falls back
                 cases.append(SimCase(fault, algo, seed_from + 10 * i + j, k,
                                      reward_scale=reward[0], reward_offset=reward[1],
-                                     metric_scales=scales))
+                                     metric_scales=scales, metric_noise=noise))
     for i in range(healthy_seeds):
         for j, k in enumerate(every):
             for algo in ALGOS:
                 cases.append(SimCase("healthy", algo, seed_from + 500 + 10 * i + j, k,
                                      reward_scale=reward[0], reward_offset=reward[1],
-                                     metric_scales=scales))
+                                     metric_scales=scales, metric_noise=noise))
     return cases
 
 
-def _scales(specs: list[str]) -> tuple:
+def _scales(specs: list[str], option: str) -> tuple:
     """``["entropy/=3", ...]`` as ((prefix, factor), ...); a malformed one exits with its name."""
     out = []
     for spec in specs:
@@ -74,7 +75,7 @@ def _scales(specs: list[str]) -> tuple:
         except ValueError:
             sep = ""
         if not sep or not prefix:
-            raise SystemExit(f"--metric-scale {spec!r}: expected PREFIX=FACTOR, e.g. entropy/=3")
+            raise SystemExit(f"{option} {spec!r}: expected PREFIX=NUMBER, e.g. entropy/=3")
     return tuple(out)
 
 
@@ -118,7 +119,8 @@ def sim_section(pack, args, out: dict) -> None:
     every = [int(x) for x in args.every.split(",")]
     faults = args.faults.split(",") if args.faults else sim_faults()
     cases = sim_cases(faults, args.seeds, every, args.healthy_seeds, args.seed_from,
-                      (args.reward_scale, args.reward_offset), _scales(args.metric_scale))
+                      (args.reward_scale, args.reward_offset), _scales(args.metric_scale, "--metric-scale"),
+                      _scales(args.metric_noise, "--metric-noise"))
     print(f"\n== Simulated runs: {len(cases)} cases, held-out seeds >= {args.seed_from}, "
           f"logging every {', '.join(map(str, every))} steps")
     t0 = time.time()
@@ -204,6 +206,10 @@ def main() -> None:
                     help="simulated runs: metrics whose name starts with PREFIX multiplied by "
                          "FACTOR, as a run of another size logs them (entropy/=3, grad_norm/=10, "
                          "response/length=4: its per-sample lengths too); repeatable")
+    ap.add_argument("--metric-noise", action="append", default=[], metavar="PREFIX=SD",
+                    help="simulated runs: metrics whose name starts with PREFIX scattered by a "
+                         "relative SD per logged step, as a noisier run logs them "
+                         "(entropy/mean=0.2); repeatable")
     ap.add_argument("--real-only", action="store_true")
     ap.add_argument("--sim-only", action="store_true")
     ap.add_argument("--tune", action="store_true", help="also score a pack tuned on the other sources")

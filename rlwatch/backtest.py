@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -582,6 +583,7 @@ class SimCase:
     reward_scale: float = 1.0         # the reward as another reward model would give it:
     reward_offset: float = 0.0        # scale * reward + offset (:func:`reward_as`)
     metric_scales: tuple = ()         # ((metric prefix, factor), ...): :func:`scaled_metrics`
+    metric_noise: tuple = ()          # ((metric prefix, relative sd), ...): :func:`noisy_metrics`
 
     @property
     def run_id(self) -> str:
@@ -672,6 +674,23 @@ def scaled_metrics(raw: dict, scales) -> dict:
     return raw
 
 
+def noisy_metrics(raw: dict, noise) -> dict:
+    """A simulated event as a noisier run logs it (smaller batches, fewer tokens per step):
+    each metric whose name starts with one of ``noise``' prefixes multiplied by ``1 + sd * g``,
+    ``g`` a standard normal drawn from the event's run, rank and step (the same case gives the
+    same numbers in any process)."""
+    m = raw.get("metrics")
+    if not m:
+        return raw
+    rng = random.Random(f"{raw.get('run_id')}|{raw.get('rank', 0)}|{raw.get('step')}")
+    m = dict(m)
+    for k, v in m.items():
+        for prefix, sd in noise:
+            if k.startswith(prefix) and isinstance(v, (int, float)) and not isinstance(v, bool):
+                m[k] = v * (1.0 + sd * rng.gauss(0.0, 1.0))
+    return {**raw, "metrics": m}
+
+
 def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
     """Simulate ``case`` and feed it through a Pipeline of ``pack``; (label, alerts, span, info)."""
     from contract.events import parse_event
@@ -702,6 +721,8 @@ def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
             raw = reward_as(raw, case.reward_scale, case.reward_offset)
         if case.metric_scales:
             raw = scaled_metrics(raw, case.metric_scales)
+        if case.metric_noise:
+            raw = noisy_metrics(raw, case.metric_noise)
         ev = parse_event(raw, raw["ts"])
         last_ts = max(last_ts, ev.ts or 0.0)
         if ev.kind == "step" and ev.rank == 0:

@@ -255,3 +255,24 @@ def test_a_length_fault_with_answers_4_times_longer_is_judged_alike():
         verdicts.append(judge(label, alerts, span))
     assert [v.passed for v in verdicts] == [True, True]
     assert verdicts[0].caught.step == verdicts[1].caught.step
+
+
+def test_noisy_metrics_scatters_a_family_the_same_way_for_the_same_event():
+    from rlwatch.backtest import noisy_metrics
+
+    raw = {"kind": "step", "run_id": "r", "step": 7, "metrics": {"entropy/mean": 2.0, "kl/mean": 0.01}}
+    a, b = noisy_metrics(raw, (("entropy/", 0.2),)), noisy_metrics(raw, (("entropy/", 0.2),))
+    assert a == b and a["metrics"]["kl/mean"] == 0.01 and a["metrics"]["entropy/mean"] != 2.0
+    other = noisy_metrics({**raw, "step": 8}, (("entropy/", 0.2),))
+    assert other["metrics"]["entropy/mean"] != a["metrics"]["entropy/mean"]
+    assert raw["metrics"]["entropy/mean"] == 2.0
+
+
+def test_an_entropy_collapse_whose_entropy_scatters_20_percent_a_step_is_caught():
+    """The collapse is judged against the warm-up's noise: a level 3 robust deviations under
+    the warm-up (not 4) catches it on a run whose entropy is noisy (the old -4 missed it)."""
+    from rlwatch.backtest import SimCase, judge, run_sim
+
+    case = SimCase("entropy_collapse", "ppo", 56011, 5, metric_noise=(("entropy/mean", 0.2),))
+    label, alerts, span, _ = run_sim(case, "rlhf")
+    assert judge(label, alerts, span).passed
