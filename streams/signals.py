@@ -639,24 +639,22 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
             m = win.mean_std()[0]
             return (srt[-1] - srt[0]) / abs(m) if m else NAN
         return f
-    if sig == "rel_trend":
+    if sig in ("rel_trend", "trend_gain"):
+        # the climb across the window as a share of the level (rel_trend), or in the run's own
+        # unit (trend_gain, shift_gain's): what the run moved since its start, plus that
+        # start's spread
+        share_of_level = sig == "rel_trend"
+
         def f():
             sync()
             span = win.st[-1] - win.st[0] + 1
             if span < window // 2:
                 return NAN
-            return win.slope() * window / max(abs(win.median()), 1e-12)
-        return f
-    if sig == "trend_gain":
-        # rel_trend in the run's own unit (shift_gain's): the climb across the window as a
-        # share of what the run moved since its start, plus that start's spread
-        def f():
-            sync()
-            span = win.st[-1] - win.st[0] + 1
-            if span < window // 2:
-                return NAN
+            climb = win.slope() * window
+            if share_of_level:
+                return climb / max(abs(win.median()), 1e-12)
             unit = abs(win.median() - trk.baseline(START_STEPS)) + trk.baseline_stat(START_STEPS, 1)
-            return _ratio(win.slope() * window, unit)
+            return _ratio(climb, unit)
         return f
     if sig == "level_change":
         def f():

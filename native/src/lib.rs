@@ -1917,30 +1917,24 @@ impl Core {
                 let m = w.mean_std(false)?.0;
                 Ok(if m != 0.0 { (hi - lo) / m.abs() } else { NAN })
             }
-            RelTrend => {
+            // the climb across the window as a share of the level (rel_trend), or in the run's
+            // own unit (trend_gain, shift_gain's): what the run moved since its start, plus that
+            // start's robust scale
+            RelTrend | TrendGain => {
                 self.sync(r.win);
                 let w = &self.windows[r.win];
                 let span = dq_last(&w.st)? - w.st[0] + 1;
                 if span < window.div_euclid(2) {
                     return Ok(NAN);
                 }
-                let slope = w.slope(py)?;
-                Ok(slope * window as f64 / py_max(w.median().abs(), 1e-12))
-            }
-            // rel_trend in the run's own unit (shift_gain's): the climb across the window as a
-            // share of what the run moved since its start, plus that start's robust scale
-            TrendGain => {
-                self.sync(r.win);
-                let w = &self.windows[r.win];
-                let span = dq_last(&w.st)? - w.st[0] + 1;
-                if span < window.div_euclid(2) {
-                    return Ok(NAN);
+                let climb = w.slope(py)? * window as f64;
+                if matches!(r.sig, RelTrend) {
+                    return Ok(climb / py_max(w.median().abs(), 1e-12));
                 }
-                let slope = w.slope(py)?;
                 let trk = &self.tracks[r.trk];
                 let unit = (w.median() - trk.baseline(START_STEPS)).abs()
                     + trk.baseline_stat(START_STEPS, 1);
-                Ok(ratio(slope * window as f64, unit))
+                Ok(ratio(climb, unit))
             }
             LevelChange => {
                 self.sync(r.win);
