@@ -507,7 +507,9 @@ def group_noise(g: dict, step: int) -> float:
             s2, k = series.curvature(through)
             ss += s2
             n += k
-    noise[0], noise[1], noise[2] = ss, n, step    # a step back (a restart) counts from there
+    # after a step back (a rollback keeps the points), the points already counted stay counted
+    # once: the count goes on from the newest step it has seen
+    noise[0], noise[1], noise[2] = ss, n, max(through, step)
     return math.sqrt(ss / (6.0 * n)) if n >= 3 else NAN
 
 

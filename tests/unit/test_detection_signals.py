@@ -465,3 +465,19 @@ def test_length_shape_reads_a_long_tail_in_the_batchs_own_unit():
     assert alerts(1, 10_000) == [] and alerts(4, 10_000) == []
     tail, longer = alerts(1, 60), alerts(4, 60)
     assert tail and 60 < tail[0][0] <= 90 and [s for s, _ in longer] == [s for s, _ in tail]
+
+
+def test_a_groups_noise_unit_counts_each_point_once_across_a_step_back():
+    """A rollback takes the run's steps back and keeps its points: asking for the unit at the
+    earlier step must not count the points it already counted again."""
+    from streams.run import PySeries, group_noise
+
+    g = {"points": {"a": PySeries([[s, (-1.0) ** s] for s in range(0, 40)])}}
+    group_noise(g, 39)
+    counted = g["noise"][1]
+    assert counted == 38                  # every triple of 40 points, once
+    group_noise(g, 20)                    # the run went back to step 20
+    assert g["noise"][1] == counted and g["noise"][2] == 39
+    g["points"]["a"].append(40, 1.0)
+    group_noise(g, 40)                    # one new point: one new second difference
+    assert g["noise"][1] == pytest.approx(counted * math.exp(-1 / 300) + 1)
