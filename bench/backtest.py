@@ -12,7 +12,7 @@
     python bench/backtest.py [--seeds 2] [--every 1,5,10] [--seed-from N] [--jobs 2] [--faults a,b] [--real-only]
                              [--sim-only] [--tune] [--rules PACK] [--json OUT]
                              [--reward-scale K] [--reward-offset B] [--metric-scale PREFIX=K ...]
-                             [--metric-noise PREFIX=SD ...]
+                             [--metric-noise PREFIX=SD ...] [--real-variant every=2 ...]
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -28,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlwatch.backtest import (  # noqa: E402
-    HELDOUT_SEEDS_FROM, SimCase, delay_table, score, score_real, score_sim, table,
+    HELDOUT_SEEDS_FROM, SimCase, delay_table, parse_variant, score, score_real, score_sim, table,
+    vary_real,
 )
 from tests.support.paths import REAL_LOGS  # noqa: E402
 from tests.support.real_logs import labels  # noqa: E402
@@ -77,6 +79,25 @@ def _scales(specs: list[str], option: str) -> tuple:
         if not sep or not prefix:
             raise SystemExit(f"{option} {spec!r}: expected PREFIX=NUMBER, e.g. entropy/=3")
     return tuple(out)
+
+
+def variant_section(pack, specs: list[str], out: dict) -> None:
+    """The real logs re-logged as other runs of their families would log them
+    (rlwatch.backtest.vary_real): one score line per variant, with the files that fail."""
+    print("\n== Real logs re-logged (every=K: every K-th step; steps=K: steps K times larger; "
+          "reward_scale / reward_offset: another reward model)")
+    labs = labels()
+    out["real_variants"] = {}
+    for spec in specs:
+        variant = parse_variant(spec)
+        with tempfile.TemporaryDirectory(prefix="rlwatch-variant-") as tmp:
+            vlabs = vary_real(REAL_LOGS, labs, variant, tmp)
+            report = score_real(tmp, pack, labels=vlabs)
+        failed = [v for v in report.verdicts if v.passed is False]
+        print(f"{spec:20s} {report.score.line('files')}")
+        for v in failed:
+            print(f"    {v.run}: {'; '.join(v.problems) or v.label}")
+        out["real_variants"][spec] = report.to_dict()
 
 
 def real_section(pack, tune: bool, out: dict) -> None:
@@ -210,17 +231,28 @@ def main() -> None:
                     help="simulated runs: metrics whose name starts with PREFIX scattered by a "
                          "relative SD per logged step, as a noisier run logs them "
                          "(entropy/mean=0.2); repeatable")
+    ap.add_argument("--real-variant", action="append", default=[], metavar="NAME=NUMBER",
+                    help="also score the real logs re-logged as another run of their family "
+                         "would log them: every=K (every K-th step kept), steps=K (step numbers "
+                         "x K), reward_scale=K, reward_offset=B; repeatable")
     ap.add_argument("--real-only", action="store_true")
     ap.add_argument("--sim-only", action="store_true")
     ap.add_argument("--tune", action="store_true", help="also score a pack tuned on the other sources")
     ap.add_argument("--json", help="write every verdict and score as JSON to this file")
     args = ap.parse_args()
+    for spec in args.real_variant:
+        try:
+            parse_variant(spec)
+        except ValueError as e:
+            ap.error(str(e))
     from rules.loader import load_pack
 
     pack = load_pack(args.rules)
     out: dict = {}
     if not args.sim_only and (REAL_LOGS / "labels.json").exists():
         real_section(pack, args.tune, out)
+        if args.real_variant:
+            variant_section(pack, args.real_variant, out)
     if not args.real_only:
         sim_section(pack, args, out)
     if args.json:

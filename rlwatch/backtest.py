@@ -44,7 +44,7 @@ import json
 import math
 import random
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -52,8 +52,8 @@ from contract.alert import Alert, severity_rank
 
 __all__ = [
     "BRAKES", "CATALOG_TIER", "DEFAULT_WINDOW", "EQUIVALENT", "Label", "NOTIFY_ONLY", "OWN_RULES",
-    "RealReport", "Score", "SimCase", "SimReport", "Span", "Verdict", "as_pack", "delay_table", "expectation", "judge", "load_labels", "replay_labelled", "run_sim", "score",
-    "score_real", "score_sim", "table",
+    "REAL_VARIANTS", "RealReport", "Score", "SimCase", "SimReport", "Span", "Verdict", "as_pack", "delay_table", "expectation", "judge", "load_labels", "replay_labelled", "run_sim", "score",
+    "parse_variant", "score_real", "score_sim", "table", "vary_real",
 ]
 
 BRAKES = frozenset({"pause", "stop", "rollback"})
@@ -558,6 +558,79 @@ def score_real(directory: str | Path, pack="rlhf", *, labels: list[Label] | None
     for v in verdicts:
         by_source.setdefault(v.source or "-", []).append(v)
     return RealReport(verdicts, score(verdicts), {k: score(vs) for k, vs in sorted(by_source.items())})
+
+
+#: The ways :func:`vary_real` re-logs a recorded run, as another run of its family would log it.
+REAL_VARIANTS = ("every", "steps", "reward_scale", "reward_offset")
+
+
+def parse_variant(spec: str) -> tuple[str, float]:
+    """``"every=2"`` -> ("every", 2.0); a malformed spec raises ValueError naming the choices."""
+    name, sep, value = spec.partition("=")
+    try:
+        number = float(value)
+    except ValueError:
+        sep = ""
+    if not sep or name not in REAL_VARIANTS:
+        raise ValueError(f"real-log variant {spec!r}: expected NAME=NUMBER, NAME one of "
+                         f"{', '.join(REAL_VARIANTS)} (every=2, steps=2, reward_scale=10, reward_offset=-1)")
+    if name in ("every", "steps") and (number < 1 or number != int(number)):
+        raise ValueError(f"real-log variant {spec!r}: {name} takes a whole number >= 1")
+    if name == "reward_scale" and number == 0:
+        raise ValueError(f"real-log variant {spec!r}: a scale of 0 leaves no reward")
+    return name, number
+
+
+def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, float],
+              out: str | Path) -> list[Label]:
+    """Each labelled file of ``directory`` re-logged into ``out`` as another run of its family
+    would log it, and the labels that go with the copies:
+
+    * ``every=K``: only every K-th logged step kept (a run logging less often);
+    * ``steps=K``: step numbers K times larger (the same curve over K times the steps, as a run
+      with smaller batches logs it; onsets and windows scale with it);
+    * ``reward_scale=K``, ``reward_offset=B``: the optimised reward as another reward model
+      gives it, ``K * r + B`` (:func:`reward_as`; a judge's score is left as it is).
+
+    The copies hold the preset's canonical names (a preset renames them to themselves)."""
+    from contract.presets import get_preset
+
+    name, value = variant
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    k = int(value)
+    new_labels = []
+    for lab in labels:
+        try:
+            preset = get_preset(lab.preset)
+        except ValueError:
+            preset = None
+        lines = []
+        seen: dict[Any, int] = {}
+        for line in (Path(directory) / lab.run).read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            raw = json.loads(line)
+            if isinstance(raw.get("metrics"), dict) and preset is not None:
+                raw["metrics"] = preset.map_metrics(raw["metrics"])
+            step = raw.get("step")
+            if name == "every":
+                nth = seen.setdefault(step, len(seen))
+                if nth % k:
+                    continue
+            elif name == "steps" and isinstance(step, int) and not isinstance(step, bool):
+                raw["step"] = step * k
+            elif name == "reward_scale":
+                raw = reward_as(raw, value, 0.0)
+            elif name == "reward_offset":
+                raw = reward_as(raw, 1.0, value)
+            lines.append(json.dumps(raw))
+        (out / lab.run).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        if name == "steps":
+            lab = replace(lab, onset=None if lab.onset is None else lab.onset * k,
+                          max_delay=None if lab.max_delay is None else lab.max_delay * k)
+        new_labels.append(lab)
+    return new_labels
 
 
 # -- simulated runs ---------------------------------------------------------------------------

@@ -34,7 +34,8 @@ logging interval of the run:
 
 * ``window: W`` -- a rolling window holds the points whose step is within the last W steps
   (``step > now - W``), and never fewer than the points its signal needs to mean anything
-  (:data:`MIN_POINTS`: 3 for a median, 16 for a trend, 20 for a z-score). On a run logging
+  (:data:`MIN_POINTS`: 3 for a median, 8 for a range -- exactly constant means nothing over
+  two points --, 16 for a trend, 20 for a z-score). On a run logging
   every step that is exactly the last W values; on a run logging every 10 steps a 50-step trend
   reads the last 16 points (160 steps) instead of 5, too few for a trend test. A signal is
   undefined until it has :data:`READY_POINTS` points (3 for a trend).
@@ -182,7 +183,7 @@ MIN_POINTS = {
     # change points, warm-up baselines, spikes (the detection pack's signals)
     "shift_z": 16, "level_ratio": 16, "shift_rel": 16, "range_pos": 16, "level_to_max": 16,
     "over_max_z": 16, "shift_dz": 16, "shift_gain": 16, "ratio_to_max": 10, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 3,
-    "follow_z": 16, "range": 2, "noise_ratio": 12,
+    "follow_z": 16, "range": 8, "noise_ratio": 12,
 }
 #: The fewest points a signal needs before it is defined at all (besides `min_steps`).
 READY_POINTS = {
@@ -193,7 +194,7 @@ READY_POINTS = {
     "level_change": 10,
     "shift_z": 15, "level_ratio": 15, "shift_rel": 15, "range_pos": 15, "level_to_max": 15,
     "over_max_z": 15, "shift_dz": 15, "shift_gain": 15, "ratio_to_max": 4, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 2,
-    "follow_z": 3, "range": 2, "noise_ratio": 8,
+    "follow_z": 3, "range": 8, "noise_ratio": 8,
 }
 
 DIST_STATS = ("bimodality", "skewness", "mean", "std", "median", "p99", "max", "tail_mass",

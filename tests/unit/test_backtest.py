@@ -276,3 +276,52 @@ def test_an_entropy_collapse_whose_entropy_scatters_20_percent_a_step_is_caught(
     case = SimCase("entropy_collapse", "ppo", 56011, 5, metric_noise=(("entropy/mean", 0.2),))
     label, alerts, span, _ = run_sim(case, "rlhf")
     assert judge(label, alerts, span).passed
+
+
+# -- real logs re-logged as other runs of their family --------------------------------------------
+
+def test_parse_variant_names_the_choices_on_a_bad_spec():
+    from rlwatch.backtest import parse_variant
+
+    assert parse_variant("every=2") == ("every", 2.0)
+    assert parse_variant("reward_offset=-1") == ("reward_offset", -1.0)
+    for bad in ("every", "every=0", "steps=1.5", "stride=2", "reward_scale=0", "reward_scale=x"):
+        with pytest.raises(ValueError, match="real-log variant"):
+            parse_variant(bad)
+
+
+def _logged(tmp_path):
+    """A TRL GRPO-like file of 6 steps (the preset's raw names) and its label."""
+    src = tmp_path / "src"
+    src.mkdir()
+    lines = [{"step": s, "metrics": {"reward": 0.1 * s, "reward_std": 0.2, "judge/score": 0.5,
+                                     "entropy": 1.0}} for s in range(1, 7)]
+    (src / "run.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return src, [Label("run.jsonl", "truncation", onset=3, max_delay=40, preset="trl-grpo", source="s")]
+
+
+def test_vary_real_stretches_steps_with_the_label(tmp_path):
+    from rlwatch.backtest import vary_real
+
+    src, labs = _logged(tmp_path)
+    out = vary_real(src, labs, ("steps", 2.0), tmp_path / "v")
+    rows = [json.loads(x) for x in (tmp_path / "v" / "run.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 4, 6, 8, 10, 12]
+    assert out[0].onset == 6 and out[0].max_delay == 80 and out[0].source == "s"
+    assert rows[0]["metrics"]["reward/mean"] == pytest.approx(0.1)     # the preset's names, mapped
+
+
+def test_vary_real_keeps_every_kth_step_and_moves_only_the_optimised_reward(tmp_path):
+    from rlwatch.backtest import vary_real
+
+    src, labs = _logged(tmp_path)
+    out = vary_real(src, labs, ("every", 2.0), tmp_path / "e")
+    rows = [json.loads(x) for x in (tmp_path / "e" / "run.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 3, 5] and out == labs
+    vary_real(src, labs, ("reward_scale", 10.0), tmp_path / "k")
+    vary_real(src, labs, ("reward_offset", -1.0), tmp_path / "b")
+    k = [json.loads(x)["metrics"] for x in (tmp_path / "k" / "run.jsonl").read_text().splitlines()]
+    b = [json.loads(x)["metrics"] for x in (tmp_path / "b" / "run.jsonl").read_text().splitlines()]
+    assert k[2]["reward/mean"] == pytest.approx(3.0) and k[2]["reward/std"] == pytest.approx(2.0)
+    assert b[2]["reward/mean"] == pytest.approx(-0.7) and b[2]["reward/std"] == pytest.approx(0.2)
+    assert k[2]["judge/score"] == b[2]["judge/score"] == 0.5       # the judge is another model
