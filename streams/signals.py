@@ -712,7 +712,11 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
 def _autocorr(v: list[float]) -> float:
     """Strength of the dominant autocorrelation lag: on the detrended window (least-squares
     line removed), the largest autocorrelation at a lag of 2 to n/2 points that is a local peak
-    of the autocorrelation function (a period); 0 when there is none.
+    of the autocorrelation function (a period) after its first fall to zero or below; 0 when
+    there is none. A period's function falls below zero half a period on and peaks again at
+    the period; a drifting series (red noise, a learning curve's bend) falls slowly from lag 1,
+    and its noise makes small local peaks at high values on the way down: they are no period
+    (every healthy simulated GRPO run logged every step had one over 0.5).
 
     Plain loops, each sum left to right: the native bank (``autocorr`` in native/src/lib.rs)
     does the same operations in the same order and gives the same number to the last bit
@@ -749,10 +753,12 @@ def _autocorr(v: list[float]) -> float:
             acc += a * z
         r.append(acc / denom)
     best = None
+    crossed = r[1] <= 0.0
     for k in range(2, m):
         rk = r[k]
-        if rk >= r[k - 1] and rk >= r[k + 1] and (best is None or rk > best):
+        if crossed and rk >= r[k - 1] and rk >= r[k + 1] and (best is None or rk > best):
             best = rk
+        crossed = crossed or rk <= 0.0
     return 0.0 if best is None else best
 
 

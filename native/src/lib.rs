@@ -1987,7 +1987,8 @@ impl Core {
 /// Strength of the dominant autocorrelation lag (`streams.signals._autocorr`, the reference,
 /// which does every float operation in this order): on the detrended values (mean, then the
 /// least-squares line removed), the largest autocorrelation at a lag of 2 to n/2 points that is
-/// a local peak of the autocorrelation function; 0 when there is none; NaN under 8 values or
+/// a local peak of the autocorrelation function after its first fall to zero or below (a
+/// period, not the noise on a slow decay); 0 when there is none; NaN under 8 values or
 /// with nothing left after detrending.
 fn autocorr(v: &[f64]) -> f64 {
     let n = v.len();
@@ -2033,13 +2034,15 @@ fn autocorr(v: &[f64]) -> f64 {
         })
         .collect();
     let mut best: Option<f64> = None;
+    let mut crossed = r[1] <= 0.0;
     for k in 2..m {
-        if r[k] >= r[k - 1] && r[k] >= r[k + 1] {
+        if crossed && r[k] >= r[k - 1] && r[k] >= r[k + 1] {
             best = Some(match best {
                 Some(b) if !(r[k] > b) => b,
                 _ => r[k],
             });
         }
+        crossed = crossed || r[k] <= 0.0;
     }
     best.unwrap_or(0.0)
 }

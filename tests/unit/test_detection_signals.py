@@ -303,6 +303,8 @@ def test_the_autocorrelation_is_numpys_without_numpy():
         r = np.correlate(y, y, mode="full")[n - 1: n + m] / denom
         mid = r[2:-1]
         peaks = (mid >= r[1:-2]) & (mid >= r[3:])
+        crossed = np.minimum.accumulate(r[1:-2]) <= 0.0     # fell to zero at a lag before
+        peaks &= crossed
         return float(mid[peaks].max()) if peaks.any() else 0.0
 
     rng = random.Random(3)
@@ -317,6 +319,28 @@ def test_the_autocorrelation_is_numpys_without_numpy():
     assert math.isnan(_autocorr([1.0] * 7))            # too few points
     assert math.isnan(_autocorr([2.0] * 50))           # constant: nothing to correlate
     assert math.isnan(_autocorr([0.5 * i for i in range(50)]))   # a straight line, detrended away
+
+
+def test_a_drifting_series_has_no_period_but_a_periodic_one_keeps_its_own():
+    """A healthy reward: a learning curve's bend, red noise (it drifts and is pulled back
+    slowly) and white noise. Its autocorrelation falls slowly from lag 1, and the noise makes
+    local peaks at high values on the way down: 48 of these 100 windows read as a period of
+    0.5 or more before a peak had to follow a fall of the function to zero."""
+    import random
+
+    from streams.signals import _autocorr
+
+    rng = random.Random(7)
+    high = 0
+    for _ in range(100):
+        x, v = 0.0, []
+        for i in range(160):
+            x = 0.8 * x + rng.gauss(0, 1)
+            v.append(0.3 * x + 0.5 * rng.gauss(0, 1) + 10 * (1 - math.exp(-i / 60)))
+        high += _autocorr(v) >= 0.5
+    assert high <= 2
+    noisy_period = [math.sin(2 * math.pi * i / 40) + rng.gauss(0, 0.3) for i in range(160)]
+    assert _autocorr(noisy_period) > 0.6
 
 
 def _cycle_rise(every: int, epochs: int = 8, per_epoch: float = 0.004, steps: int = 160, bank=None):
