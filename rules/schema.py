@@ -54,13 +54,14 @@ logging interval of the run:
 * baselines (``ratio_to_start``, ``start_z``, ``gain_t``, ``noise_ratio``) -- the points of the
   run's first ``window`` steps, but at least 3 of them: the run's own warm-up.
 * change points (``shift_z``, ``level_ratio``, ``shift_rel``, ``over_max_z``, ``shift_dz``,
-  ``shift_gain``, ``level_to_max``, ``range_pos``) -- the *level* is the median of the points of
+  ``shift_gain``, ``drawdown_gain``, ``level_to_max``, ``range_pos``) -- the *level* is the median of the points of
   the last 5 steps (at least 3 points), so one outlying point never moves it; it is compared with
   the window's earlier points (at least 12 of them), in their robust scale (1.4826 x MAD, never
   below 1.2533 x the mean absolute deviation, so mostly-constant data does not make every change
   infinite). ``shift_gain`` measures the change in what the run moved since its first 20 steps
   (at least 3 points): prefer it to ``shift_rel`` and ``level_ratio`` for a reward, whose zero a
-  reward model sets arbitrarily.
+  reward model sets arbitrarily. ``drawdown_gain`` measures the level against the best of the
+  window's earlier levels (medians of 3 points in a row) in the same unit.
 * two metrics: ``{metric: reward/mean, signal: follow_z, versus: judge/score, window: 100}``.
 
 A condition (``when``) is one of:
@@ -160,6 +161,10 @@ SIGNALS = {
                   "the median of the run's first 20 steps, plus their robust scale: "
                   "-0.5 lost half of what the run gained since its start, whatever the reward "
                   "model's zero and unit",
+    "drawdown_gain": "change point: current level (median of the last few points) - the best "
+                     "level of the window's earlier points (the largest median of 3 points in a "
+                     "row), in what the run had gained at that best since its first 20 steps, "
+                     "plus their robust scale: -0.5 gave back half of its best gain",
     "trend_gain": "least-squares slope x window, in the run's own unit (shift_gain's): the "
                   "climb across the window as a share of how far the window's median lies from "
                   "the median of the run's first 20 steps, plus their robust scale",
@@ -182,7 +187,7 @@ MIN_POINTS = {
     "level_change": 12,
     # change points, warm-up baselines, spikes (the detection pack's signals)
     "shift_z": 16, "level_ratio": 16, "shift_rel": 16, "range_pos": 16, "level_to_max": 16,
-    "over_max_z": 16, "shift_dz": 16, "shift_gain": 16, "ratio_to_max": 10, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 3,
+    "over_max_z": 16, "shift_dz": 16, "shift_gain": 16, "drawdown_gain": 16, "ratio_to_max": 10, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 3,
     "follow_z": 16, "range": 8, "noise_ratio": 12,
 }
 #: The fewest points a signal needs before it is defined at all (besides `min_steps`).
@@ -193,7 +198,7 @@ READY_POINTS = {
     "sign_flip_rate": 3, "diff_ratio": 3, "delta": 2, "cycle_rise": 1, "rel_trend": 3, "trend_gain": 3,
     "level_change": 10,
     "shift_z": 15, "level_ratio": 15, "shift_rel": 15, "range_pos": 15, "level_to_max": 15,
-    "over_max_z": 15, "shift_dz": 15, "shift_gain": 15, "ratio_to_max": 4, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 2,
+    "over_max_z": 15, "shift_dz": 15, "shift_gain": 15, "drawdown_gain": 15, "ratio_to_max": 4, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 2,
     "follow_z": 3, "range": 8, "noise_ratio": 8,
 }
 

@@ -472,7 +472,7 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
     if sig == "delta":
         return lambda: trk.values[-1] - trk.values[-2] if len(trk.values) >= 2 else NAN
     if sig in ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "ratio_to_max",
-               "over_max_z", "shift_dz", "shift_gain"):
+               "over_max_z", "shift_dz", "shift_gain", "drawdown_gain"):
         def split() -> list:
             """[level, reference median, reference (sorted), k level points, scale or None],
             once per new point (the scale only when a signal asks for it)."""
@@ -557,6 +557,29 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
                     return NAN
                 unit = abs(sp[1] - trk.baseline(START_STEPS)) + trk.baseline_stat(START_STEPS, 1)
                 d = sp[0] - sp[1]
+                return 0.0 if unit == 0 and d == 0 else _ratio(d, unit)
+            return f
+        if sig == "drawdown_gain":
+            # how much of the run's best gain it has given back: the level against the best
+            # level of the window's earlier points (the largest median of 3 points in a row, so
+            # one high point is not a best), in what the run had gained at that best since its
+            # start (plus that start's spread). A fall that takes longer than the window, or a
+            # run logged so sparsely that the window stretches over its learning curve, has half
+            # its fall or the climb in the reference's median; the best level has neither
+            def f():
+                sp = split()
+                if sp[2] is None:
+                    return NAN
+                best = NAN
+                a = b = NAN
+                for i, c in enumerate(islice(win.xs, 0, len(win.xs) - sp[3])):
+                    if i >= 2:
+                        m = max(min(a, b), min(max(a, b), c))
+                        if not m <= best:
+                            best = m
+                    a, b = b, c
+                unit = abs(best - trk.baseline(START_STEPS)) + trk.baseline_stat(START_STEPS, 1)
+                d = sp[0] - best
                 return 0.0 if unit == 0 and d == 0 else _ratio(d, unit)
             return f
         if sig == "range_pos":
@@ -853,8 +876,8 @@ class Bank:
             win = self.window(trk, window, min_points)
             win.need_sums()
             win.need_sorted()
-        elif signal in ("gain_t", "noise_ratio", "shift_gain"):
-            trk.baselines.setdefault(START_STEPS if signal == "shift_gain" else window, [])
+        elif signal in ("gain_t", "noise_ratio", "shift_gain", "drawdown_gain"):
+            trk.baselines.setdefault(START_STEPS if signal in ("shift_gain", "drawdown_gain") else window, [])
             win = self.window(trk, window, min_points)
             win.need_sorted()
         elif signal in ("ratio_to_start", "start_z", "ratio_to_start_max"):

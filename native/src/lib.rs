@@ -49,6 +49,17 @@ const MEAN_AD_SCALE: f64 = 1.2533;
 
 // -- Python's arithmetic -----------------------------------------------------------------------
 
+/// Python's ``min(a, b)``: ``b`` only when it is smaller (``a`` on a tie or a NaN).
+#[inline]
+fn py_min(a: f64, b: f64) -> f64 {
+    if b < a {
+        b
+    } else {
+        a
+    }
+}
+
+/// Python's ``max(a, b)``: ``b`` only when it is larger (``a`` on a tie or a NaN).
 #[inline]
 fn py_max(a: f64, b: f64) -> f64 {
     if b > a {
@@ -1397,6 +1408,7 @@ enum Sig {
     OverMaxZ,
     ShiftDz,
     ShiftGain,
+    DrawdownGain,
     Median,
     Min,
     Max,
@@ -1443,6 +1455,7 @@ impl Sig {
             "over_max_z" => OverMaxZ,
             "shift_dz" => ShiftDz,
             "shift_gain" => ShiftGain,
+            "drawdown_gain" => DrawdownGain,
             "median" => Median,
             "min" => Min,
             "max" => Max,
@@ -1792,6 +1805,36 @@ impl Core {
                 let unit =
                     (sp.med - trk.baseline(START_STEPS)).abs() + trk.baseline_stat(START_STEPS, 1);
                 let d = sp.level - sp.med;
+                Ok(if unit == 0.0 && d == 0.0 { 0.0 } else { ratio(d, unit) })
+            }
+            // how much of its best gain the run has given back: the level against the best
+            // level of the window's earlier points (the largest median of 3 points in a row), in
+            // what the run had gained at that best since its start plus that start's robust
+            // scale (streams.signals: the same comparisons in the same order)
+            DrawdownGain => {
+                self.split(py, r.win)?;
+                let w = &self.windows[r.win];
+                let sp = &w.cache_split.as_ref().unwrap().1;
+                if !sp.has_ref {
+                    return Ok(NAN);
+                }
+                let end = (w.xs.len() as i64 - sp.k).max(0) as usize;
+                let mut best = NAN;
+                let (mut a, mut b) = (NAN, NAN);
+                for (i, &c) in w.xs.iter().take(end).enumerate() {
+                    if i >= 2 {
+                        let m = py_max(py_min(a, b), py_min(py_max(a, b), c));
+                        if !(m <= best) {
+                            best = m;
+                        }
+                    }
+                    a = b;
+                    b = c;
+                }
+                let trk = &self.tracks[r.trk];
+                let unit =
+                    (best - trk.baseline(START_STEPS)).abs() + trk.baseline_stat(START_STEPS, 1);
+                let d = sp.level - best;
                 Ok(if unit == 0.0 && d == 0.0 { 0.0 } else { ratio(d, unit) })
             }
             RangePos => {
@@ -2312,9 +2355,13 @@ impl Bank {
                 other = core.window(ot, w, min_points);
                 core.windows[other].need_mk();
             }
-            "gain_t" | "noise_ratio" | "shift_gain" | "trend_gain" => {
+            "gain_t" | "noise_ratio" | "shift_gain" | "trend_gain" | "drawdown_gain" => {
                 let w = need_window()?;
-                let b = if matches!(signal_s.as_str(), "shift_gain" | "trend_gain") { START_STEPS } else { w };
+                let b = if matches!(signal_s.as_str(), "shift_gain" | "trend_gain" | "drawdown_gain") {
+                    START_STEPS
+                } else {
+                    w
+                };
                 let t = &mut core.tracks[trk];
                 if !t.baselines.iter().any(|(k, _)| *k == b) {
                     t.baselines.push((b, Baseline::Collecting(Vec::new())));

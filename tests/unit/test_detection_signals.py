@@ -19,7 +19,7 @@ from tests.unit._core import feed_series, firing, resolved, rlhf_pack, step_even
 
 PACKS = Path(__file__).resolve().parents[2] / "rules" / "packs"
 
-NEW = ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "over_max_z", "shift_dz", "shift_gain", "trend_gain",
+NEW = ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "over_max_z", "shift_dz", "shift_gain", "trend_gain", "drawdown_gain",
        "ratio_to_max", "start_z", "ratio_to_start_max", "gain_t", "follow_z", "range",
        "noise_ratio")
 
@@ -153,6 +153,30 @@ def test_trend_gain_reads_a_climb_alike_whatever_the_reward_models_zero_and_unit
     assert run([x + 2 for x in xs], "rel_trend", 60)[-1] == pytest.approx(0.11, abs=0.02)
     # the held plateau itself: no climb
     assert abs(run(xs[:200], "trend_gain", 60)[-1]) < 0.1
+
+
+def test_drawdown_gain_reads_what_a_run_gave_back_of_its_best_gain():
+    """Logged every 20 steps, a run learns 0.3 -> 0.6 over 200 steps, falls back to 0.35 within
+    120 and stays there: 0.25 of the 0.3 it gained is given back. The 300-step window holds the
+    climb, the fall and the low plateau; as the plateau fills it, the median of the window's
+    earlier points (shift_gain's reference) comes down to it and shift_gain fades, while the
+    best level (a median of 3 points in a row) is still the top. drawdown_gain reads alike under
+    any affine reward model, and one high point is no best."""
+    rng = random.Random(5)
+    climb = [0.3 + 0.03 * i + rng.gauss(0, 0.01) for i in range(11)]                # steps 0-200
+    fall = [0.6 - 0.25 * min(1.0, i / 6) + rng.gauss(0, 0.01) for i in range(1, 15)]  # 220-480
+    xs = climb + fall
+
+    def sparse(values, signal):
+        return run(values, signal, 300, every=20)[-1]
+
+    got = [sparse([a * x + b for x in xs], "drawdown_gain") for a, b in ((1, 0), (1, 2), (10, -3))]
+    assert -0.9 < got[0] < -0.6
+    assert all(g == pytest.approx(got[0], rel=1e-6) for g in got)
+    assert sparse(xs, "shift_gain") > -0.45
+    spike = climb + [0.6 + rng.gauss(0, 0.01) for _ in range(6)]
+    spike[12] = 1.5                                 # one point far above its neighbours
+    assert abs(sparse(spike, "drawdown_gain")) < 0.1
 
 
 def test_start_z_and_gain_t_measure_the_run_against_its_own_warm_up():
