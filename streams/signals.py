@@ -841,7 +841,7 @@ class Bank:
         self.version = 0                        # bumped whenever the values change (update, load)
         self.tracks: dict[tuple, Track] = {}     # (metric, smooth) -> Track
         self.by_metric: dict[str, list[Track]] = {}
-        self.windows: dict[tuple, Window] = {}   # (metric, smooth, window) -> Window
+        self.windows: dict[tuple, Window] = {}   # (metric, smooth, window, points) -> Window
         self.cycles: dict[tuple, CycleRise] = {}  # (metric, cycle_metric) -> CycleRise
         self.readers: dict[tuple, Callable[[], float]] = {}
 
@@ -922,12 +922,15 @@ class Bank:
         return read
 
     def window(self, trk: Track, steps: int, points: int) -> Window:
-        key = (trk.metric, trk.smooth, steps)
+        """The window of ``steps`` steps and at least ``points`` points on ``trk``, shared by
+        the readers that ask for both alike. Not by a reader that asks for fewer points: a
+        5-step max of 2 points shared with a level of 3 would read 3 (a rule's numbers must not
+        depend on which other rules the pack holds)."""
+        key = (trk.metric, trk.smooth, steps, points)
         w = self.windows.get(key)
         if w is None:
             w = self.windows[key] = Window(trk, steps, points)
-        w.points = max(w.points, points)
-        trk.need(steps, w.points)
+        trk.need(steps, points)
         return w
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
@@ -964,7 +967,7 @@ class Bank:
                 # when each autocorrelation was last worked out, and its value: it is worked out
                 # every window/20 points, so a restored run keeps the same rhythm
                 "autocorr": [[m, s, steps, w.cache_at, _enc(w.cache.get("ac", NAN))]
-                             for (m, s, steps), w in self.windows.items() if w.cache_at >= 0]}
+                             for (m, s, steps, _), w in self.windows.items() if w.cache_at >= 0]}
 
     def to_msgpack(self) -> bytes:
         """``to_state()`` as MessagePack (the native bank writes the same bytes itself)."""
@@ -982,7 +985,12 @@ class Bank:
             if x is not None:
                 x.load(vals)
         for m, s, steps, at, ac in state.get("autocorr", []):
-            w = self.windows.get((m, s, steps))
+            # the autocorrelation's window: of those of (metric, smooth, steps), the one with the
+            # most points (an autocorrelation reads at least 24, more than any other signal)
+            w = None
+            for key, x in self.windows.items():
+                if key[:3] == (m, s, steps) and (w is None or x.points > w.points):
+                    w = x
             if w is not None:
                 w.cache_at = int(at)
                 w.cache["ac"] = _dec(ac)

@@ -1510,7 +1510,7 @@ struct Core {
     by_metric: Vec<(Py<PyString>, Vec<usize>)>,
     by_metric_keys: HashMap<String, usize>,
     windows: Vec<Window>,
-    window_keys: HashMap<(String, Option<i64>, i64), usize>,
+    window_keys: HashMap<(String, Option<i64>, i64, i64), usize>,
     cycles: Vec<CycleRise>,
     cycle_keys: HashMap<(String, Option<String>), usize>,
     readers: Vec<ReaderDef>,
@@ -1554,9 +1554,12 @@ impl Core {
         Ok(i)
     }
 
+    /// The window of ``steps`` steps and at least ``points`` points on ``trk``, shared by the
+    /// readers that ask for both alike, not by one that asks for fewer points (the Python
+    /// bank's ``window``: a rule's numbers must not depend on the other rules of the pack).
     fn window(&mut self, trk: usize, steps: i64, points: i64) -> usize {
         let t = &self.tracks[trk];
-        let key = (t.metric.clone(), t.smooth, steps);
+        let key = (t.metric.clone(), t.smooth, steps, points);
         let w = match self.window_keys.get(&key) {
             Some(&w) => w,
             None => {
@@ -1566,10 +1569,7 @@ impl Core {
                 w
             }
         };
-        let win = &mut self.windows[w];
-        win.points = win.points.max(points);
-        let p = win.points;
-        self.tracks[trk].need(steps, p);
+        self.tracks[trk].need(steps, points);
         w
     }
 
@@ -2672,7 +2672,15 @@ impl Bank {
             let steps: i64 = item.get_item(2)?.extract()?;
             let at: i64 = item.get_item(3)?.extract()?;
             let ac = dec(&item.get_item(4)?)?;
-            if let Some(&w) = core.window_keys.get(&(m, s, steps)) {
+            // the autocorrelation's window: of those of (metric, smooth, steps), the one with
+            // the most points (as the Python bank)
+            let mut best: Option<(i64, usize)> = None;
+            for (k, &w) in core.window_keys.iter() {
+                if k.0 == m && k.1 == s && k.2 == steps && best.map_or(true, |(p, _)| k.3 > p) {
+                    best = Some((k.3, w));
+                }
+            }
+            if let Some((_, w)) = best {
                 let win = &mut core.windows[w];
                 win.cache_at = at;
                 win.cache_ac = Some(ac);

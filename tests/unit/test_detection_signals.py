@@ -529,3 +529,31 @@ def test_a_groups_noise_unit_counts_each_point_once_across_a_step_back():
     g["points"]["a"].append(40, 1.0)
     group_noise(g, 40)                    # one new point: one new second difference
     assert g["noise"][1] == pytest.approx(counted * math.exp(-1 / 300) + 1)
+
+
+@pytest.mark.parametrize("bank_class", ["default", "pure"])
+def test_a_signal_reads_the_same_whatever_other_rules_read_the_same_window(bank_class):
+    """A 5-step max reads at least 2 points; a change point's level over the same 5 steps, at
+    least 3. Sharing one window, the max read 3 points on a run logged every 5 steps as soon as
+    another rule read a level there (kl_zero's brake came a logged point later once kl_above_target
+    read ratio_to_start): a rule's numbers must not depend on which other rules the pack holds."""
+    from streams.signals import PyBank
+
+    cls = Bank if bank_class == "default" else PyBank
+    xs = [0.3, 0.2, 0.0, 0.0, 0.1, 0.0, 0.0, 0.0, 0.4, 0.0]
+
+    def max_reads(with_level: bool) -> list:
+        bank = cls()
+        read = bank.metric("kl", "max", 5, None, None, 0, MIN_POINTS["max"], READY_POINTS["max"])
+        if with_level:
+            bank.metric("kl", "ratio_to_start", 5, None, None, 0, MIN_POINTS["ratio_to_start"],
+                        READY_POINTS["ratio_to_start"])
+        out = []
+        for i, x in enumerate(xs):
+            bank.update(5 * i, {"kl": x})
+            out.append(read())
+        return out
+
+    alone = max_reads(False)
+    assert alone == max_reads(True)
+    assert alone[3] == 0.0 and alone[4] == 0.1      # the last 2 points (5 steps hold 1)
