@@ -28,7 +28,7 @@ from typing import Any, Callable, Protocol
 from rules.schema import MIN_POINTS, READY_POINTS, Condition, Rule, Threshold, Tier, leaves
 
 __all__ = ["CompiledRule", "CompiledTier", "Explained", "Program", "RuleList", "Source",
-           "bind_rules", "compile_rules", "every_rule", "flat_tiers", "nonfinite_only", "per_rule",
+           "bind_rules", "compile_rules", "every_rule", "flat_tiers", "kl_lines", "nonfinite_only", "per_rule",
            "plan_rules", "resolve_threshold", "rule_inputs", "rule_trigger"]
 
 Test = Callable[[], "bool | None"]
@@ -77,6 +77,27 @@ def resolve_threshold(spec, targets: dict[str, float], params: dict[str, float])
         factor = params.get(spec.factor) if isinstance(spec.factor, str) else spec.factor
         return None if base is None or factor is None else base * factor
     return float(spec)
+
+
+def kl_lines(rules, targets: dict[str, float], params: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The yellow, red and black lines of ``kl_above_target`` on ``kl/mean`` (each tier's first
+    ``above`` on kl/mean, alone or in an ``all``), resolved as the engine does: what the
+    dashboard draws and ``/metrics`` exports. ``params``: rule id -> its parameters (a rule's
+    own when absent)."""
+    out: dict[str, float] = {}
+    for rule in rules:
+        if rule.id != "kl_above_target":
+            continue
+        p = params.get(rule.id, rule.params)
+        for tier in rule.tiers:
+            if tier.severity not in ("yellow", "red", "black"):
+                continue
+            conds = tier.when.all if tier.when.all is not None else [tier.when]
+            th = next((c.above for c in conds if c.metric == "kl/mean" and c.above is not None), None)
+            v = resolve_threshold(th, targets, p)
+            if v is not None and math.isfinite(v):
+                out[tier.severity] = float(v)
+    return out
 
 
 @dataclass
@@ -426,7 +447,7 @@ def _slopes_detail(slopes) -> str | None:
 #: ``all`` reads its cheap branches first, so that a false one spares the dear ones.
 _SIGNAL_COST = {
     "value": 1, "delta": 1, "ema": 1, "cycle_rise": 1, "median": 6, "min": 6, "max": 6,
-    "range": 6, "ratio_to_start": 7, "ratio_to_start_max": 7, "start_z": 8, "trend_z": 10,
+    "range": 6, "start": 1, "ratio_to_start": 7, "ratio_to_start_max": 7, "start_z": 8, "trend_z": 10,
     "trend_tau": 10, "ratio_to_median": 12, "follow_z": 13, "shift_z": 16, "level_ratio": 16,
     "shift_rel": 16, "shift_gain": 17, "drawdown_gain": 30, "level_to_max": 16, "range_pos": 19, "gain_t": 20, "ratio_to_max": 21,
     "sign_flip_rate": 50, "diff_ratio": 50, "over_max_z": 60, "shift_dz": 60,

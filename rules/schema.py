@@ -51,7 +51,7 @@ logging interval of the run:
   across N steps (``step - first_step + 1 >= N``) and at least ``min(N, 5)`` points.
 * ``smooth: N`` and ``signal: ema`` with ``window: N`` -- an EMA with a span of N steps; a gap of
   k steps between two points decays the average as k single steps would.
-* baselines (``ratio_to_start``, ``start_z``, ``gain_t``, ``noise_ratio``) -- the points of the
+* baselines (``start``, ``ratio_to_start``, ``start_z``, ``gain_t``, ``noise_ratio``) -- the points of the
   run's first ``window`` steps, but at least 3 of them: the run's own warm-up.
 * change points (``shift_z``, ``level_ratio``, ``shift_rel``, ``over_max_z``, ``shift_dz``,
   ``shift_gain``, ``drawdown_gain``, ``level_to_max``, ``range_pos``) -- the *level* is the median of the points of
@@ -143,6 +143,8 @@ SIGNALS = {
                  "median|",
     "range_pos": "where the current level (median of the last few points) lies in the window's "
                  "range: 0 at its minimum, 1 at its maximum",
+    "start": "the median of the run's first `window` steps (at least 3 points): where the run "
+             "started (NaN until then)",
     "start_z": "current level against the median and robust scale (1.4826 x MAD) of the run's "
                "first `window` steps (its warm-up)",
     "ratio_to_max": "|newest value| / the largest |value| of the window before it (a spike above "
@@ -181,19 +183,19 @@ SIGNALS = {
 #: than `window` steps rather than hold fewer (a trend over 5 points cannot reach z = 4).
 MIN_POINTS = {
     "value": 1, "ema": 1, "mean": 3, "std": 3, "median": 3, "min": 2, "max": 2, "zscore": 20,
-    "robust_z": 20, "ratio_to_median": 10, "ratio_to_start": 1, "rel_drop": 3, "rel_rise": 3,
+    "robust_z": 20, "ratio_to_median": 16, "ratio_to_start": 1, "start": 1, "rel_drop": 3, "rel_rise": 3,
     "trend_z": 16, "trend_tau": 16, "slope": 8, "flat_range": 5, "autocorr": 24,
-    "sign_flip_rate": 12, "diff_ratio": 12, "delta": 2, "cycle_rise": 1, "rel_trend": 10, "trend_gain": 10,
+    "sign_flip_rate": 12, "diff_ratio": 16, "delta": 2, "cycle_rise": 1, "rel_trend": 10, "trend_gain": 16,
     "level_change": 12,
     # change points, warm-up baselines, spikes (the detection pack's signals)
     "shift_z": 16, "level_ratio": 16, "shift_rel": 16, "range_pos": 16, "level_to_max": 16,
-    "over_max_z": 16, "shift_dz": 16, "shift_gain": 16, "drawdown_gain": 16, "ratio_to_max": 10, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 3,
-    "follow_z": 16, "range": 8, "noise_ratio": 12,
+    "over_max_z": 16, "shift_dz": 16, "shift_gain": 16, "drawdown_gain": 16, "ratio_to_max": 10, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 12,
+    "follow_z": 16, "range": 8, "noise_ratio": 16,
 }
 #: The fewest points a signal needs before it is defined at all (besides `min_steps`).
 READY_POINTS = {
     "value": 1, "ema": 1, "mean": 1, "std": 2, "median": 1, "min": 1, "max": 1, "zscore": 5,
-    "robust_z": 5, "ratio_to_median": 2, "ratio_to_start": 1, "rel_drop": 1, "rel_rise": 1,
+    "robust_z": 5, "ratio_to_median": 2, "ratio_to_start": 1, "start": 1, "rel_drop": 1, "rel_rise": 1,
     "trend_z": 3, "trend_tau": 3, "slope": 2, "flat_range": 2, "autocorr": 8,
     "sign_flip_rate": 3, "diff_ratio": 3, "delta": 2, "cycle_rise": 1, "rel_trend": 3, "trend_gain": 3,
     "level_change": 10,

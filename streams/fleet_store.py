@@ -91,22 +91,9 @@ def summary_of(state) -> dict:
 def kl_lines_of(rules, targets: dict, params: dict) -> dict[str, float]:
     """Thresholds of ``kl_above_target`` on ``kl/mean`` per tier, resolved as the engine does
     (for a pack's defaults; a run's own lines come with its summary)."""
-    from rules.compile import resolve_threshold
+    from rules.compile import kl_lines
 
-    out: dict[str, float] = {}
-    for rule in rules:
-        if rule.id != "kl_above_target":
-            continue
-        p = params.get(rule.id, rule.params)
-        for tier in rule.tiers:
-            cond = tier.when
-            th = getattr(cond, "above", None)
-            if getattr(cond, "metric", None) != "kl/mean" or th is None:
-                continue
-            v = resolve_threshold(th, targets, p)
-            if finite_number(v) is not None:
-                out[tier.severity] = float(v)
-    return {k: round(v, 9) for k, v in out.items()}
+    return {k: round(v, 9) for k, v in kl_lines(rules, targets, params).items()}
 
 
 # -- records ---------------------------------------------------------------------------------------

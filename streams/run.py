@@ -37,7 +37,7 @@ from msgspec import Raw
 from contract.alert import SEVERITIES, Alert, severity_rank
 from contract.events import EventError, StepEvent
 from contract.presets import PRESETS, Preset, guess_preset
-from rules.compile import Program, RuleList, every_rule, per_rule, resolve_threshold
+from rules.compile import Program, RuleList, every_rule, kl_lines, per_rule
 from rules.engine import RunRules, advance_hits, evaluate
 from rules.state import AlertState
 from streams import signals
@@ -1210,19 +1210,7 @@ class RunState:
 
     def _kl_lines(self) -> dict[str, float]:
         rr = self.rules
-        if rr is None:
-            return {}
-        rule = next((r for r in rr.rules if r.id == "kl_above_target"), None)
-        if rule is None:
-            return {}
-        names = {"yellow": "yellow", "red": "red", "black": "black"}
-        out = {}
-        for t in rule.tiers:
-            if t.severity in names and t.when.metric == "kl/mean" and t.when.above is not None:
-                v = resolve_threshold(t.when.above, rr.targets, rr.params.get(rule.id, rule.params))
-                if v is not None:
-                    out[t.severity] = v
-        return out
+        return {} if rr is None else kl_lines(rr.rules, rr.targets, rr.params)
 
     # -- state ----------------------------------------------------------------------------------
     def to_state(self, packed: bool = False) -> dict:

@@ -430,6 +430,9 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
                 return NAN      # the second metric was not logged at this step
             return _ratio(other.trend_z(), z) if z == z and z != 0 else NAN
         return f
+    if sig == "start":
+        # where the run started: the median of its first `window` steps (at least 3 points)
+        return lambda: trk.baseline(window)
     if sig == "ratio_to_start":
         def f():
             level.sync()
@@ -880,7 +883,7 @@ class Bank:
             trk.baselines.setdefault(START_STEPS if signal in ("shift_gain", "drawdown_gain") else window, [])
             win = self.window(trk, window, min_points)
             win.need_sorted()
-        elif signal in ("ratio_to_start", "start_z", "ratio_to_start_max"):
+        elif signal in ("ratio_to_start", "start_z", "ratio_to_start_max", "start"):
             trk.baselines.setdefault(window, [])
             level = self.window(trk, LEVEL_STEPS, LEVEL_POINTS)
             level.need_sorted()

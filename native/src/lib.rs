@@ -1394,6 +1394,7 @@ enum Sig {
     CycleRise,
     FollowZ,
     RatioToStart,
+    Start,
     StartZ,
     GainT,
     NoiseRatio,
@@ -1441,6 +1442,7 @@ impl Sig {
             "cycle_rise" => CycleRise,
             "follow_z" => FollowZ,
             "ratio_to_start" => RatioToStart,
+            "start" => Start,
             "start_z" => StartZ,
             "gain_t" => GainT,
             "noise_ratio" => NoiseRatio,
@@ -1691,6 +1693,8 @@ impl Core {
                 }
                 Ok(if !z.is_nan() && z != 0.0 { ratio(other.trend_z(), z) } else { NAN })
             }
+            // where the run started: the median of its first `window` steps
+            Start => Ok(self.tracks[r.trk].baseline(window)),
             RatioToStart => {
                 self.sync(r.win);
                 let trk = &self.tracks[r.trk];
@@ -2372,7 +2376,7 @@ impl Bank {
                 }
                 core.windows[win].need_sorted();
             }
-            "ratio_to_start" | "start_z" | "ratio_to_start_max" => {
+            "ratio_to_start" | "start_z" | "ratio_to_start_max" | "start" => {
                 let w = need_window()?;
                 let t = &mut core.tracks[trk];
                 if !t.baselines.iter().any(|(k, _)| *k == w) {

@@ -557,3 +557,11 @@ def test_a_signal_reads_the_same_whatever_other_rules_read_the_same_window(bank_
     alone = max_reads(False)
     assert alone == max_reads(True)
     assert alone[3] == 0.0 and alone[4] == 0.1      # the last 2 points (5 steps hold 1)
+
+
+def test_start_is_the_median_of_the_runs_first_steps_and_nan_until_then():
+    got = run([0.5, 0.9, 0.1, 7.0, 8.0, 9.0], "start", 3)
+    assert all(math.isnan(g) for g in got[:3])      # the first 3 steps are still being gathered
+    assert got[3:] == [0.5, 0.5, 0.5]               # then it stays where the run started
+    sparse = run([0.2, 0.4, 0.3, 5.0, 6.0], "start", 5, every=10)    # at least 3 points
+    assert all(math.isnan(g) for g in sparse[:3]) and sparse[3:] == [0.3, 0.3]

@@ -33,7 +33,7 @@ except ImportError as e:   # a broken build must not pass silently
         f"streams._native is not built ({e}): run `pip install -e .` with a Rust toolchain "
         "(scripts/install.sh), or set RLWATCH_NATIVE=0 to test the pure core only") from e
 
-SIGNALS = ("value", "ema", "cycle_rise", "follow_z", "ratio_to_start", "start_z", "gain_t",
+SIGNALS = ("value", "ema", "cycle_rise", "follow_z", "start", "ratio_to_start", "start_z", "gain_t",
            "noise_ratio", "ratio_to_start_max", "delta", "shift_z", "level_ratio", "shift_rel",
            "range_pos", "level_to_max", "ratio_to_max", "over_max_z", "shift_dz", "shift_gain", "drawdown_gain", "median",
            "min", "max", "range", "mean", "std", "trend_z", "trend_tau", "slope", "ratio_to_median", "zscore",

@@ -195,13 +195,24 @@ def test_runs_of_one_processor_keep_the_thresholds_of_their_own_targets():
         [(a.step, a.threshold) for a in firing(strict, "kl_above_target")]
 
 
+def test_a_run_over_the_kl_line_from_its_first_steps_is_notified_never_braked():
+    """A stage-2 run whose reference is the base model has its KL over the line from step 0:
+    a setup to check (yellow, with the beta nudge), not a divergence under way. The same KL
+    reached from under the line brakes."""
+    p = Pipeline(rlhf_pack())
+    offset = feed_series(p, "offset", "kl/mean", [0.5] * 30)
+    risen = feed_series(p, "risen", "kl/mean", [0.02] * 10 + [0.5] * 20)
+    assert [a.severity for a in firing(offset, "kl_above_target")] == ["yellow"]
+    assert {"red", "black"} <= {a.severity for a in firing(risen, "kl_above_target")}
+
+
 def test_target_tag_on_the_first_event_only_still_applies_later():
     p = Pipeline(rlhf_pack())
     alerts = feed_series(p, "r", "kl/mean", [0.02], tags={"target.kl": "0.2"})
-    alerts += feed_series(p, "r", "kl/mean", [0.4] * 6, start=1)
+    alerts += feed_series(p, "r", "kl/mean", [0.02] * 4 + [0.4] * 6, start=1)
     # with target 0.2: red at 0.5 and yellow at 0.3 -> 0.4 is yellow only; cap 0.2 still black
     assert [a.severity for a in firing(alerts, "kl_above_target")] == ["black", "yellow"]
-    assert firing(alerts, severity="black")[0].step == 3   # the level held over 3 steps
+    assert firing(alerts, severity="black")[0].step == 8   # the level held over 3 steps
     assert firing(alerts, severity="yellow")[0].threshold == pytest.approx(0.3)
 
 
