@@ -200,10 +200,13 @@ def test_a_run_over_the_kl_line_from_its_first_steps_is_notified_never_braked():
     a setup to check (yellow, with the beta nudge), not a divergence under way. The same KL
     reached from under the line brakes."""
     p = Pipeline(rlhf_pack())
-    offset = feed_series(p, "offset", "kl/mean", [0.5] * 30)
+    offset = feed_series(p, "offset", "kl/mean", [0.5, 0.7, 0.4, 0.6, 0.5] * 6)
     risen = feed_series(p, "risen", "kl/mean", [0.02] * 10 + [0.5] * 20)
     assert [a.severity for a in firing(offset, "kl_above_target")] == ["yellow"]
     assert {"red", "black"} <= {a.severity for a in firing(risen, "kl_above_target")}
+    # the offset run diverging from where it started (3 x its first steps) is braked
+    diverged = feed_series(p, "offset", "kl/mean", [2.0] * 10, start=30)
+    assert {"red", "black"} <= {a.severity for a in firing(diverged, "kl_above_target")}
 
 
 def test_target_tag_on_the_first_event_only_still_applies_later():
