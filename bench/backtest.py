@@ -20,7 +20,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -29,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlwatch.backtest import (  # noqa: E402
-    HELDOUT_SEEDS_FROM, SimCase, delay_table, parse_variant, score, score_real, score_sim, table,
-    vary_real,
+    HELDOUT_SEEDS_FROM, SimCase, delay_table, parse_variant, score, score_real, score_sim,
+    score_variant, table,
 )
 from tests.support.paths import REAL_LOGS  # noqa: E402
 from tests.support.real_logs import labels  # noqa: E402
@@ -89,10 +88,7 @@ def variant_section(pack, specs: list[str], out: dict) -> None:
     labs = labels()
     out["real_variants"] = {}
     for spec in specs:
-        variant = parse_variant(spec)
-        with tempfile.TemporaryDirectory(prefix="rlwatch-variant-") as tmp:
-            vlabs = vary_real(REAL_LOGS, labs, variant, tmp)
-            report = score_real(tmp, pack, labels=vlabs)
+        report = score_variant(REAL_LOGS, labs, spec, pack)
         failed = [v for v in report.verdicts if v.passed is False]
         print(f"{spec:20s} {report.score.line('files')}")
         for v in failed:

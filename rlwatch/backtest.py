@@ -53,7 +53,7 @@ from contract.alert import Alert, severity_rank
 __all__ = [
     "BRAKES", "CATALOG_TIER", "DEFAULT_WINDOW", "EQUIVALENT", "Label", "NOTIFY_ONLY", "OWN_RULES",
     "REAL_VARIANTS", "RealReport", "Score", "SimCase", "SimReport", "Span", "Verdict", "as_pack", "delay_table", "expectation", "judge", "load_labels", "replay_labelled", "run_sim", "score",
-    "parse_variant", "score_real", "score_sim", "table", "vary_real",
+    "parse_variant", "score_real", "score_sim", "score_variant", "table", "vary_real",
 ]
 
 BRAKES = frozenset({"pause", "stop", "rollback"})
@@ -631,6 +631,16 @@ def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, fl
                           max_delay=None if lab.max_delay is None else lab.max_delay * k)
         new_labels.append(lab)
     return new_labels
+
+
+def score_variant(directory: str | Path, labels: list[Label], spec: str, pack="rlhf") -> RealReport:
+    """The labelled files of ``directory`` re-logged as ``spec`` says (:func:`parse_variant`,
+    :func:`vary_real`) in a temporary directory, and scored there."""
+    import tempfile
+
+    variant = parse_variant(spec)
+    with tempfile.TemporaryDirectory(prefix="rlwatch-variant-") as tmp:
+        return score_real(tmp, pack, labels=vary_real(directory, labels, variant, tmp))
 
 
 # -- simulated runs ---------------------------------------------------------------------------

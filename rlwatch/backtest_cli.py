@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from rlwatch.backtest import Verdict, load_labels, score, score_real, table
+from rlwatch.backtest import Verdict, load_labels, parse_variant, score, score_real, score_variant, table
 from rlwatch.tune import _labels_or_all, compare, leave_one_source_out, overrides_yaml, tuned_packs
 
 __all__ = ["add_backtest_parser", "add_tune_parser", "cli_backtest", "cli_tune"]
@@ -34,6 +34,11 @@ def add_backtest_parser(sub) -> None:
     b.add_argument("--tune", action="store_true",
                    help="also score each source with parameters learnt (rules tune) on the other "
                         "sources' healthy runs")
+    b.add_argument("--variant", action="append", default=[], metavar="NAME=K",
+                   help="also score the runs re-logged as another run of their family would log "
+                        "them: every=K (every K-th step kept), steps=K (step numbers x K), "
+                        "reward_scale=K, reward_offset=B (another reward model); repeatable. "
+                        "Reported beside the score; the exit status is the files' own")
     b.add_argument("--json", action="store_true", help="one JSON document: score, per-source scores, verdicts")
     b.set_defaults(fn=cli_backtest)
 
@@ -42,6 +47,11 @@ def cli_backtest(args) -> int:
     directory = Path(args.dir)
     if not directory.is_dir():
         raise SystemExit(f"rlwatch backtest: {directory} is not a directory")
+    for spec in args.variant:
+        try:
+            parse_variant(spec)
+        except ValueError as exc:
+            raise SystemExit(f"rlwatch backtest: --variant {exc}") from None
     sources = None
     if args.sources:
         try:
@@ -67,10 +77,13 @@ def cli_backtest(args) -> int:
     loso = None
     if args.tune:
         loso = leave_one_source_out(directory, pack, labels=labels)
+    variants = {spec: score_variant(directory, labels, spec, pack) for spec in args.variant}
     if args.json:
         doc = report.to_dict()
         if loso is not None:
             doc["leave_one_source_out"] = loso
+        if variants:
+            doc["variants"] = {spec: r.to_dict() for spec, r in variants.items()}
         print(json.dumps(doc, default=str))
         return _status(report)
     print(table(report.verdicts))
@@ -86,6 +99,11 @@ def cli_backtest(args) -> int:
                 line += f" {tuned[name]['tuned_passed']:>4d}/{tuned[name]['scored']:<4d} {tuned[name]['note']}"
             print(line)
     print(f"\nscore: {report.score.line('files')}")
+    for spec, r in variants.items():
+        print(f"re-logged {spec}: {r.score.line('files')}")
+        for v in r.verdicts:
+            if v.passed is False:
+                print(f"  {v.run}: {'; '.join(v.problems)}")
     blind = [v.run for v in report.verdicts if v.extra.get("watched") == 0]
     if blind:
         print(f"rlwatch backtest: WARNING: no rule had its inputs on {', '.join(blind)}: "

@@ -162,6 +162,23 @@ def test_cli_backtest_per_source_with_tuning(team_dir, tmp_path, capsys):
     assert rows["a"]["files"] == 2 and "targets.kl" in rows["a"]["note"]
 
 
+def test_cli_backtest_scores_the_runs_re_logged_beside_their_own(team_dir, capsys):
+    """--variant steps=2: the drift run over twice the steps still caught within its doubled
+    window; every=3 keeps a third of the points. The exit status is the files' own."""
+    assert main(["backtest", str(team_dir), "--variant", "steps=2", "--variant", "every=3", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["variants"]) == {"steps=2", "every=3"}
+    runs = {r["run"]: r for r in doc["variants"]["steps=2"]["runs"]}
+    assert runs["drift.jsonl"]["onset"] == 120 and runs["drift.jsonl"]["caught"] is not None
+    assert runs["h1.jsonl"]["interval"] == 4
+    assert {r["run"]: r["interval"] for r in doc["variants"]["every=3"]["runs"]}["h2.jsonl"] == 6
+    assert main(["backtest", str(team_dir), "--variant", "steps=2"]) == 0
+    assert "re-logged steps=2: " in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        main(["backtest", str(team_dir), "--variant", "stride=2"])
+    assert "stride=2" in str(info.value.code) and "every" in str(info.value.code)
+
+
 def test_cli_backtest_errors_are_one_line(tmp_path):
     with pytest.raises(SystemExit) as info:
         main(["backtest", str(tmp_path)])
