@@ -598,7 +598,7 @@ def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, fl
     name, value = variant
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    k = int(value)
+    k = int(value) if name in ("every", "steps") else 1
     new_labels = []
     for lab in labels:
         try:

@@ -883,7 +883,9 @@ class Bank:
             trk.baselines.setdefault(START_STEPS if signal in ("shift_gain", "drawdown_gain") else window, [])
             win = self.window(trk, window, min_points)
             win.need_sorted()
-        elif signal in ("ratio_to_start", "start_z", "ratio_to_start_max", "start"):
+        elif signal == "start":
+            trk.baselines.setdefault(window, [])       # the baseline alone: no level to keep
+        elif signal in ("ratio_to_start", "start_z", "ratio_to_start_max"):
             trk.baselines.setdefault(window, [])
             level = self.window(trk, LEVEL_STEPS, LEVEL_POINTS)
             level.need_sorted()

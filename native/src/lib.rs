@@ -2376,7 +2376,15 @@ impl Bank {
                 }
                 core.windows[win].need_sorted();
             }
-            "ratio_to_start" | "start_z" | "ratio_to_start_max" | "start" => {
+            // the baseline alone: no level to keep
+            "start" => {
+                let w = need_window()?;
+                let t = &mut core.tracks[trk];
+                if !t.baselines.iter().any(|(k, _)| *k == w) {
+                    t.baselines.push((w, Baseline::Collecting(Vec::new())));
+                }
+            }
+            "ratio_to_start" | "start_z" | "ratio_to_start_max" => {
                 let w = need_window()?;
                 let t = &mut core.tracks[trk];
                 if !t.baselines.iter().any(|(k, _)| *k == w) {
