@@ -12,7 +12,7 @@
     python bench/backtest.py [--seeds 2] [--every 1,5,10] [--seed-from N] [--jobs 2] [--faults a,b] [--real-only]
                              [--sim-only] [--tune] [--rules PACK] [--json OUT]
                              [--reward-scale K] [--reward-offset B] [--metric-scale PREFIX=K ...]
-                             [--metric-noise PREFIX=SD ...] [--real-variant every=2 ...]
+                             [--metric-noise PREFIX=SD ...] [--noise-profile real] [--real-variant every=2 ...]
 """
 from __future__ import annotations
 
@@ -132,12 +132,19 @@ def real_section(pack, tune: bool, out: dict) -> None:
         out["real_loso_tuned"] = list(tuned_rows.values())
 
 
+def _profile(name: str | None) -> tuple:
+    """The noise entries of a named profile (rlwatch.backtest.NOISE_PROFILES)."""
+    from rlwatch.backtest import NOISE_PROFILES
+
+    return NOISE_PROFILES[name] if name else ()
+
+
 def sim_section(pack, args, out: dict) -> None:
     every = [int(x) for x in args.every.split(",")]
     faults = args.faults.split(",") if args.faults else sim_faults()
     cases = sim_cases(faults, args.seeds, every, args.healthy_seeds, args.seed_from,
                       (args.reward_scale, args.reward_offset), _scales(args.metric_scale, "--metric-scale"),
-                      _scales(args.metric_noise, "--metric-noise"))
+                      _scales(args.metric_noise, "--metric-noise") + _profile(args.noise_profile))
     print(f"\n== Simulated runs: {len(cases)} cases, held-out seeds >= {args.seed_from}, "
           f"logging every {', '.join(map(str, every))} steps")
     t0 = time.time()
@@ -227,6 +234,10 @@ def main() -> None:
                     help="simulated runs: metrics whose name starts with PREFIX scattered by a "
                          "relative SD per logged step, as a noisier run logs them "
                          "(entropy/mean=0.2); repeatable")
+    ap.add_argument("--noise-profile", choices=["real"], default=None,
+                    help="simulated runs: every metric family scattered as much from point to "
+                         "point as public runs scatter (rlwatch.backtest.REAL_NOISE: the simulator "
+                         "is about ten times smoother); added to --metric-noise")
     ap.add_argument("--real-variant", action="append", default=[], metavar="NAME=NUMBER",
                     help="also score the real logs re-logged as another run of their family "
                          "would log them: every=K (every K-th step kept), steps=K (step numbers "

@@ -268,6 +268,27 @@ def test_noisy_metrics_scatters_a_family_the_same_way_for_the_same_event():
     assert raw["metrics"]["entropy/mean"] == 2.0
 
 
+def test_log_normal_noise_keeps_a_gradient_norm_positive_and_a_fraction_at_most_1():
+    """The real-noise profile scatters non-negative families log-normally with the relative
+    SD asked for: a 70 % scatter of a gradient norm never makes it negative (a normal factor
+    1 + 0.7 g does at one step in 13), and a clip fraction stays a fraction."""
+    import statistics
+
+    from rlwatch.backtest import REAL_NOISE, noisy_metrics
+
+    noise = (("grad_norm/", 0.7, "log"), ("ppo/clip_frac", 3.0, "log"))
+    xs, fr = [], []
+    for step in range(4000):
+        m = noisy_metrics({"run_id": "r", "step": step,
+                           "metrics": {"grad_norm/actor": 2.0, "ppo/clip_frac": 0.5}}, noise)["metrics"]
+        xs.append(m["grad_norm/actor"])
+        fr.append(m["ppo/clip_frac"])
+    assert min(xs) > 0 and max(fr) <= 1.0 and min(fr) > 0
+    assert statistics.fmean(xs) == pytest.approx(2.0, rel=0.05)
+    assert statistics.stdev(xs) / 2.0 == pytest.approx(0.7, rel=0.15)
+    assert dict((e[0], e[1]) for e in REAL_NOISE)["grad_norm/"] == 0.7
+
+
 def test_an_entropy_collapse_whose_entropy_scatters_20_percent_a_step_is_caught():
     """The collapse is judged against the warm-up's noise: a level 3 robust deviations under
     the warm-up (not 4) catches it on a run whose entropy is noisy (the old -4 missed it)."""

@@ -172,16 +172,25 @@ def rank_events(steps, world_size=4, grad=None, hashes=None):
 
 
 def test_rank_outlier_fires_when_one_rank_has_five_times_the_others_grad_norm():
+    """One step over the line is an info notice; held over 10 steps it is the orange alarm
+    with the snapshot of the rank's batch."""
     grad = lambda s, r: 5.0 if (s >= 6 and r == 2) else 1.0 + 0.01 * r  # noqa: E731
-    alerts = feed(Pipeline(rlhf_pack()), rank_events(10, grad=grad))
+    alerts = feed(Pipeline(rlhf_pack()), rank_events(20, grad=grad))
     ro = firing(alerts, "rank_outlier")
-    assert len(ro) == 1
-    a = ro[0]
-    assert a.severity == "orange" and a.step == 6
+    assert [(a.severity, a.step) for a in ro] == [("info", 6), ("orange", 15)]
+    a = ro[1]
     assert a.value == pytest.approx(5.0 / 1.015, rel=0.02)  # max over median of all ranks
     assert a.threshold == 3.0
     assert "snapshot" in a.actions
     assert "rank 2" in a.summary.lower()
+
+
+def test_a_rank_over_the_line_at_single_steps_is_no_alarm():
+    """Per-rank gradient norms scatter: a different rank over 3 x the median now and then
+    (never 10 steps in a row) is an info notice each time, never the alarm."""
+    grad = lambda s, r: 4.0 if (s % 4 == 0 and r == s // 4 % 4) else 1.0  # noqa: E731
+    ro = firing(feed(Pipeline(rlhf_pack()), rank_events(60, grad=grad)), "rank_outlier")
+    assert ro and {a.severity for a in ro} == {"info"}
 
 
 def test_rank_outlier_summary_names_the_rank_instead_of_n_a():
