@@ -21,7 +21,9 @@ ONSET = 300
 FAULTS = {
     # kl_rising is orange above the yellow line (1.5 x target), after kl_above_target's yellow
     "kl_above_target": ("red", 120), "kl_rising": ("orange", 150), "kl_zero": ("black", 30),
-    "entropy_collapse": ("red", 160), "reward_collapse": ("red", 120),
+    # entropy_collapse pauses once the entropy is under 0.3 of its warm-up (a healthy run
+    # sharpens to 0.4 of it): this mild collapse gets there 200-220 steps in, at every interval
+    "entropy_collapse": ("red", 230), "reward_collapse": ("red", 120),
     "reward_degradation": ("orange", 200), "length_hacking": ("orange", 120),
     "grad_norm_anomaly": ("orange", 80), "value_shift": ("red", 80),
     "clip_frac_high": ("red", 60), "truncation_rising": ("yellow", 80),
@@ -29,7 +31,7 @@ FAULTS = {
 }
 
 
-def fired_on(fault: str, every: int, steps: int = ONSET + 220) -> list:
+def fired_on(fault: str, every: int, steps: int = ONSET + 240) -> list:
     cfg = SimConfig(run_id=f"s-{fault}-{every}", fault=fault, onset=ONSET, seed=3, log_every=every,
                     algo=effective_algo("ppo", fault))
     p = Pipeline(rlhf_pack())
