@@ -759,8 +759,8 @@ def scaled_metrics(raw: dict, scales) -> dict:
 
 #: How much public runs scatter from one logged point to the next: per metric family, about
 #: the median over the real logs of the robust scale of the point-to-point changes over the
-#: level (``bench/backtest.py --noise-profile real``). The simulator scatters a tenth of that
-#: (entropy 1 %, reward std 4 %, gradient norm 13 %); public GRPO and PPO runs scatter
+#: level (``bench/backtest.py --noise-profile real``). The simulator scatters a tenth to a fifth
+#: of that (entropy 1 %, reward std 4 %, gradient norm 13 %); public GRPO and PPO runs scatter
 #: entropy 6-34 %, reward std 22-100 %, KL 13-62 %, gradient norm 36-180 %, clip fraction
 #: 22-52 %, response length 4-36 %. Non-negative families scatter log-normally (a gradient
 #: norm is never negative, and its spikes are upward); the reward's mean normally.

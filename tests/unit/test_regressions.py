@@ -101,9 +101,10 @@ def test_a_cross_rank_alert_keeps_the_rank_it_fired_for():
             ev = step_event("ranks", step, {"grad_norm/actor": 9.0 if rank == bad else 1.0},
                             rank=rank, world_size=4)
             out += p.feed(ev, ev.ts)
-    for rank in range(4):
-        ev = step_event("ranks", 6, {"grad_norm/actor": 1.0}, rank=rank, world_size=4)
-        out += p.feed(ev, ev.ts)
+    for step in range(6, 30):       # the notice keeps firing 20 steps past the last outlier
+        for rank in range(4):
+            ev = step_event("ranks", step, {"grad_norm/actor": 1.0}, rank=rank, world_size=4)
+            out += p.feed(ev, ev.ts)
     fired = firing(out, "rank_outlier")
     assert fired and fired[0].rank == 3
     assert [a.fingerprint for a in resolved(out, "rank_outlier")] == [fired[0].fingerprint]
