@@ -68,7 +68,9 @@ A condition (``when``) is one of:
 
 * a metric test: ``{metric, signal?, window?, smooth?, above?|below?|abs_above?, min_steps?}``;
 * ``{nonfinite: any}`` or ``{nonfinite: [metric, ...]}``;
-* across ranks: ``{ranks: METRIC, stat: max_over_median, above: 3}``;
+* across ranks: ``{ranks: METRIC, stat: max_over_median, above: 3}`` (also ``max``, ``median``,
+  and ``held_over_median``: a rank's ratio to the ranks' median at two of its last three
+  logged steps, so the same rank, not whichever is highest at each step);
   ``{hashes: actor, mismatch: true}``;
 * a per-sample distribution of the step: ``{dist: reward, stat: bimodality, above: 0.6}``;
   ``tail_mass`` is the share above ``cap``, ``tail_over_median`` the share above ``cap`` times
@@ -206,7 +208,7 @@ READY_POINTS = {
 
 DIST_STATS = ("bimodality", "skewness", "mean", "std", "median", "p99", "max", "tail_mass",
               "frac_at_cap", "ratio_to_start", "tail_over_median")
-RANK_STATS = ("max_over_median", "max", "median")
+RANK_STATS = ("max_over_median", "max", "median", "held_over_median")
 GROUP_STATS = ("gap", "gap_slope", "min_slope", "max_slope", "spread_slope",
                "gap_slope_z", "min_slope_z", "max_slope_z", "spread_slope_z")
 SAMPLE_STATS = ("top_share", "repetition", "prompt_extreme")

@@ -7,7 +7,14 @@ step at hand and the readers compare its ranks:
 
 * ``rank_stat(metric, stat)``: ``(value, rank or None)`` with ``stat`` one of
   ``max_over_median`` (the largest finite value over the median of them all, and its rank),
-  ``max`` or ``median``; ``(nan, None)`` with fewer than two finite values;
+  ``max``, ``median``, or ``held_over_median``; ``(nan, None)`` with fewer than two finite
+  values;
+* ``held_over_median``: each rank's ratio to the median of the ranks, at this step and the two
+  steps of it compared before; the middle of its three ratios, and the largest of those over
+  the ranks with its rank (nan until a rank has three). A rank over 3 x the median at two of
+  its last three steps reads over 3; ranks whose noise takes turns over the line do not (one
+  of four ranks scattering 70 % from step to step is over 3 x the median at about one step in
+  ten; the same rank at two of three, at about one in forty);
 * ``hash_mismatch(name)``: the ranks whose hash differs from rank 0's, sorted; None when rank
   0 has none or fewer than two ranks have one.
 
@@ -16,7 +23,10 @@ with the native core, see ``streams.signals.CORE``), number for number and rank 
 (``tests/unit/test_ranks.py`` compares them).
 
 The state (:meth:`to_state`) is ``{str(step): {str(rank): {"m": {metric: value},
-"h": hashes}}}``, the ranks in the order they came.
+"h": hashes}}}``, the ranks in the order they came; the ratios ``held_over_median`` keeps
+(:meth:`held_state`) are ``{metric: {str(rank): [ratio, ratio]}}``, the older first. A ratio
+is kept when the step at hand is left (the next ``open``, ``close``, ``clear``), whether or
+not a rule read it.
 """
 from __future__ import annotations
 
@@ -26,7 +36,9 @@ from streams import signals
 from streams.signals import median_of
 
 NAN = float("nan")
-STATS = ("max_over_median", "max", "median")
+STATS = ("max_over_median", "max", "median", "held_over_median")
+#: ratios a rank's held_over_median takes the middle of (this step's and the ones before)
+HELD_POINTS = 3
 _NOTHING: dict = {}
 
 
@@ -43,6 +55,8 @@ class PyRankBuffer:
         self.pending: dict[int, dict[int, dict]] = {}
         self.current: dict[int, dict] = _NOTHING  # the step at hand, between open and close
         self.memo: dict[str, tuple] = {}          # metric -> (top value, its rank, median)
+        # held_over_median: metric -> rank -> its last ratios (HELD_POINTS - 1 at most)
+        self.held: dict[str, dict[int, list[float]]] = {}
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -73,20 +87,51 @@ class PyRankBuffer:
 
     def open(self, step: int) -> None:
         """Make ``step`` the step the readers compare (it leaves the buffer)."""
+        self._leave()
         self.current = self.pending.pop(step, _NOTHING)
         self.memo = {}
 
     def close(self) -> None:
+        self._leave()
         self.current = _NOTHING
         self.memo = {}
 
+    def _ratios(self, metric: str) -> dict[int, float]:
+        """Each rank's value over the median of the step at hand ({} with fewer than two)."""
+        values = {}
+        for r, e in self.current.items():
+            v = e["m"].get(metric)
+            if v is not None and v - v == 0.0:
+                values[r] = v
+        if len(values) < 2:
+            return {}
+        med = median_of(sorted(values.values()))
+        return {r: _ratio_pos(v, med) for r, v in values.items()}
+
+    def _leave(self) -> None:
+        """Keep the ratios of the step at hand that held_over_median reads later."""
+        if not self.current:
+            return
+        for metric, ranks in self.held.items():
+            for r, x in self._ratios(metric).items():
+                if x == x:
+                    kept = ranks.setdefault(r, [])
+                    kept.append(x)
+                    if len(kept) >= HELD_POINTS:
+                        del kept[0]
+
     def clear(self) -> None:
+        """Forget the steps waiting (a run started over); the ratios kept go too."""
         self.pending.clear()
         self.close()
+        for ranks in self.held.values():
+            ranks.clear()
 
     def rank_stat(self, metric: str, stat: str) -> Callable[[], tuple]:
         if stat not in STATS:
             raise ValueError(f"unknown rank statistic {stat!r}")
+        if stat == "held_over_median":
+            return self._held_reader(metric)
 
         def read():
             got = self.memo.get(metric)     # once per step at hand and metric
@@ -109,6 +154,34 @@ class PyRankBuffer:
                 return med, None
             return _ratio_pos(top_value, med), top
         return read
+
+    def _held_reader(self, metric: str) -> Callable[[], tuple]:
+        ranks = self.held.setdefault(metric, {})
+
+        def read():
+            top, top_value = None, NAN
+            for r, x in self._ratios(metric).items():
+                kept = ranks.get(r)
+                if x != x or kept is None or len(kept) < HELD_POINTS - 1:
+                    continue
+                a, b = kept[-2], kept[-1]
+                mid = max(min(a, b), min(max(a, b), x))     # the middle of the three
+                if top is None or mid > top_value:          # the first of the largest
+                    top, top_value = r, mid
+            return top_value, top
+        return read
+
+    def held_state(self) -> dict:
+        return {m: {str(r): list(k) for r, k in ranks.items()} for m, ranks in self.held.items()}
+
+    def load_held(self, state: dict) -> None:
+        """Take back :meth:`held_state` (for the metrics a reader asked for)."""
+        for m, ranks in state.items():
+            kept = self.held.get(m)
+            if kept is not None:            # (in place: the readers hold it)
+                kept.clear()
+                kept.update((int(r), [float(x) for x in k][-(HELD_POINTS - 1):])
+                            for r, k in ranks.items())
 
     def hash_mismatch(self, name: str) -> Callable[[], list[int] | None]:
         def read():

@@ -1248,6 +1248,7 @@ class RunState:
             # about a tenth of its time)
             "preset_tries": self._preset_tries,
             "pending": self.ranks.to_state(),
+            "rank_held": self.ranks.held_state(),
             "dist_bases": {k: ([{"m": v[0][0]}] if v and isinstance(v[0], tuple) else v)
                            for k, v in self.dist_bases.items()},
             "corr_ema": self.corr_ema,
@@ -1294,6 +1295,7 @@ class RunState:
         rs.ts_replaced = state.get("ts_replaced", 0)
         rs.closed = state.get("closed", False)
         rs.ranks.load(state.get("pending", {}))
+        rs.ranks.load_held(state.get("rank_held", {}))
         for k, v in state.get("dist_bases", {}).items():
             if k in rs.dist_bases:
                 rs.dist_bases[k] = [(v[0]["m"],)] if v and isinstance(v[0], dict) else list(v)

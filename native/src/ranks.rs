@@ -56,6 +56,20 @@ struct Buf {
     pending: Vec<Pending>,
     current: Vec<Entry>,
     memo: Vec<Option<Memo>>,
+    /// held_over_median: (metric index, [(rank, its last ratios, HELD_POINTS - 1 at most)]),
+    /// in the order the readers and the ranks came
+    held: Vec<(usize, Vec<(i64, Vec<f64>)>)>,
+}
+
+/// ratios a rank's held_over_median takes the middle of (this step's and the ones before)
+const HELD_POINTS: usize = 3;
+
+fn ratio_pos(x: f64, base: f64) -> f64 {
+    if base == 0.0 {
+        if x > 0.0 { f64::INFINITY } else { NAN }
+    } else {
+        x / base
+    }
 }
 
 impl Buf {
@@ -69,9 +83,88 @@ impl Buf {
         Ok(self.names.len() - 1)
     }
 
-    fn close(&mut self) {
+    fn close(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.leave(py)?;
         self.current = Vec::new();
         self.memo.clear();
+        Ok(())
+    }
+
+    /// Each rank's value over the median of the step at hand, in the order the ranks came
+    /// (empty with fewer than two finite values).
+    fn ratios(&self, py: Python<'_>, idx: usize) -> PyResult<Vec<(i64, f64)>> {
+        let mut values: Vec<(i64, f64)> = Vec::with_capacity(self.current.len());
+        for e in &self.current {
+            if let Some((_, v)) = e.m.iter().find(|(i, _)| *i == idx) {
+                let v = v.bind(py);
+                if v.is_none() {
+                    continue;
+                }
+                let v: f64 = v.extract()?;
+                if v - v == 0.0 {
+                    values.push((e.rank, v));
+                }
+            }
+        }
+        if values.len() < 2 {
+            return Ok(Vec::new());
+        }
+        let mut sorted: Vec<f64> = values.iter().map(|(_, v)| *v).collect();
+        sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let med = super::median_of(&sorted);
+        Ok(values.into_iter().map(|(r, v)| (r, ratio_pos(v, med))).collect())
+    }
+
+    /// Keep the ratios of the step at hand that held_over_median reads later.
+    fn leave(&mut self, py: Python<'_>) -> PyResult<()> {
+        if self.current.is_empty() {
+            return Ok(());
+        }
+        for h in 0..self.held.len() {
+            let got = self.ratios(py, self.held[h].0)?;
+            let ranks = &mut self.held[h].1;
+            for (r, x) in got {
+                if x != x {
+                    continue;
+                }
+                let at = match ranks.iter().position(|(q, _)| *q == r) {
+                    Some(at) => at,
+                    None => {
+                        ranks.push((r, Vec::new()));
+                        ranks.len() - 1
+                    }
+                };
+                let kept = &mut ranks[at].1;
+                kept.push(x);
+                if kept.len() >= HELD_POINTS {
+                    kept.remove(0);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// held_over_median of the step at hand: (the largest middle ratio, its rank), or None.
+    fn held_stat(&self, py: Python<'_>, idx: usize) -> PyResult<Option<(f64, i64)>> {
+        let Some((_, ranks)) = self.held.iter().find(|(i, _)| *i == idx) else {
+            return Ok(None);
+        };
+        let mut top: Option<(f64, i64)> = None;
+        for (r, x) in self.ratios(py, idx)? {
+            if x != x {
+                continue;
+            }
+            let Some((_, kept)) = ranks.iter().find(|(q, _)| *q == r) else { continue };
+            if kept.len() < HELD_POINTS - 1 {
+                continue;
+            }
+            let (a, b) = (kept[kept.len() - 2], kept[kept.len() - 1]);
+            let mid = a.min(b).max(a.max(b).min(x));     // the middle of the three
+            if top.map_or(true, |(t, _)| mid > t) {      // the first of the largest
+                top = Some((mid, r));
+            }
+        }
+        Ok(top)
     }
 
     fn stat(&mut self, py: Python<'_>, idx: usize) -> PyResult<Memo> {
@@ -182,8 +275,9 @@ impl RankBuffer {
 
     /// `open(step)`, and where the step was in the buffer (None: it was not there), for
     /// `put_back`.
-    pub(crate) fn open_at(&self, step: i64) -> PyResult<Option<usize>> {
+    pub(crate) fn open_at(&self, py: Python<'_>, step: i64) -> PyResult<Option<usize>> {
         let mut b = lock(&self.buf)?;
+        b.leave(py)?;
         let at = b.pending.iter().position(|p| p.step == step);
         b.current = match at {
             Some(at) => b.pending.remove(at).ranks,
@@ -201,14 +295,13 @@ impl RankBuffer {
         if let Some(at) = at {
             b.pending.insert(at, Pending { step, ranks });
         }
-        b.close();
+        b.memo.clear();      // (nothing at hand: no ratio is kept)
         Ok(())
     }
 
     /// `close()`.
-    pub(crate) fn shut(&self) -> PyResult<()> {
-        lock(&self.buf)?.close();
-        Ok(())
+    pub(crate) fn shut(&self, py: Python<'_>) -> PyResult<()> {
+        lock(&self.buf)?.close(py)
     }
 }
 
@@ -224,6 +317,7 @@ impl RankBuffer {
                 pending: Vec::new(),
                 current: Vec::new(),
                 memo: Vec::new(),
+                held: Vec::new(),
             })),
         }
     }
@@ -269,8 +363,9 @@ impl RankBuffer {
     }
 
     /// Make `step` the step the readers compare (it leaves the buffer).
-    fn open(&self, step: i64) -> PyResult<()> {
+    fn open(&self, py: Python<'_>, step: i64) -> PyResult<()> {
         let mut b = lock(&self.buf)?;
+        b.leave(py)?;
         let got = match b.pending.iter().position(|p| p.step == step) {
             Some(at) => b.pending.remove(at).ranks,
             None => Vec::new(),
@@ -280,15 +375,18 @@ impl RankBuffer {
         Ok(())
     }
 
-    fn close(&self) -> PyResult<()> {
-        lock(&self.buf)?.close();
-        Ok(())
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        lock(&self.buf)?.close(py)
     }
 
-    fn clear(&self) -> PyResult<()> {
+    /// Forget the steps waiting (a run started over); the ratios kept go too.
+    fn clear(&self, py: Python<'_>) -> PyResult<()> {
         let mut b = lock(&self.buf)?;
         b.pending.clear();
-        b.close();
+        b.close(py)?;
+        for (_, ranks) in b.held.iter_mut() {
+            ranks.clear();
+        }
         Ok(())
     }
 
@@ -302,9 +400,15 @@ impl RankBuffer {
             "max_over_median" => Stat::MaxOverMedian,
             "max" => Stat::Max,
             "median" => Stat::Median,
+            "held_over_median" => Stat::HeldOverMedian,
             _ => return Err(PyValueError::new_err(format!("unknown rank statistic '{stat}'"))),
         };
-        let idx = lock(&self.buf)?.name_index(py, metric)?;
+        let mut b = lock(&self.buf)?;
+        let idx = b.name_index(py, metric)?;
+        if matches!(stat, Stat::HeldOverMedian) && !b.held.iter().any(|(i, _)| *i == idx) {
+            b.held.push((idx, Vec::new()));
+        }
+        drop(b);
         Ok(RankStat { buf: self.buf.clone(), idx, stat })
     }
 
@@ -330,6 +434,45 @@ impl RankBuffer {
             out.set_item(p.step.to_string(), ranks)?;
         }
         Ok(out)
+    }
+
+    /// The ratios held_over_median keeps: {metric: {str(rank): [ratio, ...]}}, the older first.
+    fn held_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let b = lock(&self.buf)?;
+        let out = PyDict::new_bound(py);
+        for (idx, ranks) in &b.held {
+            let d = PyDict::new_bound(py);
+            for (r, kept) in ranks {
+                d.set_item(r.to_string(), PyList::new_bound(py, kept))?;
+            }
+            out.set_item(b.names[*idx].bind(py), d)?;
+        }
+        Ok(out)
+    }
+
+    /// Take back `held_state` (for the metrics a reader asked for).
+    fn load_held(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
+        let mut b = lock(&self.buf)?;
+        for (m, ranks) in state.iter() {
+            let idx = b.name_index(py, m.downcast::<PyString>()?)?;
+            let Some(h) = b.held.iter().position(|(i, _)| *i == idx) else { continue };
+            let mut got: Vec<(i64, Vec<f64>)> = Vec::new();
+            for (r, k) in ranks.downcast::<PyDict>()?.iter() {
+                let rank = int_key(&r)?;
+                let mut kept: Vec<f64> = Vec::new();
+                for x in k.iter()? {
+                    kept.push(x?.extract::<f64>()?);
+                }
+                let keep_from = kept.len().saturating_sub(HELD_POINTS - 1);
+                let kept = kept.split_off(keep_from);
+                match got.iter().position(|(q, _)| *q == rank) {
+                    Some(j) => got[j].1 = kept,
+                    None => got.push((rank, kept)),
+                }
+            }
+            b.held[h].1 = got;
+        }
+        Ok(())
     }
 
     /// Take back `to_state` (what was pending replaces what is).
@@ -366,8 +509,7 @@ impl RankBuffer {
             }
         }
         b.pending = pending;
-        b.close();
-        Ok(())
+        b.close(py)
     }
 }
 
@@ -376,6 +518,7 @@ enum Stat {
     MaxOverMedian,
     Max,
     Median,
+    HeldOverMedian,
 }
 
 /// `RankBuffer.rank_stat(metric, stat)`: called with no argument, `(value, rank or None)` of
@@ -390,21 +533,23 @@ pub struct RankStat {
 #[pymethods]
 impl RankStat {
     fn __call__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let got = lock(&self.buf)?.stat(py, self.idx)?;
         let none = py.None();
+        if let Stat::HeldOverMedian = self.stat {
+            return Ok(match lock(&self.buf)?.held_stat(py, self.idx)? {
+                None => PyTuple::new_bound(py, [NAN.into_py(py), none]),
+                Some((v, r)) => PyTuple::new_bound(py, [v.into_py(py), r.into_py(py)]),
+            });
+        }
+        let got = lock(&self.buf)?.stat(py, self.idx)?;
         Ok(match got {
             None => PyTuple::new_bound(py, [NAN.into_py(py), none]),
             Some((top_value, top, med)) => match self.stat {
                 Stat::Max => PyTuple::new_bound(py, [top_value.into_py(py), top.into_py(py)]),
                 Stat::Median => PyTuple::new_bound(py, [med.into_py(py), none]),
                 Stat::MaxOverMedian => {
-                    let v = if med == 0.0 {
-                        if top_value > 0.0 { f64::INFINITY } else { NAN }
-                    } else {
-                        top_value / med
-                    };
-                    PyTuple::new_bound(py, [v.into_py(py), top.into_py(py)])
+                    PyTuple::new_bound(py, [ratio_pos(top_value, med).into_py(py), top.into_py(py)])
                 }
+                Stat::HeldOverMedian => unreachable!(),
             },
         })
     }

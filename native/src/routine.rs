@@ -347,9 +347,9 @@ impl Routine {
         let (ranks, scan) = (ranks.get(), scan.get());
         let alerts = run.st.getattr(intern!(py, "alerts"))?.downcast_into::<PyDict>()?;
         for (i, &step) in done.iter().enumerate() {
-            let at = ranks.open_at(step)?;
+            let at = ranks.open_at(py, step)?;
             match scan.hits(py, &alerts, 1) {
-                Ok(hits) if hits.is_empty() => ranks.shut()?,
+                Ok(hits) if hits.is_empty() => ranks.shut(py)?,
                 _ => {
                     ranks.put_back(step, at)?;
                     return Ok(done[i..].to_vec());

@@ -16,7 +16,8 @@ from streams.processor import Pipeline
 from streams.snapshot import SnapshotRecorder, build_snapshot
 from tests.unit._core import rlhf_pack
 
-FAULTS = ("nan_inf", "rank_outlier", "param_hash_mismatch", "grad_norm_anomaly", "healthy")
+FAULTS = ("nan_inf", "rank_outlier", "param_hash_mismatch", "grad_norm_anomaly", "healthy",
+          "gpu_memory_spike")     # (a spike that resolves)
 
 
 def _fleet() -> list[bytes]:

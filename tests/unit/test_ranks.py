@@ -18,7 +18,7 @@ from streams.ranks import PyRankBuffer
 from tests.unit._core import needs_native
 
 
-STATS = ("max_over_median", "max", "median")
+STATS = ("max_over_median", "max", "median", "held_over_median")
 
 
 def _native():
@@ -75,6 +75,52 @@ def test_fewer_than_two_finite_values_read_nothing():
     v, r = b.rank_stat("m", "max")()
     assert v != v and r is None
     assert b.hash_mismatch("actor")() is None
+
+
+def _steps(buf, rows, world=4, first=1):
+    """Each row the ranks' values of one step, which is then compared; held_over_median's
+    readings, step by step."""
+    read = buf.rank_stat("g", "held_over_median")
+    out = []
+    for i, row in enumerate(rows):
+        step = first + i
+        for rank, v in enumerate(row):
+            buf.take(step, rank, {"g": v}, {}, world)
+        buf.open(step)
+        out.append(read())
+    buf.close()
+    return out
+
+
+def test_a_rank_held_over_the_line_reads_over_and_ranks_taking_turns_do_not():
+    b = PyRankBuffer(8)
+    b.track("g")
+    # rank 2 at 4 x the median at two of three steps: its middle ratio is 4 from the third on
+    got = _steps(b, [[1.0, 1.0, 4.0, 1.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 4.0, 1.0],
+                     [1.0, 1.0, 4.0, 1.0]])
+    assert all(v != v and r is None for v, r in got[:2])     # nan until three ratios
+    assert got[2] == (4.0, 2) and got[3] == (4.0, 2)
+    # each rank over the line once in turn: max_over_median is 4 at every step, this is 1
+    b = PyRankBuffer(8)
+    b.track("g")
+    turns = [[4.0 if r == s % 4 else 1.0 for r in range(4)] for s in range(8)]
+    assert [v for v, _ in _steps(b, turns)[2:]] == [1.0] * 6
+
+
+def test_held_ratios_survive_a_restart_and_go_with_the_run():
+    b = PyRankBuffer(8)
+    b.track("g")
+    _steps(b, [[1.0, 5.0, 1.0, 1.0]] * 2)
+    state = msgspec.msgpack.decode(msgspec.msgpack.encode(b.held_state()))
+    assert state == {"g": {"0": [1.0, 1.0], "1": [5.0, 5.0], "2": [1.0, 1.0], "3": [1.0, 1.0]}}
+    again = PyRankBuffer(8)
+    again.track("g")
+    again.rank_stat("g", "held_over_median")       # (a run binds its readers, then loads)
+    again.load_held(state)
+    assert _steps(again, [[1.0, 5.0, 1.0, 1.0]], first=3) == [(5.0, 1)]
+    again.clear()                                  # a relaunch: the ratios start over
+    v, r = _steps(again, [[1.0, 5.0, 1.0, 1.0]], first=4)[0]
+    assert v != v and r is None
 
 
 def test_an_unknown_statistic_is_refused():
@@ -143,10 +189,13 @@ def _play(buf, ops, read_steps: bool = False) -> list:
             trace.append([r() for r in readers])      # read again: the same (memo)
         elif op[0] == "roundtrip":
             state = msgspec.json.decode(msgspec.json.encode(buf.to_state()))
+            held = msgspec.msgpack.decode(msgspec.msgpack.encode(buf.held_state()))
             buf.load(state)
+            buf.load_held(held)
         else:
             getattr(buf, op[0])()
-        trace.append((len(buf), msgspec.json.encode(buf.to_state())))
+        trace.append((len(buf), msgspec.json.encode(buf.to_state()),
+                      msgspec.msgpack.encode(buf.held_state())))
     return trace
 
 
