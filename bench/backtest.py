@@ -45,10 +45,11 @@ def sim_faults() -> list[str]:
 
 def sim_cases(faults, seeds: int, every: list[int], healthy_seeds: int,
               seed_from: int = HELDOUT_SEEDS_FROM, reward: tuple[float, float] = (1.0, 0.0),
-              scales: tuple = (), noise: tuple = ()) -> list[SimCase]:
+              scales: tuple = (), noise: tuple = (), step_scale: int = 1) -> list[SimCase]:
     """The held-out cases; ``reward``: (scale, offset) of the reward as another reward model
     would give it (rlwatch.backtest.reward_as); ``scales``: metric families of another size
-    (rlwatch.backtest.scaled_metrics); ``noise``: noisier ones (rlwatch.backtest.noisy_metrics)."""
+    (rlwatch.backtest.scaled_metrics); ``noise``: noisier ones (rlwatch.backtest.noisy_metrics);
+    ``step_scale``: step numbers x K (a run counting smaller steps)."""
     cases = []
     for fault in faults:
         for i in range(seeds):
@@ -56,13 +57,15 @@ def sim_cases(faults, seeds: int, every: list[int], healthy_seeds: int,
                 algo = ("ppo", "grpo")[(i + j) % 2]          # alternate; the sim falls back
                 cases.append(SimCase(fault, algo, seed_from + 10 * i + j, k,
                                      reward_scale=reward[0], reward_offset=reward[1],
-                                     metric_scales=scales, metric_noise=noise))
+                                     metric_scales=scales, metric_noise=noise,
+                                     step_scale=step_scale))
     for i in range(healthy_seeds):
         for j, k in enumerate(every):
             for algo in ALGOS:
                 cases.append(SimCase("healthy", algo, seed_from + 500 + 10 * i + j, k,
                                      reward_scale=reward[0], reward_offset=reward[1],
-                                     metric_scales=scales, metric_noise=noise))
+                                     metric_scales=scales, metric_noise=noise,
+                                     step_scale=step_scale))
     return cases
 
 
@@ -144,7 +147,8 @@ def sim_section(pack, args, out: dict) -> None:
     faults = args.faults.split(",") if args.faults else sim_faults()
     cases = sim_cases(faults, args.seeds, every, args.healthy_seeds, args.seed_from,
                       (args.reward_scale, args.reward_offset), _scales(args.metric_scale, "--metric-scale"),
-                      _scales(args.metric_noise, "--metric-noise") + _profile(args.noise_profile))
+                      _scales(args.metric_noise, "--metric-noise") + _profile(args.noise_profile),
+                      args.step_scale)
     print(f"\n== Simulated runs: {len(cases)} cases, held-out seeds >= {args.seed_from}, "
           f"logging every {', '.join(map(str, every))} steps")
     t0 = time.time()
@@ -238,6 +242,10 @@ def main() -> None:
                     help="simulated runs: every metric family scattered as much from point to "
                          "point as public runs scatter (rlwatch.backtest.REAL_NOISE: the simulator "
                          "is about ten times smoother); added to --metric-noise")
+    ap.add_argument("--step-scale", type=int, default=1, metavar="K",
+                    help="simulated runs: step numbers x K, as a run that counts K times smaller "
+                         "steps (micro-batches, samples) logs the same training; onsets and "
+                         "windows x K")
     ap.add_argument("--real-variant", action="append", default=[], metavar="NAME=NUMBER",
                     help="also score the real logs re-logged as another run of their family "
                          "would log them: every=K (every K-th step kept), steps=K (step numbers "

@@ -667,6 +667,8 @@ class SimCase:
     reward_offset: float = 0.0        # scale * reward + offset (:func:`reward_as`)
     metric_scales: tuple = ()         # ((metric prefix, factor), ...): :func:`scaled_metrics`
     metric_noise: tuple = ()          # ((metric prefix, relative sd), ...): :func:`noisy_metrics`
+    step_scale: int = 1               # step numbers x K, as a run counting smaller steps logs
+                                      # them (onset and window x K too)
 
     @property
     def run_id(self) -> str:
@@ -832,6 +834,8 @@ def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
             raw = scaled_metrics(raw, case.metric_scales)
         if case.metric_noise:
             raw = noisy_metrics(raw, case.metric_noise)
+        if case.step_scale != 1 and "step" in raw:
+            raw = {**raw, "step": raw["step"] * case.step_scale}
         ev = parse_event(raw, raw["ts"])
         last_ts = max(last_ts, ev.ts or 0.0)
         if ev.kind == "step" and ev.rank == 0:
@@ -841,8 +845,9 @@ def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
         alerts += pipeline.feed(ev, ev.ts)
     if case.fault == "run_stalled":
         alerts += pipeline.tick(last_ts + 600)
+    k = case.step_scale
     label = Label(case.run_id, "healthy" if healthy else case.fault,
-                  None if healthy else int(onset), None if healthy else case.window,
+                  None if healthy else int(onset) * k, None if healthy else case.window * k,
                   source=f"sim-{info['algo']}", onset_exact=True)
     span = Span(first or 0, last or 0, logged)
     return label, alerts, span, info

@@ -229,6 +229,22 @@ def test_a_simulated_case_under_another_reward_model_is_judged_alike():
     assert verdicts[0].caught.step == verdicts[1].caught.step
 
 
+def test_a_step_scaled_case_stretches_steps_onset_and_window_alike():
+    """step_scale=K: the same run as one counting K times smaller steps logs it; its onset and
+    the window it must be caught in stretch with it (a reward crash is still caught, K times
+    later in step numbers)."""
+    from rlwatch.backtest import SimCase, judge, run_sim
+
+    got = []
+    for k in (1, 3):
+        label, alerts, span, _ = run_sim(SimCase("reward_crash", "ppo", 41000, 5, 0.7, step_scale=k), "rlhf")
+        got.append((label, span, judge(label, alerts, span)))
+    (l1, s1, v1), (l3, s3, v3) = got
+    assert (l3.onset, l3.max_delay) == (3 * l1.onset, 3 * l1.max_delay)
+    assert (s3.first_step, s3.last_step, s3.logged) == (3 * s1.first_step, 3 * s1.last_step, s1.logged)
+    assert v1.passed and v3.passed and v3.caught.step % 3 == 0
+
+
 def test_scaled_metrics_multiplies_a_family_and_its_per_sample_array_only():
     from rlwatch.backtest import scaled_metrics
 
