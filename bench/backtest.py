@@ -86,7 +86,8 @@ def _scales(specs: list[str], option: str) -> tuple:
 def variant_section(pack, specs: list[str], out: dict) -> None:
     """The real logs re-logged as other runs of their families would log them
     (rlwatch.backtest.vary_real): one score line per variant, with the files that fail."""
-    print("\n== Real logs re-logged (every=K: every K-th step; steps=K: steps K times larger; "
+    print("\n== Real logs re-logged (every=K: every K-th step; every_shifted=K: from the second; "
+          "steps=K: steps K times larger; "
           "reward_scale / reward_offset: another reward model)")
     labs = labels()
     out["real_variants"] = {}
@@ -248,7 +249,8 @@ def main() -> None:
                          "windows x K")
     ap.add_argument("--real-variant", action="append", default=[], metavar="NAME=NUMBER",
                     help="also score the real logs re-logged as another run of their family "
-                         "would log them: every=K (every K-th step kept), steps=K (step numbers "
+                         "would log them: every=K (every K-th step kept), every_shifted=K (the "
+                         "same from the second logged step), steps=K (step numbers "
                          "x K), reward_scale=K, reward_offset=B; repeatable")
     ap.add_argument("--real-only", action="store_true")
     ap.add_argument("--sim-only", action="store_true")

@@ -561,7 +561,7 @@ def score_real(directory: str | Path, pack="rlhf", *, labels: list[Label] | None
 
 
 #: The ways :func:`vary_real` re-logs a recorded run, as another run of its family would log it.
-REAL_VARIANTS = ("every", "steps", "reward_scale", "reward_offset")
+REAL_VARIANTS = ("every", "every_shifted", "steps", "reward_scale", "reward_offset")
 
 
 def parse_variant(spec: str) -> tuple[str, float]:
@@ -574,7 +574,7 @@ def parse_variant(spec: str) -> tuple[str, float]:
     if not sep or name not in REAL_VARIANTS:
         raise ValueError(f"real-log variant {spec!r}: expected NAME=NUMBER, NAME one of "
                          f"{', '.join(REAL_VARIANTS)} (every=2, steps=2, reward_scale=10, reward_offset=-1)")
-    if name in ("every", "steps") and (number < 1 or number != int(number)):
+    if name in ("every", "every_shifted", "steps") and (number < 1 or number != int(number)):
         raise ValueError(f"real-log variant {spec!r}: {name} takes a whole number >= 1")
     if name == "reward_scale" and number == 0:
         raise ValueError(f"real-log variant {spec!r}: a scale of 0 leaves no reward")
@@ -586,7 +586,9 @@ def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, fl
     """Each labelled file of ``directory`` re-logged into ``out`` as another run of its family
     would log it, and the labels that go with the copies:
 
-    * ``every=K``: only every K-th logged step kept (a run logging less often);
+    * ``every=K``: only every K-th logged step kept (a run logging less often), from the first;
+    * ``every_shifted=K``: the same from the second logged step (the run logging at the other
+      steps: a baseline, a spike, a dry spell then fall on other points);
     * ``steps=K``: step numbers K times larger (the same curve over K times the steps, as a run
       with smaller batches logs it; onsets and windows scale with it);
     * ``reward_scale=K``, ``reward_offset=B``: the optimised reward as another reward model
@@ -598,7 +600,8 @@ def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, fl
     name, value = variant
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    k = int(value) if name in ("every", "steps") else 1
+    k = int(value) if name in ("every", "every_shifted", "steps") else 1
+    phase = 1 if name == "every_shifted" else 0
     new_labels = []
     for lab in labels:
         try:
@@ -614,9 +617,9 @@ def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, fl
             if isinstance(raw.get("metrics"), dict) and preset is not None:
                 raw["metrics"] = preset.map_metrics(raw["metrics"])
             step = raw.get("step")
-            if name == "every":
+            if name in ("every", "every_shifted"):
                 nth = seen.setdefault(step, len(seen))
-                if nth % k:
+                if (nth - phase) % k:
                     continue
             elif name == "steps" and isinstance(step, int) and not isinstance(step, bool):
                 raw["step"] = step * k

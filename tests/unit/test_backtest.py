@@ -365,6 +365,9 @@ def test_vary_real_keeps_every_kth_step_and_moves_only_the_optimised_reward(tmp_
     out = vary_real(src, labs, ("every", 2.0), tmp_path / "e")
     rows = [json.loads(x) for x in (tmp_path / "e" / "run.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 3, 5] and out == labs
+    vary_real(src, labs, ("every_shifted", 2.0), tmp_path / "o")
+    rows = [json.loads(x) for x in (tmp_path / "o" / "run.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 4, 6]       # the other half of the points
     vary_real(src, labs, ("reward_scale", 10.0), tmp_path / "k")
     vary_real(src, labs, ("reward_offset", -1.0), tmp_path / "b")
     k = [json.loads(x)["metrics"] for x in (tmp_path / "k" / "run.jsonl").read_text().splitlines()]
