@@ -12,9 +12,9 @@ step at hand and the readers compare its ranks:
 * ``held_over_median``: each rank's ratio to the median of the ranks, at this step and the two
   steps of it compared before; the middle of its three ratios, and the largest of those over
   the ranks with its rank (nan until a rank has three). A rank over 3 x the median at two of
-  its last three steps reads over 3; ranks whose noise takes turns over the line do not (one
-  of four ranks scattering 70 % from step to step is over 3 x the median at about one step in
-  ten; the same rank at two of three, at about one in forty);
+  its last three steps reads over 3; ranks whose noise takes turns over the line do not (of
+  four ranks scattering 70 % log-normally from step to step, one is over 3 x the median at
+  about one step in nine; the same rank at two of its last three, at about one in a hundred);
 * ``hash_mismatch(name)``: the ranks whose hash differs from rank 0's, sorted; None when rank
   0 has none or fewer than two ranks have one.
 
