@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFloat, PyList, PyString, PyTuple};
 
 use crate::wire::RankStep;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 const NAN: f64 = f64::NAN;
@@ -56,9 +57,40 @@ struct Buf {
     pending: Vec<Pending>,
     current: Vec<Entry>,
     memo: Vec<Option<Memo>>,
-    /// held_over_median: (metric index, [(rank, its last ratios, HELD_POINTS - 1 at most)]),
-    /// in the order the readers and the ranks came
-    held: Vec<(usize, Vec<(i64, Vec<f64>)>)>,
+    /// held_over_median's ratios, per metric a reader asked for, in the order they asked
+    held: Vec<Held>,
+}
+
+/// The last ratios of each rank (HELD_POINTS - 1 at most) of one metric, in the order the ranks
+/// came, with an index by rank (a run of a thousand ranks is not searched a thousand times).
+struct Held {
+    metric: usize,
+    ranks: Vec<(i64, Vec<f64>)>,
+    at: HashMap<i64, usize>,
+}
+
+impl Held {
+    fn new(metric: usize) -> Held {
+        Held { metric, ranks: Vec::new(), at: HashMap::new() }
+    }
+
+    fn get(&self, rank: i64) -> Option<&Vec<f64>> {
+        self.at.get(&rank).map(|&i| &self.ranks[i].1)
+    }
+
+    fn slot(&mut self, rank: i64) -> &mut Vec<f64> {
+        let n = self.ranks.len();
+        let i = *self.at.entry(rank).or_insert(n);
+        if i == n {
+            self.ranks.push((rank, Vec::new()));
+        }
+        &mut self.ranks[i].1
+    }
+
+    fn clear(&mut self) {
+        self.ranks.clear();
+        self.at.clear();
+    }
 }
 
 /// ratios a rank's held_over_median takes the middle of (this step's and the ones before)
@@ -121,20 +153,13 @@ impl Buf {
             return Ok(());
         }
         for h in 0..self.held.len() {
-            let got = self.ratios(py, self.held[h].0)?;
-            let ranks = &mut self.held[h].1;
+            let got = self.ratios(py, self.held[h].metric)?;
+            let held = &mut self.held[h];
             for (r, x) in got {
                 if x != x {
                     continue;
                 }
-                let at = match ranks.iter().position(|(q, _)| *q == r) {
-                    Some(at) => at,
-                    None => {
-                        ranks.push((r, Vec::new()));
-                        ranks.len() - 1
-                    }
-                };
-                let kept = &mut ranks[at].1;
+                let kept = held.slot(r);
                 kept.push(x);
                 if kept.len() >= HELD_POINTS {
                     kept.remove(0);
@@ -146,7 +171,7 @@ impl Buf {
 
     /// held_over_median of the step at hand: (the largest middle ratio, its rank), or None.
     fn held_stat(&self, py: Python<'_>, idx: usize) -> PyResult<Option<(f64, i64)>> {
-        let Some((_, ranks)) = self.held.iter().find(|(i, _)| *i == idx) else {
+        let Some(held) = self.held.iter().find(|h| h.metric == idx) else {
             return Ok(None);
         };
         let mut top: Option<(f64, i64)> = None;
@@ -154,7 +179,7 @@ impl Buf {
             if x != x {
                 continue;
             }
-            let Some((_, kept)) = ranks.iter().find(|(q, _)| *q == r) else { continue };
+            let Some(kept) = held.get(r) else { continue };
             if kept.len() < HELD_POINTS - 1 {
                 continue;
             }
@@ -384,8 +409,8 @@ impl RankBuffer {
         let mut b = lock(&self.buf)?;
         b.pending.clear();
         b.close(py)?;
-        for (_, ranks) in b.held.iter_mut() {
-            ranks.clear();
+        for held in b.held.iter_mut() {
+            held.clear();
         }
         Ok(())
     }
@@ -405,8 +430,8 @@ impl RankBuffer {
         };
         let mut b = lock(&self.buf)?;
         let idx = b.name_index(py, metric)?;
-        if matches!(stat, Stat::HeldOverMedian) && !b.held.iter().any(|(i, _)| *i == idx) {
-            b.held.push((idx, Vec::new()));
+        if matches!(stat, Stat::HeldOverMedian) && !b.held.iter().any(|h| h.metric == idx) {
+            b.held.push(Held::new(idx));
         }
         drop(b);
         Ok(RankStat { buf: self.buf.clone(), idx, stat })
@@ -440,12 +465,12 @@ impl RankBuffer {
     fn held_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let b = lock(&self.buf)?;
         let out = PyDict::new_bound(py);
-        for (idx, ranks) in &b.held {
+        for held in &b.held {
             let d = PyDict::new_bound(py);
-            for (r, kept) in ranks {
+            for (r, kept) in &held.ranks {
                 d.set_item(r.to_string(), PyList::new_bound(py, kept))?;
             }
-            out.set_item(b.names[*idx].bind(py), d)?;
+            out.set_item(b.names[held.metric].bind(py), d)?;
         }
         Ok(out)
     }
@@ -455,8 +480,8 @@ impl RankBuffer {
         let mut b = lock(&self.buf)?;
         for (m, ranks) in state.iter() {
             let idx = b.name_index(py, m.downcast::<PyString>()?)?;
-            let Some(h) = b.held.iter().position(|(i, _)| *i == idx) else { continue };
-            let mut got: Vec<(i64, Vec<f64>)> = Vec::new();
+            let Some(h) = b.held.iter().position(|held| held.metric == idx) else { continue };
+            let mut got = Held::new(idx);
             for (r, k) in ranks.downcast::<PyDict>()?.iter() {
                 let rank = int_key(&r)?;
                 let mut kept: Vec<f64> = Vec::new();
@@ -464,13 +489,9 @@ impl RankBuffer {
                     kept.push(x?.extract::<f64>()?);
                 }
                 let keep_from = kept.len().saturating_sub(HELD_POINTS - 1);
-                let kept = kept.split_off(keep_from);
-                match got.iter().position(|(q, _)| *q == rank) {
-                    Some(j) => got[j].1 = kept,
-                    None => got.push((rank, kept)),
-                }
+                *got.slot(rank) = kept.split_off(keep_from);     // (a rank twice: the last)
             }
-            b.held[h].1 = got;
+            b.held[h] = got;
         }
         Ok(())
     }
