@@ -45,11 +45,11 @@ def sim_faults() -> list[str]:
 
 def sim_cases(faults, seeds: int, every: list[int], healthy_seeds: int,
               seed_from: int = HELDOUT_SEEDS_FROM, reward: tuple[float, float] = (1.0, 0.0),
-              scales: tuple = (), noise: tuple = (), step_scale: int = 1) -> list[SimCase]:
+              scales: tuple = (), noise: tuple = (), step_scale: float = 1) -> list[SimCase]:
     """The held-out cases; ``reward``: (scale, offset) of the reward as another reward model
     would give it (rlwatch.backtest.reward_as); ``scales``: metric families of another size
     (rlwatch.backtest.scaled_metrics); ``noise``: noisier ones (rlwatch.backtest.noisy_metrics);
-    ``step_scale``: step numbers x K (a run counting smaller steps)."""
+    ``step_scale``: step numbers x K (a run counting smaller steps; under 1, a faster run)."""
     cases = []
     for fault in faults:
         for i in range(seeds):
@@ -243,10 +243,11 @@ def main() -> None:
                     help="simulated runs: every metric family scattered as much from point to "
                          "point as public runs scatter (rlwatch.backtest.REAL_NOISE: the simulator "
                          "is about ten times smoother); added to --metric-noise")
-    ap.add_argument("--step-scale", type=int, default=1, metavar="K",
+    ap.add_argument("--step-scale", type=float, default=1, metavar="K",
                     help="simulated runs: step numbers x K, as a run that counts K times smaller "
                          "steps (micro-batches, samples) logs the same training; onsets and "
-                         "windows x K")
+                         "windows x K; K = 0.5: a run twice as fast (every other step kept, its "
+                         "number halved)")
     ap.add_argument("--real-variant", action="append", default=[], metavar="NAME=NUMBER",
                     help="also score the real logs re-logged as another run of their family "
                          "would log them: every=K (every K-th step kept), every_shifted=K (the "

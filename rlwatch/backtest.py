@@ -670,8 +670,9 @@ class SimCase:
     reward_offset: float = 0.0        # scale * reward + offset (:func:`reward_as`)
     metric_scales: tuple = ()         # ((metric prefix, factor), ...): :func:`scaled_metrics`
     metric_noise: tuple = ()          # ((metric prefix, relative sd), ...): :func:`noisy_metrics`
-    step_scale: int = 1               # step numbers x K, as a run counting smaller steps logs
-                                      # them (onset and window x K too)
+    step_scale: float = 1             # step numbers x K, as a run counting smaller steps logs
+                                      # them (onset and window x K too); K < 1: a faster run
+                                      # (0.5: every other step kept, its number halved)
 
     @property
     def run_id(self) -> str:
@@ -838,7 +839,10 @@ def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
         if case.metric_noise:
             raw = noisy_metrics(raw, case.metric_noise)
         if case.step_scale != 1 and "step" in raw:
-            raw = {**raw, "step": raw["step"] * case.step_scale}
+            scaled = raw["step"] * case.step_scale
+            if scaled != int(scaled):
+                continue                # (between two steps of the faster run)
+            raw = {**raw, "step": int(scaled)}
         ev = parse_event(raw, raw["ts"])
         last_ts = max(last_ts, ev.ts or 0.0)
         if ev.kind == "step" and ev.rank == 0:
@@ -850,7 +854,7 @@ def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
         alerts += pipeline.tick(last_ts + 600)
     k = case.step_scale
     label = Label(case.run_id, "healthy" if healthy else case.fault,
-                  None if healthy else int(onset) * k, None if healthy else case.window * k,
+                  None if healthy else int(int(onset) * k), None if healthy else int(case.window * k),
                   source=f"sim-{info['algo']}", onset_exact=True)
     span = Span(first or 0, last or 0, logged)
     return label, alerts, span, info

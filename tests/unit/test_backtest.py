@@ -243,6 +243,10 @@ def test_a_step_scaled_case_stretches_steps_onset_and_window_alike():
     assert (l3.onset, l3.max_delay) == (3 * l1.onset, 3 * l1.max_delay)
     assert (s3.first_step, s3.last_step, s3.logged) == (3 * s1.first_step, 3 * s1.last_step, s1.logged)
     assert v1.passed and v3.passed and v3.caught.step % 3 == 0
+    # K = 0.5: a run twice as fast, logged every step (every other step kept, numbers halved)
+    label, alerts, span, _ = run_sim(SimCase("reward_crash", "ppo", 41000, 1, 0.7, step_scale=0.5), "rlhf")
+    assert (label.onset, label.max_delay) == (l1.onset // 2, l1.max_delay // 2)
+    assert span.last_step - span.first_step + 1 == span.logged and judge(label, alerts, span).passed
 
 
 def test_scaled_metrics_multiplies_a_family_and_its_per_sample_array_only():
