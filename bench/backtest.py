@@ -258,6 +258,8 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true", help="also score a pack tuned on the other sources")
     ap.add_argument("--json", help="write every verdict and score as JSON to this file")
     args = ap.parse_args()
+    if not args.step_scale > 0:
+        ap.error(f"--step-scale {args.step_scale:g}: step numbers are scaled by a number over 0")
     for spec in args.real_variant:
         try:
             parse_variant(spec)
