@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlwatch.backtest import (  # noqa: E402
-    HELDOUT_SEEDS_FROM, SimCase, delay_table, parse_variant, score, score_real, score_sim,
-    score_variant, table,
+    HELDOUT_SEEDS_FROM, NOISE_PROFILES, SimCase, delay_table, parse_variant, score, score_real,
+    score_sim, score_variant, table,
 )
 from tests.support.paths import REAL_LOGS  # noqa: E402
 from tests.support.real_logs import labels  # noqa: E402
@@ -138,8 +138,6 @@ def real_section(pack, tune: bool, out: dict) -> None:
 
 def _profile(name: str | None) -> tuple:
     """The noise entries of a named profile (rlwatch.backtest.NOISE_PROFILES)."""
-    from rlwatch.backtest import NOISE_PROFILES
-
     return NOISE_PROFILES[name] if name else ()
 
 
@@ -239,7 +237,7 @@ def main() -> None:
                     help="simulated runs: metrics whose name starts with PREFIX scattered by a "
                          "relative SD per logged step, as a noisier run logs them "
                          "(entropy/mean=0.2); repeatable")
-    ap.add_argument("--noise-profile", choices=["real"], default=None,
+    ap.add_argument("--noise-profile", choices=sorted(NOISE_PROFILES), default=None,
                     help="simulated runs: every metric family scattered as much from point to "
                          "point as public runs scatter (rlwatch.backtest.REAL_NOISE: the simulator "
                          "is about ten times smoother); added to --metric-noise")

@@ -562,6 +562,8 @@ def score_real(directory: str | Path, pack="rlhf", *, labels: list[Label] | None
 
 #: The ways :func:`vary_real` re-logs a recorded run, as another run of its family would log it.
 REAL_VARIANTS = ("every", "every_shifted", "steps", "reward_scale", "reward_offset")
+#: the variants whose number is a whole count (of logged steps, or a factor on step numbers)
+_WHOLE_VARIANTS = ("every", "every_shifted", "steps")
 
 
 def parse_variant(spec: str) -> tuple[str, float]:
@@ -574,7 +576,7 @@ def parse_variant(spec: str) -> tuple[str, float]:
     if not sep or name not in REAL_VARIANTS:
         raise ValueError(f"real-log variant {spec!r}: expected NAME=NUMBER, NAME one of "
                          f"{', '.join(REAL_VARIANTS)} (every=2, steps=2, reward_scale=10, reward_offset=-1)")
-    if name in ("every", "every_shifted", "steps") and (number < 1 or number != int(number)):
+    if name in _WHOLE_VARIANTS and (number < 1 or number != int(number)):
         raise ValueError(f"real-log variant {spec!r}: {name} takes a whole number >= 1")
     if name == "reward_scale" and number == 0:
         raise ValueError(f"real-log variant {spec!r}: a scale of 0 leaves no reward")
@@ -600,7 +602,7 @@ def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, fl
     name, value = variant
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    k = int(value) if name in ("every", "every_shifted", "steps") else 1
+    k = int(value) if name in _WHOLE_VARIANTS else 1
     phase = 1 if name == "every_shifted" else 0
     new_labels = []
     for lab in labels:

@@ -96,17 +96,35 @@ class PyRankBuffer:
         self.current = _NOTHING
         self.memo = {}
 
-    def _ratios(self, metric: str) -> dict[int, float]:
-        """Each rank's value over the median of the step at hand ({} with fewer than two)."""
-        values = {}
+    def _values(self, metric: str) -> dict[int, float]:
+        """The finite values of ``metric`` at the step at hand, by rank in the order they came."""
+        out = {}
         for r, e in self.current.items():
             v = e["m"].get(metric)
             if v is not None and v - v == 0.0:
-                values[r] = v
-        if len(values) < 2:
+                out[r] = v
+        return out
+
+    def _stat(self, metric: str) -> tuple:
+        """(top value, its rank, median) of the step at hand, () with fewer than two values;
+        once per step at hand and metric."""
+        got = self.memo.get(metric)
+        if got is None:
+            values, top, top_value = self._values(metric), None, NAN
+            for r, v in values.items():
+                if top is None or v > top_value:   # the first of the largest
+                    top, top_value = r, v
+            got = () if len(values) < 2 else (top_value, top, median_of(sorted(values.values())))
+            self.memo[metric] = got
+        return got
+
+    def _ratios(self, metric: str) -> dict[int, float]:
+        """Each rank's value over the median of the step at hand ({} with fewer than two)."""
+        got = self._stat(metric)
+        if not got:
             return {}
-        med = median_of(sorted(values.values()))
-        return {r: _ratio_pos(v, med) for r, v in values.items()}
+        med = got[2]
+        return {r: _ratio_pos(v, med) for r, v in self._values(metric).items()}
 
     def _leave(self) -> None:
         """Keep the ratios of the step at hand that held_over_median reads later."""
@@ -134,17 +152,7 @@ class PyRankBuffer:
             return self._held_reader(metric)
 
         def read():
-            got = self.memo.get(metric)     # once per step at hand and metric
-            if got is None:
-                values, top, top_value = [], None, NAN
-                for r, e in self.current.items():
-                    v = e["m"].get(metric)
-                    if v is not None and v - v == 0.0:
-                        values.append(v)
-                        if top is None or v > top_value:   # the first of the largest
-                            top, top_value = r, v
-                got = () if len(values) < 2 else (top_value, top, median_of(sorted(values)))
-                self.memo[metric] = got
+            got = self._stat(metric)
             if not got:
                 return NAN, None
             top_value, top, med = got

@@ -122,15 +122,14 @@ impl Buf {
         Ok(())
     }
 
-    /// Each rank's value over the median of the step at hand, in the order the ranks came
-    /// (empty with fewer than two finite values).
-    fn ratios(&self, py: Python<'_>, idx: usize) -> PyResult<Vec<(i64, f64)>> {
+    /// The finite values of metric `idx` at the step at hand, by rank in the order they came.
+    fn values(&self, py: Python<'_>, idx: usize) -> PyResult<Vec<(i64, f64)>> {
         let mut values: Vec<(i64, f64)> = Vec::with_capacity(self.current.len());
         for e in &self.current {
             if let Some((_, v)) = e.m.iter().find(|(i, _)| *i == idx) {
                 let v = v.bind(py);
                 if v.is_none() {
-                    continue;
+                    continue;     // (a state read back from JSON, where NaN was written null)
                 }
                 let v: f64 = v.extract()?;
                 if v - v == 0.0 {
@@ -138,13 +137,16 @@ impl Buf {
                 }
             }
         }
-        if values.len() < 2 {
+        Ok(values)
+    }
+
+    /// Each rank's value over the median of the step at hand, in the order the ranks came
+    /// (empty with fewer than two finite values).
+    fn ratios(&mut self, py: Python<'_>, idx: usize) -> PyResult<Vec<(i64, f64)>> {
+        let Some((_, _, med)) = self.stat(py, idx)? else {
             return Ok(Vec::new());
-        }
-        let mut sorted: Vec<f64> = values.iter().map(|(_, v)| *v).collect();
-        sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        let med = super::median_of(&sorted);
-        Ok(values.into_iter().map(|(r, v)| (r, ratio_pos(v, med))).collect())
+        };
+        Ok(self.values(py, idx)?.into_iter().map(|(r, v)| (r, ratio_pos(v, med))).collect())
     }
 
     /// Keep the ratios of the step at hand that held_over_median reads later.
@@ -170,12 +172,14 @@ impl Buf {
     }
 
     /// held_over_median of the step at hand: (the largest middle ratio, its rank), or None.
-    fn held_stat(&self, py: Python<'_>, idx: usize) -> PyResult<Option<(f64, i64)>> {
-        let Some(held) = self.held.iter().find(|h| h.metric == idx) else {
+    fn held_stat(&mut self, py: Python<'_>, idx: usize) -> PyResult<Option<(f64, i64)>> {
+        let Some(h) = self.held.iter().position(|h| h.metric == idx) else {
             return Ok(None);
         };
+        let ratios = self.ratios(py, idx)?;
+        let held = &self.held[h];
         let mut top: Option<(f64, i64)> = None;
-        for (r, x) in self.ratios(py, idx)? {
+        for (r, x) in ratios {
             if x != x {
                 continue;
             }
@@ -196,31 +200,20 @@ impl Buf {
         if let Some(Some(got)) = self.memo.get(idx) {
             return Ok(*got);
         }
-        let mut values: Vec<f64> = Vec::with_capacity(self.current.len());
-        let mut top: Option<i64> = None;
-        let mut top_value = NAN;
-        for e in &self.current {
-            if let Some((_, v)) = e.m.iter().find(|(i, _)| *i == idx) {
-                let v = v.bind(py);
-                if v.is_none() {
-                    continue;     // (a state read back from JSON, where NaN was written null)
-                }
-                let v: f64 = v.extract()?;
-                if v - v == 0.0 {
-                    values.push(v);
-                    if top.is_none() || v > top_value {
-                        // the first of the largest
-                        top = Some(e.rank);
-                        top_value = v;
-                    }
-                }
+        let values = self.values(py, idx)?;
+        let mut top: Option<(i64, f64)> = None;
+        for &(r, v) in &values {
+            if top.map_or(true, |(_, t)| v > t) {
+                top = Some((r, v));     // the first of the largest
             }
         }
-        let got = if values.len() < 2 {
-            None
-        } else {
-            values.sort_by(|a, b| a.partial_cmp(b).unwrap());     // finite values only
-            Some((top_value, top.unwrap(), super::median_of(&values)))
+        let got = match top {
+            Some((top, top_value)) if values.len() >= 2 => {
+                let mut sorted: Vec<f64> = values.iter().map(|(_, v)| *v).collect();
+                sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());     // finite values only
+                Some((top_value, top, super::median_of(&sorted)))
+            }
+            _ => None,
         };
         if self.memo.len() <= idx {
             self.memo.resize(idx + 1, None);
