@@ -54,7 +54,7 @@ logging interval of the run:
 * baselines (``start``, ``ratio_to_start``, ``start_z``, ``gain_t``, ``noise_ratio``) -- the points of the
   run's first ``window`` steps, but at least 3 of them: the run's own warm-up.
 * change points (``shift_z``, ``level_ratio``, ``shift_rel``, ``over_max_z``, ``shift_dz``,
-  ``shift_gain``, ``drawdown_gain``, ``level_to_max``, ``range_pos``) -- the *level* is the median of the points of
+  ``jump_dz``, ``shift_gain``, ``drawdown_gain``, ``level_to_max``, ``range_pos``) -- the *level* is the median of the points of
   the last 5 steps (at least 3 points), so one outlying point never moves it; it is compared with
   the window's earlier points (at least 12 of them), in their robust scale (1.4826 x MAD, never
   below 1.2533 x the mean absolute deviation, so mostly-constant data does not make every change
@@ -160,6 +160,10 @@ SIGNALS = {
     "shift_dz": "change point: current level (median of the last few points) - median of the "
                 "window's earlier points, in units of their point-to-point noise (robust scale "
                 "of their changes: a learning curve in the window does not swell it)",
+    "jump_dz": "change point: current level (median of the last few points) - the level just "
+               "before it (median of as many points before them), in units of the window's "
+               "earlier points' point-to-point noise: a jump between two adjacent levels, which "
+               "a learning curve in the window does not dilute",
     "shift_gain": "change point: current level (median of the last few points) - median of the "
                   "window's earlier points, in the run's own unit: how far that median lies from "
                   "the median of the run's first 20 steps, plus their robust scale: "
@@ -191,7 +195,7 @@ MIN_POINTS = {
     "level_change": 12,
     # change points, warm-up baselines, spikes (the detection pack's signals)
     "shift_z": 16, "level_ratio": 16, "shift_rel": 16, "range_pos": 16, "level_to_max": 16,
-    "over_max_z": 16, "shift_dz": 16, "shift_gain": 16, "drawdown_gain": 16, "ratio_to_max": 10, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 12,
+    "over_max_z": 16, "shift_dz": 16, "jump_dz": 16, "shift_gain": 16, "drawdown_gain": 16, "ratio_to_max": 10, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 12,
     "follow_z": 16, "range": 8, "noise_ratio": 16,
 }
 #: The fewest points a signal needs before it is defined at all (besides `min_steps`).
@@ -202,7 +206,7 @@ READY_POINTS = {
     "sign_flip_rate": 3, "diff_ratio": 3, "delta": 2, "cycle_rise": 1, "rel_trend": 3, "trend_gain": 3,
     "level_change": 10,
     "shift_z": 15, "level_ratio": 15, "shift_rel": 15, "range_pos": 15, "level_to_max": 15,
-    "over_max_z": 15, "shift_dz": 15, "shift_gain": 15, "drawdown_gain": 15, "ratio_to_max": 4, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 2,
+    "over_max_z": 15, "shift_dz": 15, "jump_dz": 15, "shift_gain": 15, "drawdown_gain": 15, "ratio_to_max": 4, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 2,
     "follow_z": 3, "range": 8, "noise_ratio": 8,
 }
 

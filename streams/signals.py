@@ -475,7 +475,7 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
     if sig == "delta":
         return lambda: trk.values[-1] - trk.values[-2] if len(trk.values) >= 2 else NAN
     if sig in ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "ratio_to_max",
-               "over_max_z", "shift_dz", "shift_gain", "drawdown_gain"):
+               "over_max_z", "shift_dz", "jump_dz", "shift_gain", "drawdown_gain"):
         def split() -> list:
             """[level, reference median, reference (sorted), k level points, scale or None],
             once per new point (the scale only when a signal asks for it)."""
@@ -547,6 +547,20 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
             def f():
                 sp = split()
                 return noise_z(sp, sp[1])
+            return f
+        if sig == "jump_dz":
+            # the level against the level just before it (the median of as many points before
+            # the level's), in that noise: a crash is a jump between two adjacent levels, and
+            # the reference's median lags it by half the climb a learning curve made in the
+            # window (a run logged every 20 steps has a window of 320 steps)
+            def f():
+                sp = split()
+                if sp[2] is None:
+                    return NAN
+                xs, k = win.xs, sp[3]
+                n = len(xs)
+                before = sorted(islice(xs, max(n - 2 * k, 0), n - k))
+                return noise_z(sp, median_of(before))
             return f
         if sig == "shift_gain":
             # the change in the run's own unit: what it has moved since its start (its first
@@ -902,7 +916,7 @@ class Bank:
             elif signal in ("median", "min", "max", "range", "ratio_to_median", "robust_z", "rel_drop",
                             "rel_rise", "flat_range", "rel_trend", "shift_z", "level_ratio",
                             "shift_rel", "range_pos", "level_to_max", "over_max_z", "shift_dz",
-                            "ratio_to_max"):
+                            "jump_dz", "ratio_to_max"):
                 win.need_sorted()
         value = _signal_reader(signal, win, trk, window, cycle, level)
         need_points = max(ready_points, min(min_steps, 5))

@@ -1408,6 +1408,7 @@ enum Sig {
     RatioToMax,
     OverMaxZ,
     ShiftDz,
+    JumpDz,
     ShiftGain,
     DrawdownGain,
     Median,
@@ -1456,6 +1457,7 @@ impl Sig {
             "ratio_to_max" => RatioToMax,
             "over_max_z" => OverMaxZ,
             "shift_dz" => ShiftDz,
+            "jump_dz" => JumpDz,
             "shift_gain" => ShiftGain,
             "drawdown_gain" => DrawdownGain,
             "median" => Median,
@@ -1795,6 +1797,24 @@ impl Core {
                 let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
                 let level = sp.level;
                 Ok(zscore(level, center, diff_scale(py, &head)?))
+            }
+            // the level against the level just before it (the median of as many points before
+            // the level's), in that noise: a crash is a jump between two adjacent levels, which
+            // the reference's median lags by half the climb of a learning curve in the window
+            JumpDz => {
+                self.split(py, r.win)?;
+                let w = &self.windows[r.win];
+                let sp = &w.cache_split.as_ref().unwrap().1;
+                if !sp.has_ref {
+                    return Ok(NAN);
+                }
+                let n = w.xs.len() as i64;
+                let end = (n - sp.k).max(0) as usize;
+                let start = (n - 2 * sp.k).max(0) as usize;
+                let before: Vec<f64> = w.xs.iter().skip(start).take(end - start).copied().collect();
+                let center = median_of(&sorted(py, before)?);
+                let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
+                Ok(zscore(sp.level, center, diff_scale(py, &head)?))
             }
             // the change in the run's own unit: what it moved since its start (its first
             // START_STEPS steps) plus that start's robust scale (a reward model's zero is
@@ -2451,6 +2471,7 @@ impl Bank {
                         | "level_to_max"
                         | "over_max_z"
                         | "shift_dz"
+                        | "jump_dz"
                         | "ratio_to_max"
                 ) {
                     wd.need_sorted();

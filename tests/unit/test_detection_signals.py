@@ -19,7 +19,7 @@ from tests.unit._core import feed_series, firing, resolved, rlhf_pack, step_even
 
 PACKS = Path(__file__).resolve().parents[2] / "rules" / "packs"
 
-NEW = ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "over_max_z", "shift_dz", "shift_gain", "trend_gain", "drawdown_gain",
+NEW = ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "over_max_z", "shift_dz", "jump_dz", "shift_gain", "trend_gain", "drawdown_gain",
        "ratio_to_max", "start_z", "ratio_to_start_max", "gain_t", "follow_z", "range",
        "noise_ratio")
 
@@ -115,6 +115,24 @@ def test_shift_dz_tells_a_crash_that_a_learning_curve_in_a_stretched_window_hide
     # without a trend the changes' scale is sqrt(2) the values' own: shift_dz is the milder
     flat = [0.5 + rng.gauss(0, 0.02) for _ in range(60)] + [0.3] * 3
     assert -run(flat, "shift_dz", 50)[-1] < -run(flat, "shift_z", 50)[-1]
+
+
+def test_jump_dz_reads_a_crash_against_the_level_just_before_it():
+    """Logged every 20 steps over a learning curve noisy as public runs are, the window's
+    earlier points have their median halfway up the climb: a crash to below that middle is a
+    few steps of noise under it (shift_dz), and a jump of many under the level just before it
+    (jump_dz). The climb itself jumps up, never down; one low point moves no level."""
+    rng = random.Random(11)
+    curve = [0.25 + 0.045 * i + rng.gauss(0, 0.05) for i in range(16)]
+    crash = curve + [0.3, 0.32, 0.31]
+    shift, jump = run(crash, "shift_dz", 50, every=20)[-1], run(crash, "jump_dz", 50, every=20)[-1]
+    assert shift > -6 and jump < -8
+    assert min(v for v in run(curve, "jump_dz", 50, every=20) if v == v) > 0
+    dip = curve + [0.3, curve[-1] + 0.04, curve[-1] + 0.08]
+    assert run(dip, "jump_dz", 50, every=20)[-1] > 0
+    # the level just before is as many points as the level's: 5 logged every step
+    flat = [1.0 + 0.01 * rng.gauss(0, 1) for _ in range(40)] + [0.5] * 3
+    assert run(flat, "jump_dz", 50)[-1] < -20 and run(flat[:-1], "jump_dz", 50)[-1] > -3
 
 
 def test_shift_gain_reads_a_fall_alike_whatever_the_reward_models_zero_and_unit():
