@@ -213,10 +213,14 @@ def test_target_tag_on_the_first_event_only_still_applies_later():
     p = Pipeline(rlhf_pack())
     alerts = feed_series(p, "r", "kl/mean", [0.02], tags={"target.kl": "0.2"})
     alerts += feed_series(p, "r", "kl/mean", [0.02] * 4 + [0.4] * 6, start=1)
-    # with target 0.2: red at 0.5 and yellow at 0.3 -> 0.4 is yellow only; cap 0.2 still black
-    assert [a.severity for a in firing(alerts, "kl_above_target")] == ["black", "yellow"]
-    assert firing(alerts, severity="black")[0].step == 8   # the level held over 3 steps
+    # with target 0.2: red at 0.5 and yellow at 0.3 -> 0.4 is yellow only, and over the 0.2
+    # cap it is not stopped either: a stop needs the level over the red line too (under the
+    # default target of 0.05, 0.4 is red and black)
+    assert [a.severity for a in firing(alerts, "kl_above_target")] == ["yellow"]
     assert firing(alerts, severity="yellow")[0].threshold == pytest.approx(0.3)
+    alerts = feed_series(p, "r", "kl/mean", [0.6] * 5, start=11)
+    assert {"red", "black"} <= {a.severity for a in firing(alerts, "kl_above_target")}
+    assert firing(alerts, severity="black")[0].step == 14   # the median over the line at 12, held
 
 
 def test_unparseable_target_tag_is_ignored():
