@@ -1784,24 +1784,11 @@ impl Core {
             // the level against a center in the reference's point-to-point noise: over_max_z
             // (the reference's maximum: a trend climbs past it a step of noise at a time, a
             // jump does not), shift_dz (its median: a learning curve swells the robust scale
-            // of a window stretched to its points, not that of the changes)
-            OverMaxZ | ShiftDz => {
-                self.split(py, r.win)?;
-                let w = &self.windows[r.win];
-                let sp = &w.cache_split.as_ref().unwrap().1;
-                if !sp.has_ref {
-                    return Ok(NAN);
-                }
-                let center = if matches!(r.sig, OverMaxZ) { sp.top } else { sp.med };
-                let end = (w.xs.len() as i64 - sp.k).max(0) as usize;
-                let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
-                let level = sp.level;
-                Ok(zscore(level, center, diff_scale(py, &head)?))
-            }
-            // the level against the level just before it (the median of as many points before
-            // the level's), in that noise: a crash is a jump between two adjacent levels, which
-            // the reference's median lags by half the climb of a learning curve in the window
-            JumpDz => {
+            // of a window stretched to its points, not that of the changes), jump_dz (the level
+            // just before, the median of as many points before the level's: a crash is a jump
+            // between two adjacent levels, which the reference's median lags by half the climb
+            // of a learning curve in the window)
+            OverMaxZ | ShiftDz | JumpDz => {
                 self.split(py, r.win)?;
                 let w = &self.windows[r.win];
                 let sp = &w.cache_split.as_ref().unwrap().1;
@@ -1810,9 +1797,16 @@ impl Core {
                 }
                 let n = w.xs.len() as i64;
                 let end = (n - sp.k).max(0) as usize;
-                let start = (n - 2 * sp.k).max(0) as usize;
-                let before: Vec<f64> = w.xs.iter().skip(start).take(end - start).copied().collect();
-                let center = median_of(&sorted(py, before)?);
+                let center = match r.sig {
+                    OverMaxZ => sp.top,
+                    ShiftDz => sp.med,
+                    _ => {
+                        let start = (n - 2 * sp.k).max(0) as usize;
+                        let before: Vec<f64> =
+                            w.xs.iter().skip(start).take(end - start).copied().collect();
+                        median_of(&sorted(py, before)?)
+                    }
+                };
                 let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
                 Ok(zscore(sp.level, center, diff_scale(py, &head)?))
             }
