@@ -169,6 +169,11 @@ def sim_section(pack, args, out: dict) -> None:
         if v.kind != "quiet":
             by_fault[v.label].append(v)
     for fault, group in by_fault.items():
+        unseen = sum(v.kind == "unscored" for v in group)     # the fault reached no logged point
+        group = [v for v in group if v.kind != "unscored"]
+        if not group:
+            print(f"{fault[:30]:30s} {'-':>8s}  ({unseen} unscored: the fault reached no logged point)")
+            continue
         caught = [v for v in group if v.caught is not None]
         d = [v.delay for v in caught if v.delay is not None]
         reached = Counter(v.reached or "none" for v in group).most_common(1)[0][0]
@@ -179,7 +184,8 @@ def sim_section(pack, args, out: dict) -> None:
                   for v in group if v.passed is False][:4]
         print(f"{fault[:30]:30s} {len(caught):>3d}/{len(group):<4d} "
               f"{(f'{statistics.median(d):.0f}' if d else '-'):>13s} {(str(max(d)) if d else '-'):>10s} "
-              f"{reached:>8s}  {pre:<22d} {' '.join(missed)}")
+              f"{reached:>8s}  {pre:<22d} {' '.join(missed)}"
+              + (f"  ({unseen} unscored: the fault reached no logged point)" if unseen else ""))
 
     healthy = [v for v in vs if v.kind == "quiet"]
     print(f"\nHealthy runs: {len(healthy)} ({sum(v.steps for v in healthy)} steps)")

@@ -145,6 +145,7 @@ class Label:
     preset: str | None = None
     source: str | None = None     # grouping for leave-one-source-out
     onset_exact: bool = False     # simulated onsets are exact; a reader's are an estimate
+    unseen: str | None = None     # why the fault never reached a logged point (unscored)
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,8 @@ def expectation(label: Label, span: Span) -> Expectation:
     if own is None:
         return Expectation("unscored", note=f"label {label.label!r} names no catalog failure: "
                                             "reported, not scored")
+    if label.unseen:
+        return Expectation("unscored", own, note=label.unseen)
     onset = label.onset if label.onset is not None else span.first_step
     grace = max(PRE_ONSET_GRACE, span.interval)
     if label.label in NOTIFY_ONLY:
@@ -831,6 +834,9 @@ def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
     alerts: list[Alert] = []
     first = last = None
     logged, last_ts = 0, 0.0
+    # skipped steps land anywhere: the event to notice is the first one a logged point carries
+    skipped = case.fault == "nan_inf:skipped_step"
+    seen_at = None
     for raw in sim.simulate(cfg, steps):
         if subsample and raw.get("kind") in ("step", "samples") and raw["step"] % case.log_every:
             continue
@@ -851,6 +857,8 @@ def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
             logged += 1
             first = ev.step if first is None else first
             last = ev.step
+        if skipped and seen_at is None and raw.get("kind") == "step" and _non_finite(raw):
+            seen_at = raw["step"]
         alerts += pipeline.feed(ev, ev.ts)
     if case.fault == "run_stalled":
         alerts += pipeline.tick(last_ts + 600)
@@ -858,8 +866,19 @@ def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
     label = Label(case.run_id, "healthy" if healthy else case.fault,
                   None if healthy else int(int(onset) * k), None if healthy else int(case.window * k),
                   source=f"sim-{info['algo']}", onset_exact=True)
+    if skipped:
+        end = int(int(onset) * k + case.window * k)
+        if seen_at is None or seen_at > end:
+            label = replace(label, unseen=f"no logged point carries a skipped step within "
+                                          f"{int(case.window * k)} steps of the onset: nothing to notice")
+        else:
+            label = replace(label, onset=seen_at, max_delay=end - seen_at)
     span = Span(first or 0, last or 0, logged)
     return label, alerts, span, info
+
+
+def _non_finite(raw: dict) -> bool:
+    return any(isinstance(v, float) and not math.isfinite(v) for v in (raw.get("metrics") or {}).values())
 
 
 @dataclass

@@ -24,7 +24,7 @@ import functools
 import pytest
 
 from contract.presets import PRESETS
-from rlwatch.backtest import SimCase, load_labels, own_rules, score_real, score_sim
+from rlwatch.backtest import SimCase, load_labels, own_rules, run_sim, score_real, score_sim
 from rules.loader import load_pack
 from tests.support.paths import REAL_LOGS
 from tests.support.real_logs import labels, sources
@@ -133,3 +133,18 @@ def test_simulated_yellow_notices_at_most_one_per_1000_healthy_steps():
 def test_skipped_mixed_precision_step_notifies_and_does_not_brake():
     v = next(v for v in sim().verdicts if v.label == "nan_inf:skipped_step")
     assert v.passed, "; ".join(v.problems)
+
+
+def test_skipped_steps_that_no_logged_point_carries_are_not_scored_as_missed():
+    # held-out seed 470001 (GRPO, logged every 5): the onset falls at step 324, between two logged
+    # points, and the next skipped step that lands on one is at 670, past the 300-step window
+    unlogged = SimCase("nan_inf:skipped_step", "grpo", 470001, 5)
+    label, _, _, _ = run_sim(unlogged, PACK)
+    assert label.unseen and "no logged point" in label.unseen
+    v = score_sim([unlogged], PACK).verdicts[0]
+    assert v.kind == "unscored" and v.passed is None
+    # logged every step, the onset itself is the event to notice, and is noticed
+    every, _, _, _ = run_sim(SimCase("nan_inf:skipped_step", "grpo", 470001, 1), PACK)
+    assert every.unseen is None and every.onset == 324
+    v = score_sim([SimCase("nan_inf:skipped_step", "grpo", 470001, 1)], PACK).verdicts[0]
+    assert v.kind == "notify" and v.passed, v.problems
