@@ -66,6 +66,12 @@ GROUP_TREND_EVERY = 10
 #: after this many steps, long enough that a run logged every 20 steps has some 50 second
 #: differences in it, short enough to follow a run whose noise changes
 GROUP_NOISE_MEMORY = 300.0
+#: points a category's trend is drawn through, at the least: a group's window stretches back
+#: over more steps until it holds them. Through 3 points (a run logged every 40 steps, a 100-step
+#: window) a slope and the scatter about it are noise: two simulated runs with step numbers
+#: doubled, logged every 20 and 40 steps, read one category as "falling outright" at their
+#: third and fourth points
+GROUP_POINTS = 5
 MAX_CATEGORIES = 64      # categories of a group metric followed (the others are left out)
 #: Events may carry per-run targets as tags, e.g. {"target.kl": "0.03"} (the SDK's targets=).
 TARGET_TAG_PREFIX = "target."
@@ -466,15 +472,15 @@ _CORR_KEYS: dict[str, tuple] = {}
 
 
 def py_update_group(points: dict, gap, cats: dict, step: int, edge: int,
-                    max_categories: int) -> None:
+                    max_categories: int, keep: int) -> None:
     """One step of a group metric's categories: every series of ``points`` (category ->
-    series) and ``gap`` loses its points at or before ``edge``, keeping at least 3; each
+    series) and ``gap`` loses its points at or before ``edge``, keeping at least ``keep``; each
     finite value of ``cats`` joins its category's series (a new one while there are fewer than
     ``max_categories``); the gap between the largest and the smallest finite value joins
     ``gap`` when there are two. (The native ``update_group`` is the same, number for number.)"""
     for series in points.values():
-        series.trim(edge, 3)
-    gap.trim(edge, 3)
+        series.trim(edge, keep)
+    gap.trim(edge, keep)
     finite = []
     for c, v in cats.items():
         if v - v == 0.0:
@@ -1083,7 +1089,8 @@ class RunState:
                     continue
                 g = groups[key]
                 if cats:
-                    update_group(g["points"], g["gap"], cats, step, step - window, MAX_CATEGORIES)
+                    update_group(g["points"], g["gap"], cats, step, step - window, MAX_CATEGORIES,
+                                 GROUP_POINTS)
                 self.view.set_group(key, self.group_trends(key, window))   # what the rules read
 
     def group_trends(self, key: str, window: int) -> tuple:
@@ -1097,10 +1104,10 @@ class RunState:
         cached = self._group_cache.get(key)
         if cached is None or step - cached[0] >= GROUP_TREND_EVERY or step < cached[0]:
             half = window // 2
-            slopes = {c: (pts.slope() if len(pts) and pts.span() >= half else NAN)
+            slopes = {c: (pts.slope() if len(pts) >= GROUP_POINTS and pts.span() >= half else NAN)
                       for c, pts in g["points"].items()}
             gap = g["gap"]
-            gap_slope = gap.slope() if len(gap) and gap.span() >= half else NAN
+            gap_slope = gap.slope() if len(gap) >= GROUP_POINTS and gap.span() >= half else NAN
             finite = [v for v in slopes.values() if v == v]
             sigma = group_noise(g, step)
             cached = self._group_cache[key] = (

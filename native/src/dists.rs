@@ -432,7 +432,7 @@ impl Series {
 
 /// One step of a group metric's categories (`streams/run.py`: `py_update_group` is the
 /// reference): every series of ``points`` (category -> Series) and ``gap`` loses its points at
-/// or before ``edge`` (keeping at least 3); each finite value of ``cats`` (category -> value)
+/// or before ``edge`` (keeping at least ``keep``); each finite value of ``cats`` (category -> value)
 /// joins its category's series (a new one while there are fewer than ``max_categories``); the
 /// gap between the largest and the smallest finite value joins ``gap`` when there are two.
 #[pyfunction]
@@ -444,11 +444,12 @@ pub fn update_group(
     step: i64,
     edge: i64,
     max_categories: usize,
+    keep: usize,
 ) -> PyResult<()> {
     for (_, series) in points.iter() {
-        series.downcast::<Series>()?.borrow_mut().trim(edge, 3);
+        series.downcast::<Series>()?.borrow_mut().trim(edge, keep);
     }
-    gap.borrow_mut().trim(edge, 3);
+    gap.borrow_mut().trim(edge, keep);
     let mut seen: Vec<f64> = Vec::with_capacity(cats.len());
     for (c, v) in cats.iter() {
         let v: f64 = v.extract()?;

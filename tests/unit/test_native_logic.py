@@ -289,6 +289,7 @@ def test_a_group_step_is_the_python_one_number_for_number(seed):
     rng = random.Random(seed)
     limit = rng.choice([2, 3, 64])
     window = rng.choice([1, 3, 10])
+    keep = rng.choice([1, 3, 5])
     mine, ref = ({}, native.Series()), ({}, PySeries())
     names = [f"c{i}" for i in range(rng.randint(1, 6))]
     step = 0
@@ -296,8 +297,8 @@ def test_a_group_step_is_the_python_one_number_for_number(seed):
         step += rng.choice([1, 1, 2, 7])
         cats = {c: rng.choice([*SPECIAL, rng.gauss(0, 1), float(rng.randint(-2, 2))])
                 for c in rng.sample(names, rng.randint(0, len(names)))}
-        native.update_group(mine[0], mine[1], dict(cats), step, step - window, limit)
-        py_update_group(ref[0], ref[1], dict(cats), step, step - window, limit)
+        native.update_group(mine[0], mine[1], dict(cats), step, step - window, limit, keep)
+        py_update_group(ref[0], ref[1], dict(cats), step, step - window, limit, keep)
         assert list(mine[0]) == list(ref[0])            # the same categories, in the same order
         for c in ref[0]:
             got, want = mine[0][c].to_list(), ref[0][c].to_list()
@@ -308,7 +309,7 @@ def test_a_group_step_is_the_python_one_number_for_number(seed):
 
 def test_a_group_step_refuses_a_series_of_another_kind():
     with pytest.raises(TypeError):
-        native.update_group({"a": [1, 2]}, native.Series(), {"a": 1.0}, 1, 0, 64)
+        native.update_group({"a": [1, 2]}, native.Series(), {"a": 1.0}, 1, 0, 64, 5)
 
 
 # -- the scan of a rule list's tiers (rules.engine.evaluate) -----------------------------------
