@@ -146,6 +146,7 @@ class Label:
     source: str | None = None     # grouping for leave-one-source-out
     onset_exact: bool = False     # simulated onsets are exact; a reader's are an estimate
     unseen: str | None = None     # why the fault never reached a logged point (unscored)
+    lost: tuple[str, ...] = ()    # metrics a re-logged copy keeps no point of (vary_real)
 
 
 @dataclass(frozen=True)
@@ -289,6 +290,13 @@ def judge(label: Label, alerts: Iterable[Alert], span: Span, *,
     if watched is not None:
         w = set(watched)
         v.own_unwatched = tuple(r for r in exp.own if r not in w and r not in v.own_missing)
+        if label.lost and exp.kind in ("catch", "notify") and v.own_unwatched \
+                and len(v.own_unwatched) + len(v.own_missing) == len(exp.own):
+            # the re-logged copy kept no point of what the own rules read: nothing to judge
+            v.kind = "unscored"
+            v.problems.append(f"the re-logged copy keeps no point of {', '.join(label.lost[:4])}"
+                              + (" ..." if len(label.lost) > 4 else "") + ": not scored")
+            return v
 
     own = set(exp.own)
     open_: dict[tuple[str, str], bool] = {}
@@ -615,6 +623,9 @@ def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, fl
             preset = None
         lines = []
         seen: dict[Any, int] = {}
+        names: set[str] = set()           # metric names of the whole file
+        kept_names: set[str] = set()      # and of the kept lines
+        kept_steps: set[Any] = set()
         for line in (Path(directory) / lab.run).read_text(encoding="utf-8").splitlines():
             if not line.strip():
                 continue
@@ -623,9 +634,13 @@ def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, fl
                 raw["metrics"] = preset.map_metrics(raw["metrics"])
             step = raw.get("step")
             if name in ("every", "every_shifted"):
+                metrics = raw.get("metrics") if isinstance(raw.get("metrics"), dict) else {}
+                names.update(metrics)
                 nth = seen.setdefault(step, len(seen))
                 if (nth - phase) % k:
                     continue
+                kept_names.update(metrics)
+                kept_steps.add(step)
             elif name == "steps" and isinstance(step, int) and not isinstance(step, bool):
                 raw["step"] = step * k
             elif name == "reward_scale":
@@ -637,6 +652,14 @@ def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, fl
         if name == "steps":
             lab = replace(lab, onset=None if lab.onset is None else lab.onset * k,
                           max_delay=None if lab.max_delay is None else lab.max_delay * k)
+        if name in ("every", "every_shifted"):
+            # a run that logs some metrics every N steps loses them all when the kept steps
+            # miss that grid; a one-step event is gone with its step: nothing left to judge
+            lab = replace(lab, lost=tuple(sorted(names - kept_names)))
+            if (lab.label in NOTIFY_ONLY and lab.label not in RECURRING and lab.onset is not None
+                    and lab.onset not in kept_steps):
+                lab = replace(lab, unseen=f"the re-logged copy does not keep step {lab.onset}, "
+                                          "the one-step event: nothing to notice")
         new_labels.append(lab)
     return new_labels
 

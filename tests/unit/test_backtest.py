@@ -379,3 +379,36 @@ def test_vary_real_keeps_every_kth_step_and_moves_only_the_optimised_reward(tmp_
     assert k[2]["reward/mean"] == pytest.approx(3.0) and k[2]["reward/std"] == pytest.approx(2.0)
     assert b[2]["reward/mean"] == pytest.approx(-0.7) and b[2]["reward/std"] == pytest.approx(0.2)
     assert k[2]["judge/score"] == b[2]["judge/score"] == 0.5       # the judge is another model
+
+
+def test_a_relogged_copy_that_keeps_no_point_of_what_the_own_rule_reads_is_not_scored(tmp_path):
+    """A TRL run logs its completion statistics every 10 steps and its loss every step: kept
+    every 2nd step from the second, the copy has no truncation point at all (nothing to judge),
+    and a one-step spike on a dropped step is nothing to notice; every 2nd from the first keeps
+    both and is judged."""
+    from rlwatch.backtest import score_real, vary_real
+
+    src = tmp_path / "src"
+    src.mkdir()
+    lines = []
+    for s in range(1, 121):
+        m = {"loss": 0.1, "kl": 17.0 if s == 71 else 0.1, "grad_norm": 0.3, "entropy": 1.0}
+        if s % 10 == 1:
+            m.update({"completions/clipped_ratio": 0.9, "reward": 0.3, "reward_std": 0.2})
+        lines.append({"step": s, "metrics": m})
+    (src / "trunc.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (src / "spike.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    labs = [Label("trunc.jsonl", "truncation", onset=1, preset="trl-grpo", source="s"),
+            Label("spike.jsonl", "other:transient_kl_grad_spike", onset=71, preset="trl-grpo", source="s")]
+
+    shifted = vary_real(src, labs, ("every_shifted", 2.0), tmp_path / "o")
+    assert "response/truncated_frac" in shifted[0].lost
+    assert shifted[1].unseen and "step 71" in shifted[1].unseen
+    report = score_real(tmp_path / "o", labels=shifted)
+    assert [v.kind for v in report.verdicts] == ["unscored", "unscored"]
+    assert report.score.unscored == 2 and report.score.scored == 0
+
+    kept = vary_real(src, labs, ("every", 2.0), tmp_path / "e")
+    assert "response/truncated_frac" not in kept[0].lost and kept[1].unseen is None
+    report = score_real(tmp_path / "e", labels=kept)
+    assert [v.kind for v in report.verdicts] == ["catch", "notify"]
