@@ -43,9 +43,10 @@ class Source(Protocol):
 
     def metric(self, metric: str, signal: str, window: int, smooth: int | None,
                cycle_metric: str | None, min_steps: int, min_points: int,
-               ready_points: int) -> Callable[[], float]:
+               ready_points: int, after_warmup_of: str | None) -> Callable[[], float]:
         """Reads the signal now: NaN when undecided (not logged at this step, fewer than
-        ``ready_points`` points, a warm-up of ``min_steps`` not over); the raw value when it
+        ``ready_points`` points, a warm-up of ``min_steps`` not over, counted from the metric's
+        first step and from the last new high of ``after_warmup_of``); the raw value when it
         is not finite. The window holds at least ``min_points`` points."""
 
     def nonfinite(self, names: list[str] | None) -> Callable[[], list[str]]: ...
@@ -353,7 +354,8 @@ def _plan_leaf(c: Condition, targets, params) -> tuple:
     if c.metric is not None:
         # a two-metric signal names its second metric where cycle_rise names its cycle metric
         return ("metric", (c.metric, c.signal, c.window, c.smooth, c.cycle_metric or c.versus,
-                           c.min_steps, MIN_POINTS[c.signal], READY_POINTS[c.signal]),
+                           c.min_steps, MIN_POINTS[c.signal], READY_POINTS[c.signal],
+                           c.after_warmup_of),
                 kind, thr, c.metric)
     if c.nonfinite is not None:
         return ("nonfinite", None if c.nonfinite == "any" else tuple(c.nonfinite))

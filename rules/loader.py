@@ -175,6 +175,10 @@ def _metrics_of(c: Condition) -> Iterator[tuple[str, str]]:
         yield "metric", c.metric
     if c.cycle_metric is not None:
         yield "cycle_metric", c.cycle_metric
+    if c.versus is not None:
+        yield "versus", c.versus
+    if c.after_warmup_of is not None:
+        yield "after_warmup_of", c.after_warmup_of
     if c.ranks is not None:
         yield "ranks", c.ranks
     if c.groups is not None:

@@ -49,6 +49,11 @@ logging interval of the run:
   than N steps since the first false point; ``escalate_after: N`` -- N steps after firing.
 * ``min_steps: N`` -- a warm-up: the condition is undecided until the metric has been logged
   across N steps (``step - first_step + 1 >= N``) and at least ``min(N, 5)`` points.
+  ``after_warmup_of: lr/actor`` counts the N steps from the end of that metric's warm-up as
+  well: the last step at which it rose above its high (by more than a millionth of it). A
+  learning rate that rises over its first 200 steps ends its warm-up at step 200; a constant
+  or decaying one has none, nor has a run that does not log it: those are judged from the
+  metric's first step, as without the option.
 * ``smooth: N`` and ``signal: ema`` with ``window: N`` -- an EMA with a span of N steps; a gap of
   k steps between two points decays the average as k single steps would.
 * baselines (``start``, ``ratio_to_start``, ``start_z``, ``gain_t``, ``noise_ratio``) -- the points of the
@@ -252,6 +257,9 @@ class Condition(_Strict):
     cycle_metric: str | None = None
     versus: str | None = Field(default=None, description="the second metric of a two-metric "
                                "signal (follow_z)")
+    after_warmup_of: str | None = Field(
+        default=None, description="count min_steps from the last step this metric (a learning "
+        "rate) rose above its high, the end of its warm-up, as well as from the metric's first")
     # other sources
     nonfinite: Union[Literal["any"], list[str], None] = None
     ranks: str | None = None
@@ -309,7 +317,7 @@ class Condition(_Strict):
         if source == "hashes" and self.mismatch is not True:
             raise ValueError("a hashes condition is written {hashes: NAME, mismatch: true}")
         if source != "metric":
-            for name in ("smooth", "cycle_metric", "versus"):
+            for name in ("smooth", "cycle_metric", "versus", "after_warmup_of"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name} belongs to metric conditions")
         if self.cap is not None and source != "dist":
@@ -319,6 +327,9 @@ class Condition(_Strict):
             raise ValueError(f"signal {self.signal} needs a window of at least {least} steps")
         if self.signal == "cycle_rise" and not self.cycle_metric:
             raise ValueError("signal cycle_rise needs cycle_metric (e.g. ppo/epoch)")
+        if self.after_warmup_of is not None and self.min_steps < 2:
+            raise ValueError("after_warmup_of counts min_steps from the end of "
+                             f"{self.after_warmup_of}'s warm-up: give min_steps of 2 or more")
         if (self.signal == "follow_z") != (self.versus is not None):
             raise ValueError("signal follow_z needs versus: METRIC (and versus belongs to follow_z)")
         return self

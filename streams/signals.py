@@ -850,6 +850,37 @@ class CycleRise:
          self.done) = vals
 
 
+#: A rise of a ramp (see Ramp) counts when it exceeds the high by more than this share of it:
+#: a schedule's rounding is not a rise.
+RAMP_RISE = 1e-6
+
+
+class Ramp:
+    """Where a metric last rose above its high: the end of its ramp (a learning rate's warm-up
+    ends where it stops setting new highs; a constant or decaying rate has none, nor has its
+    first point). ``after_warmup_of`` counts ``min_steps`` from there."""
+
+    __slots__ = ("peak", "step")
+
+    def __init__(self):
+        self.peak = NAN
+        self.step: int | None = None
+
+    def update(self, step: int, x: float) -> None:
+        if not x <= self.peak + RAMP_RISE * abs(self.peak):    # the first point: peak is NaN
+            if self.peak == self.peak:
+                self.step = step
+            self.peak = x
+
+    def to_state(self) -> list:
+        return [_enc(self.peak), self.step]
+
+    def load(self, vals: list) -> None:
+        if len(vals) != 2:
+            raise ValueError("a ramp of a state is [peak, step]")
+        self.peak, self.step = _dec(vals[0]), (None if vals[1] is None else int(vals[1]))
+
+
 class Bank:
     """The tracks and windows of one rank of one run."""
 
@@ -860,6 +891,7 @@ class Bank:
         self.by_metric: dict[str, list[Track]] = {}
         self.windows: dict[tuple, Window] = {}   # (metric, smooth, window, points) -> Window
         self.cycles: dict[tuple, CycleRise] = {}  # (metric, cycle_metric) -> CycleRise
+        self.ramps: dict[str, Ramp] = {}          # metric -> Ramp (after_warmup_of)
         self.readers: dict[tuple, Callable[[], float]] = {}
 
     def track(self, metric: str, smooth: int | None) -> Track:
@@ -870,10 +902,11 @@ class Bank:
         return t
 
     def metric(self, metric, signal, window, smooth, cycle_metric, min_steps, min_points,
-               ready_points=1):
+               ready_points=1, after_warmup_of=None):
         """A reader of ``signal`` of ``metric`` (see rules.compile.Source); shared by every
         condition that reads the same thing."""
-        key = (metric, signal, window, smooth, cycle_metric, min_steps, min_points, ready_points)
+        key = (metric, signal, window, smooth, cycle_metric, min_steps, min_points, ready_points,
+               after_warmup_of)
         reader = self.readers.get(key)
         if reader is not None:
             return reader
@@ -921,6 +954,7 @@ class Bank:
         value = _signal_reader(signal, win, trk, window, cycle, level)
         need_points = max(ready_points, min(min_steps, 5))
         warm = max(0, min_steps - 1)
+        ramp = None if after_warmup_of is None else self.ramps.setdefault(after_warmup_of, Ramp())
         bank = self
         memo = [-1, NAN]    # [bank version, value]: tiers and rules reading the same signal
 
@@ -932,6 +966,8 @@ class Bank:
                 return x                 # NaN: undecided; +/-Inf: the comparison decides
             if trk.n < need_points or bank.step - trk.first_step < warm:
                 return NAN
+            if ramp is not None and ramp.step is not None and bank.step - ramp.step < warm:
+                return NAN               # the warm-up counts from the end of the ramp
             if memo[0] == bank.version:
                 return memo[1]
             v = memo[1] = value()
@@ -966,6 +1002,10 @@ class Bank:
             x = metrics.get(metric)
             if x is not None and x - x == 0.0:
                 cyc.update(x, metrics)
+        for metric, ramp in self.ramps.items():
+            x = metrics.get(metric)
+            if x is not None and x - x == 0.0:
+                ramp.update(step, x)
 
     def smoothed(self) -> dict[str, float]:
         """The EMA of each metric that rules read smoothed (the shortest span), as they read it."""
@@ -983,6 +1023,7 @@ class Bank:
         return {"tracks": [[m, s, t.to_state()] for (m, s), t in self.tracks.items() if t.n or
                            t.last_step is not None],
                 "cycles": [[m, c, x.to_state()] for (m, c), x in self.cycles.items()],
+                "ramps": [[m, *r.to_state()] for m, r in self.ramps.items()],
                 # when each autocorrelation was last worked out, and its value: it is worked out
                 # every window/20 points, so a restored run keeps the same rhythm
                 "autocorr": [[m, s, steps, w.cache_at, _enc(w.cache.get("ac", NAN))]
@@ -1003,6 +1044,12 @@ class Bank:
             x = self.cycles.get((m, c))
             if x is not None:
                 x.load(vals)
+        for item in state.get("ramps", []):     # none in a state of an older worker
+            if len(item) != 3:
+                raise ValueError("a ramp of a state is [metric, peak, step]")
+            r = self.ramps.get(item[0])
+            if r is not None:
+                r.load(item[1:])
         for m, s, steps, at, ac in state.get("autocorr", []):
             # the autocorrelation's window: of those of (metric, smooth, steps), the one with the
             # most points (an autocorrelation reads at least 24, more than any other signal)

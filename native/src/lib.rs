@@ -1385,6 +1385,30 @@ impl CycleRise {
     }
 }
 
+/// A rise of a ramp counts when it exceeds the high by more than this share of it
+/// (streams.signals.RAMP_RISE).
+const RAMP_RISE: f64 = 1e-6;
+
+/// Where a metric last rose above its high: the end of its ramp (streams.signals.Ramp).
+struct Ramp {
+    metric: String,
+    metric_py: Py<PyString>,
+    peak: f64,
+    step: Option<i64>,
+}
+
+impl Ramp {
+    #[inline]
+    fn update(&mut self, step: i64, x: f64) {
+        if !(x <= self.peak + RAMP_RISE * self.peak.abs()) {
+            if !self.peak.is_nan() {
+                self.step = Some(step);
+            }
+            self.peak = x;
+        }
+    }
+}
+
 // -- the signals ------------------------------------------------------------------------------
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -1495,6 +1519,8 @@ struct Spec {
     /// follow_z: the second metric's window
     other: usize,
     cycle: usize,
+    /// after_warmup_of: the ramp the warm-up counts from (NONE: the metric's first step)
+    ramp: usize,
     window: i64,
     need_points: i64,
     warm: i64,
@@ -1517,6 +1543,8 @@ struct Core {
     window_keys: HashMap<(String, Option<i64>, i64, i64), usize>,
     cycles: Vec<CycleRise>,
     cycle_keys: HashMap<(String, Option<String>), usize>,
+    ramps: Vec<Ramp>,
+    ramp_keys: HashMap<String, usize>,
     readers: Vec<ReaderDef>,
 }
 
@@ -1535,6 +1563,8 @@ impl Core {
             window_keys: HashMap::new(),
             cycles: Vec::new(),
             cycle_keys: HashMap::new(),
+            ramps: Vec::new(),
+            ramp_keys: HashMap::new(),
             readers: Vec::new(),
         }
     }
@@ -1602,6 +1632,14 @@ impl Core {
         })?;
         if self.step - first < spec.warm {
             return Ok(NAN);
+        }
+        if spec.ramp != NONE {
+            // the warm-up counts from the end of the ramp
+            if let Some(at) = self.ramps[spec.ramp].step {
+                if self.step - at < spec.warm {
+                    return Ok(NAN);
+                }
+            }
         }
         if r.memo_version == self.version {
             return Ok(r.memo);
@@ -2314,7 +2352,7 @@ impl Bank {
 
     /// A reader of ``signal`` of ``metric`` (see rules.compile.Source); shared by every
     /// condition that reads the same thing.
-    #[pyo3(signature = (metric, signal, window, smooth, cycle_metric, min_steps, min_points, ready_points=None))]
+    #[pyo3(signature = (metric, signal, window, smooth, cycle_metric, min_steps, min_points, ready_points=None, after_warmup_of=None))]
     #[allow(clippy::too_many_arguments)]
     fn metric(
         &self,
@@ -2327,12 +2365,25 @@ impl Bank {
         min_steps: &Bound<'_, PyAny>,
         min_points: &Bound<'_, PyAny>,
         ready_points: Option<&Bound<'_, PyAny>>,
+        after_warmup_of: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyObject> {
         let one = 1i64.into_py(py).into_bound(py);
         let ready_points = ready_points.unwrap_or(&one);
+        let nothing = py.None().into_bound(py);
+        let after_warmup_of = after_warmup_of.unwrap_or(&nothing);
         let key = PyTuple::new_bound(
             py,
-            [metric, signal, window, smooth, cycle_metric, min_steps, min_points, ready_points],
+            [
+                metric,
+                signal,
+                window,
+                smooth,
+                cycle_metric,
+                min_steps,
+                min_points,
+                ready_points,
+                after_warmup_of,
+            ],
         );
         let readers = self.readers.bind(py);
         if let Some(r) = readers.get_item(&key)? {
@@ -2347,6 +2398,8 @@ impl Bank {
         let min_steps: i64 = min_steps.extract()?;
         let min_points: i64 = min_points.extract()?;
         let ready_points: i64 = ready_points.extract()?;
+        let ramp_s: Option<String> =
+            if after_warmup_of.is_none() { None } else { Some(after_warmup_of.extract()?) };
         let need_window = || {
             window_i.ok_or_else(|| PyTypeError::new_err(format!("{signal_s} needs a window")))
         };
@@ -2474,12 +2527,30 @@ impl Bank {
         }
         let sig = Sig::parse(&signal_s)
             .ok_or_else(|| PyValueError::new_err(format!("unknown signal {:?}", signal_s)))?;
+        let ramp = match ramp_s {
+            None => NONE,
+            Some(name) => match core.ramp_keys.get(&name) {
+                Some(&r) => r,
+                None => {
+                    let r = core.ramps.len();
+                    core.ramps.push(Ramp {
+                        metric: name.clone(),
+                        metric_py: PyString::intern_bound(py, &name).unbind(),
+                        peak: NAN,
+                        step: None,
+                    });
+                    core.ramp_keys.insert(name, r);
+                    r
+                }
+            },
+        };
         let spec = Spec {
             sig,
             trk,
             win,
             other,
             cycle,
+            ramp,
             window: window_i.unwrap_or(0),
             need_points: ready_points.max(min_steps.min(5)),
             warm: 0i64.max(min_steps - 1),
@@ -2511,6 +2582,14 @@ impl Bank {
                 let x: f64 = x.extract()?;
                 if x - x == 0.0 {
                     cyc.update(x, metrics)?;
+                }
+            }
+        }
+        for ramp in core.ramps.iter_mut() {
+            if let Some(x) = metrics.get_item(ramp.metric_py.bind(py))? {
+                let x: f64 = x.extract()?;
+                if x - x == 0.0 {
+                    ramp.update(step, x);
                 }
             }
         }
@@ -2568,6 +2647,14 @@ impl Bank {
             item.append(vals)?;
             cycles.append(item)?;
         }
+        let ramps = PyList::empty_bound(py);
+        for r in &core.ramps {
+            let item = PyList::empty_bound(py);
+            item.append(&r.metric)?;
+            item.append(enc(py, r.peak))?;
+            item.append(r.step)?;
+            ramps.append(item)?;
+        }
         // when each autocorrelation was last worked out, and its value (as the Python bank)
         let autocorr = PyList::empty_bound(py);
         for w in &core.windows {
@@ -2585,6 +2672,7 @@ impl Bank {
         let d = PyDict::new_bound(py);
         d.set_item("tracks", tracks)?;
         d.set_item("cycles", cycles)?;
+        d.set_item("ramps", ramps)?;
         d.set_item("autocorr", autocorr)?;
         Ok(d.into_py(py))
     }
@@ -2595,7 +2683,7 @@ impl Bank {
     fn to_msgpack(&self, py: Python<'_>) -> PyResult<PyObject> {
         let core = lock(&self.core)?;
         let mut mp = Mp(Vec::with_capacity(32 * 1024));
-        mp.map(3);
+        mp.map(4);
         mp.str("tracks");
         let kept: Vec<&Track> =
             core.tracks.iter().filter(|t| t.n != 0 || t.last_step.is_some()).collect();
@@ -2620,6 +2708,14 @@ impl Bank {
             for v in vals {
                 mp.enc(v);
             }
+        }
+        mp.str("ramps");
+        mp.array(core.ramps.len());
+        for r in &core.ramps {
+            mp.array(3);
+            mp.str(&r.metric);
+            mp.enc(r.peak);
+            mp.opt_int(r.step);
         }
         mp.str("autocorr");
         let cached: Vec<&Window> = core.windows.iter().filter(|w| w.cache_at >= 0).collect();
@@ -2684,6 +2780,23 @@ impl Bank {
             if let Some(&i) = core.cycle_keys.get(&(m, c)) {
                 let x = &mut core.cycles[i];
                 [x.start, x.last_cycle, x.out, x.start_cycle, x.last, x.lo, x.hi, x.done] = v;
+            }
+        }
+        // none in a state of an older worker
+        let ramps = state.call_method1("get", ("ramps", &empty))?;
+        for item in ramps.iter()? {
+            let item = item?;
+            if item.len()? != 3 {
+                return Err(PyValueError::new_err("a ramp of a state is [metric, peak, step]"));
+            }
+            let peak = dec(&item.get_item(1)?)?;
+            let at = item.get_item(2)?;
+            let at: Option<i64> = if at.is_none() { None } else { Some(at.extract()?) };
+            let Ok(m) = item.get_item(0)?.extract::<String>() else { continue };
+            if let Some(&i) = core.ramp_keys.get(&m) {
+                let r = &mut core.ramps[i];
+                r.peak = peak;
+                r.step = at;
             }
         }
         let autocorr = state.call_method1("get", ("autocorr", &empty))?;

@@ -583,3 +583,76 @@ def test_start_is_the_median_of_the_runs_first_steps_and_nan_until_then():
     assert got[3:] == [0.5, 0.5, 0.5]               # then it stays where the run started
     sparse = run([0.2, 0.4, 0.3, 5.0, 6.0], "start", 5, every=10)    # at least 3 points
     assert all(math.isnan(g) for g in sparse[:3]) and sparse[3:] == [0.3, 0.3]
+
+
+def _first_decided(lr, *, steps=400, every=1, min_steps=50, ramp="lr/actor", bank=None,
+                   start=0, read_from=None):
+    """The first step at which a 10-step mean with ``min_steps`` counted after the warm-up of
+    ``ramp`` is decided, on a run logging ``m`` every ``every`` steps and ``lr(step)`` beside
+    it (no learning rate when ``lr`` is None)."""
+    bank = bank or Bank()
+    read = bank.metric("m", "mean", 10, None, None, min_steps, MIN_POINTS["mean"],
+                       READY_POINTS["mean"], ramp)
+    for step in range(start, steps, every):
+        metrics = {"m": 1.0 + 0.01 * (step % 3)}
+        if lr is not None and lr(step) is not None:
+            metrics["lr/actor"] = lr(step)
+        bank.update(step, metrics)
+        if read() == read() and (read_from is None or step >= read_from):
+            return step
+    return None
+
+
+def _warm_up(step, until=150):
+    return 1e-5 * min(1.0, (step + 1) / until) * (1.0 if step < until else 0.999 ** (step - until))
+
+
+def test_a_warm_up_after_a_learning_rate_ramp_counts_from_the_ramp_s_end():
+    """The learning rate rises over its first 150 steps (its last rise at step 149): 50
+    steps counted from there are over at step 198; without after_warmup_of, at step 49."""
+    assert _first_decided(_warm_up) == 149 + 49
+    assert _first_decided(_warm_up, ramp=None) == 49
+    # logged every 10 steps: the ramp's last logged new high is at step 150, the first point
+    # of its top (the points at 140 and 150 read 0.94 and 1.0 of it); 50 steps from there are
+    # over at step 199, and the next point is at step 200
+    assert _first_decided(_warm_up, every=10) == 200
+
+
+def test_a_run_without_a_rising_learning_rate_is_judged_from_its_start():
+    assert _first_decided(None) == 49                          # no learning rate logged
+    assert _first_decided(lambda s: 1e-5) == 49                # constant
+    assert _first_decided(lambda s: 1e-5 * 0.99 ** s) == 49    # decaying from the start
+    # a constant rate whose rounding moves it by less than a millionth is not a ramp
+    assert _first_decided(lambda s: 1e-5 * (1 + 1e-8 * s)) == 49
+    # a rate logged only from step 100, constant: its first point is no rise
+    assert _first_decided(lambda s: 1e-5 if s >= 100 else None, read_from=100) == 100
+    # a non-finite rate is not a new high
+    assert _first_decided(lambda s: math.inf if s == 60 else 1e-5) == 49
+
+
+def test_a_second_rise_of_the_learning_rate_counts_again():
+    """A restart above the old high (a second warm-up to a higher rate) is a new ramp end."""
+    def lr(step):
+        return 1e-5 if step < 200 else 2e-5
+    assert _first_decided(lr, read_from=200) == 249
+    assert _first_decided(lambda s: 1e-5 if s < 200 else 0.5e-5, read_from=200) == 200
+
+
+def test_a_restored_run_keeps_the_end_of_its_ramp():
+    bank = Bank()
+    assert _first_decided(_warm_up, steps=170, bank=bank) is None
+    state = bank.to_state()
+    assert [m for m, *_ in state["ramps"]] == ["lr/actor"]
+    again = Bank()
+    assert _first_decided(_warm_up, bank=again, start=0, steps=0) is None   # compile its readers
+    again.load(state)
+    assert _first_decided(_warm_up, bank=again, start=170) == 198
+    # a state of an older worker, without ramps, loads: the ramp's end is lost, and the decay
+    # that follows has none, so the metric is judged from its first step, as without the option
+    older = {k: v for k, v in state.items() if k != "ramps"}
+    third = Bank()
+    _first_decided(_warm_up, bank=third, steps=0)
+    third.load(older)
+    assert _first_decided(_warm_up, bank=third, start=170) == 170
+    with pytest.raises(ValueError, match="a ramp of a state"):
+        Bank().load({"ramps": [["lr/actor", 1.0]]})

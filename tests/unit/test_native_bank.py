@@ -77,10 +77,10 @@ def canon(state) -> str:
     return json.dumps(state, sort_keys=True, allow_nan=True)
 
 
-def spec(sig, window, smooth, min_steps, *, second="c", ready=None, points=None):
+def spec(sig, window, smooth, min_steps, *, second="c", ready=None, points=None, ramp=None):
     return ("m", sig, window, smooth, second if sig in ("cycle_rise", "follow_z") else None,
             min_steps, MIN_POINTS[sig] if points is None else points,
-            READY_POINTS[sig] if ready is None else ready)
+            READY_POINTS[sig] if ready is None else ready, ramp)
 
 
 class Pair:
@@ -111,9 +111,24 @@ class Pair:
         assert self.banks[0].step == self.banks[1].step
 
 
+def ramp_value(rng: random.Random, i: int, rise: int) -> float:
+    """A learning rate: a warm-up over ``rise`` points, then a decay; now and then a restart
+    above the old high, a value that only rounds up, a tiny rate or a NaN."""
+    r = rng.random()
+    if r < 0.02:
+        return math.nan
+    if r < 0.03:
+        return 1e-4 * (1 + 1e-7)          # above the high by less than a millionth
+    if r < 0.035:
+        return 2e-4 if rng.random() < 0.5 else 0.0
+    return 1e-4 * (i / rise if i < rise else max(0.0, 1.0 - (i - rise) / 5000))
+
+
 def stream(rng: random.Random, n: int, *, gaps=True, specials=True, flat=True):
-    """(step, metrics) of a metric "m" and a sawtooth "c" (an update cycle, a second metric)."""
+    """(step, metrics) of a metric "m", a sawtooth "c" (an update cycle, a second metric) and a
+    learning rate "r" that warms up (the ramp of after_warmup_of)."""
     step, level, cyc = rng.randrange(0, 50), rng.uniform(-5, 5), 0.0
+    rise = rng.randrange(1, 300)
     out = []
     for i in range(n):
         r = rng.random()
@@ -136,11 +151,14 @@ def stream(rng: random.Random, n: int, *, gaps=True, specials=True, flat=True):
         elif specials and r < 0.03:
             x = rng.choice([0.0, -0.0, 1e-300, -1e12, 1e12])
         cyc = 0.0 if rng.random() < 0.1 else cyc + 1.0
-        metrics = {"m": x, "c": cyc if rng.random() > 0.03 else math.nan}
+        metrics = {"m": x, "c": cyc if rng.random() > 0.03 else math.nan,
+                   "r": ramp_value(rng, i, rise)}
         if rng.random() < 0.05:
             del metrics["m"]                   # not logged at this step
         if rng.random() < 0.05:
             del metrics["c"]
+        if rng.random() < 0.2:
+            del metrics["r"]                   # a rate logged less often
         out.append((step, metrics))
     return out
 
@@ -149,7 +167,13 @@ ALL_SPECS = [spec(sig, w, sm, ms)
              for sig in SIGNALS
              for w in (5, 8, 20, 64)
              for sm in (None, 3)
-             for ms in (0, 12)]
+             for ms in (0, 12)] + [
+    # the warm-up counted from the end of a learning rate's ramp; "x" is never logged
+    spec(sig, w, None, ms, ramp=ramp)
+    for sig in SIGNALS
+    for w in (8, 64)
+    for ms in (12, 100)
+    for ramp in ("r", "x")]
 
 
 def run_pair(pair: Pair, events, rng: random.Random, *, read_p=0.7, state_every=0):
@@ -208,7 +232,8 @@ def cases(draw):
                           draw(st.sampled_from([None, 1, 2, 5])),
                           draw(st.sampled_from([0, 1, 3, 8])),
                           ready=draw(st.sampled_from([None, 0, 1, 6])),
-                          points=draw(st.sampled_from([None, 0, 1, 4, 13]))))
+                          points=draw(st.sampled_from([None, 0, 1, 4, 13])),
+                          ramp=draw(st.sampled_from([None, None, "r", "c"]))))
     value = st.one_of(
         st.floats(allow_nan=True, allow_infinity=True, width=64),
         st.floats(-10, 10), st.sampled_from([0.0, -0.0, 1.0, 2.5, -1.0]),
@@ -225,6 +250,9 @@ def cases(draw):
             m["m"] = draw(value)
         if draw(st.booleans()):
             m["c"] = draw(st.sampled_from([0.0, 1.0, 2.0, 3.0, math.nan]))
+        if draw(st.booleans()):
+            m["r"] = draw(st.sampled_from([0.0, 1e-5, 2e-5, 3e-5, 3e-5 * (1 + 1e-7), -1.0,
+                                           math.nan, math.inf]))
         events.append((step, m))
     reads = draw(st.lists(st.booleans(), min_size=n, max_size=n))
     return specs, events, reads
