@@ -155,6 +155,45 @@ def test_an_unknown_metric_is_a_warning_with_its_line_and_the_pack_still_loads()
     assert warnings[0].startswith("mine.yaml:5: warning:") and "kl/mena" in warnings[0]
 
 
+def test_the_second_metric_and_the_warm_up_metric_are_checked_too():
+    """versus (follow_z) and after_warmup_of name metrics: a misspelt one is warned about at
+    its line, as the metric itself is; after_warmup_of without a warm-up to count is an error."""
+    pack = load_pack_text(textwrap.dedent("""
+        rules:
+          - id: a
+            tiers:
+              - severity: orange
+                when: {metric: reward/mean, signal: follow_z, versus: judge/scor, window: 50, below: 0.3}
+          - id: b
+            tiers:
+              - severity: orange
+                when: {metric: reward/mean, signal: mean, min_steps: 50, after_warmup_of: lr/actr, above: 1}
+          - id: c
+            tiers:
+              - severity: orange
+                when: {metric: reward/mean, signal: mean, min_steps: 50, after_warmup_of: lr/actor, above: 1}
+        """).lstrip("\n"), "mine.yaml")
+    warnings = pack_warnings(pack)
+    assert [w.split(" warning:")[0] for w in warnings] == ["mine.yaml:5:", "mine.yaml:9:"], warnings
+    assert "judge/scor" in warnings[0] and "lr/actr" in warnings[1]
+    msg = error_of("""
+        rules:
+          - id: a
+            tiers:
+              - severity: orange
+                when: {metric: reward/mean, signal: mean, after_warmup_of: lr/actor, above: 1}
+        """)
+    assert lines_of(msg) == [5] and "give min_steps of 2 or more" in msg
+    msg = error_of("""
+        rules:
+          - id: a
+            tiers:
+              - severity: orange
+                when: {ranks: grad_norm/actor, stat: max_over_median, after_warmup_of: lr/actor, above: 3}
+        """)
+    assert lines_of(msg) == [5] and "after_warmup_of belongs to metric conditions" in msg
+
+
 def test_the_built_in_pack_names_only_metrics_the_contract_knows():
     """`rlwatch rules check` of the pack users copy says nothing but OK (nan_inf reads
     loss/total, a framework's total loss)."""
