@@ -875,10 +875,8 @@ class Ramp:
     def to_state(self) -> list:
         return [_enc(self.peak), self.step]
 
-    def load(self, vals: list) -> None:
-        if len(vals) != 2:
-            raise ValueError("a ramp of a state is [peak, step]")
-        self.peak, self.step = _dec(vals[0]), (None if vals[1] is None else int(vals[1]))
+    def load(self, peak, step) -> None:
+        self.peak, self.step = _dec(peak), (None if step is None else int(step))
 
 
 class Bank:
@@ -1049,7 +1047,7 @@ class Bank:
                 raise ValueError("a ramp of a state is [metric, peak, step]")
             r = self.ramps.get(item[0])
             if r is not None:
-                r.load(item[1:])
+                r.load(item[1], item[2])
         for m, s, steps, at, ac in state.get("autocorr", []):
             # the autocorrelation's window: of those of (metric, smooth, steps), the one with the
             # most points (an autocorrelation reads at least 24, more than any other signal)
