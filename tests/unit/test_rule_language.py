@@ -176,22 +176,14 @@ def test_the_second_metric_and_the_warm_up_metric_are_checked_too():
     warnings = pack_warnings(pack)
     assert [w.split(" warning:")[0] for w in warnings] == ["mine.yaml:5:", "mine.yaml:9:"], warnings
     assert "judge/scor" in warnings[0] and "lr/actr" in warnings[1]
-    msg = error_of("""
-        rules:
-          - id: a
-            tiers:
-              - severity: orange
-                when: {metric: reward/mean, signal: mean, after_warmup_of: lr/actor, above: 1}
-        """)
-    assert lines_of(msg) == [5] and "give min_steps of 2 or more" in msg
-    msg = error_of("""
-        rules:
-          - id: a
-            tiers:
-              - severity: orange
-                when: {ranks: grad_norm/actor, stat: max_over_median, after_warmup_of: lr/actor, above: 3}
-        """)
-    assert lines_of(msg) == [5] and "after_warmup_of belongs to metric conditions" in msg
+    for when, why in (
+            ("{metric: reward/mean, signal: mean, after_warmup_of: lr/actor, above: 1}",
+             "give min_steps of 2 or more"),
+            ("{ranks: grad_norm/actor, stat: max_over_median, after_warmup_of: lr/actor, above: 3}",
+             "after_warmup_of belongs to metric conditions")):
+        msg = error_of("rules:\n  - id: a\n    tiers:\n      - severity: orange\n"
+                       f"        when: {when}\n")
+        assert lines_of(msg) == [5] and why in msg, msg
 
 
 def test_the_built_in_pack_names_only_metrics_the_contract_knows():
