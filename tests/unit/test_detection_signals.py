@@ -656,3 +656,22 @@ def test_a_restored_run_keeps_the_end_of_its_ramp():
     assert _first_decided(_warm_up, bank=third, start=170) == 170
     with pytest.raises(ValueError, match="a ramp of a state"):
         Bank().load({"ramps": [["lr/actor", 1.0]]})
+
+
+def test_proxy_divergence_on_a_run_without_a_learning_rate_is_judged_from_its_start(tmp_path):
+    """The pack case of a healthy run warming its learning rate up is quiet because of the
+    warm-up: the same run without its learning rate is judged as before the option existed
+    (the 60-step gain counts from step 100, and the lagging judge alarms at step 108)."""
+    import yaml
+
+    doc = yaml.safe_load((PACKS / "rlhf.tests.yaml").read_text())
+    case = next(t for t in doc["tests"] if t["name"].startswith("a reward rising fast during the learning rate's warm-up"))
+    assert "lr/actor" in case["series"]
+    del case["series"]["lr/actor"]
+    case["name"] = "the same run, no learning rate logged"
+    case.pop("absent")
+    case["expect"] = [{"rule": "proxy_divergence", "severity": "orange", "step": 108}]
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump({"rules": str(PACKS / "rlhf.yaml"), "tests": [case]}))
+    [outcome] = run_rule_tests(path)
+    assert outcome.passed, outcome
