@@ -1588,6 +1588,22 @@ impl Core {
         Ok(i)
     }
 
+    /// The ramp of ``metric`` (after_warmup_of), shared by every reader that names it.
+    fn ramp(&mut self, py: Python<'_>, metric: String) -> usize {
+        if let Some(&r) = self.ramp_keys.get(&metric) {
+            return r;
+        }
+        let r = self.ramps.len();
+        self.ramps.push(Ramp {
+            metric_py: PyString::intern_bound(py, &metric).unbind(),
+            metric: metric.clone(),
+            peak: NAN,
+            step: None,
+        });
+        self.ramp_keys.insert(metric, r);
+        r
+    }
+
     /// The window of ``steps`` steps and at least ``points`` points on ``trk``, shared by the
     /// readers that ask for both alike, not by one that asks for fewer points (the Python
     /// bank's ``window``: a rule's numbers must not depend on the other rules of the pack).
@@ -2527,23 +2543,7 @@ impl Bank {
         }
         let sig = Sig::parse(&signal_s)
             .ok_or_else(|| PyValueError::new_err(format!("unknown signal {:?}", signal_s)))?;
-        let ramp = match ramp_s {
-            None => NONE,
-            Some(name) => match core.ramp_keys.get(&name) {
-                Some(&r) => r,
-                None => {
-                    let r = core.ramps.len();
-                    core.ramps.push(Ramp {
-                        metric: name.clone(),
-                        metric_py: PyString::intern_bound(py, &name).unbind(),
-                        peak: NAN,
-                        step: None,
-                    });
-                    core.ramp_keys.insert(name, r);
-                    r
-                }
-            },
-        };
+        let ramp = ramp_s.map_or(NONE, |name| core.ramp(py, name));
         let spec = Spec {
             sig,
             trk,
