@@ -245,9 +245,9 @@ def test_the_second_generator_writes_the_same_runs_for_a_seed_and_the_backtest_r
     out = subprocess.run([sys.executable, "-m", "rlwatch", "backtest", str(a)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     # every file is scored (labels are catalog ids); the entropy collapses (KL untouched) are
-    # alarmed, and the saturating runs get a notice but no pause (the pack before both mends:
-    # no collapse caught, 6 wrong brakes)
-    assert re.search(r"^score: \d/6 files pass;.* faults caught 3/3,.* 0 wrong brakes", out.stdout,
+    # alarmed, and the saturating runs are quiet (the pack before both mends: no collapse
+    # caught, every saturating run alarmed and paused)
+    assert re.search(r"^score: 6/6 files pass;.* faults caught 3/3,.* 0 wrong brakes", out.stdout,
                      re.M), out.stdout
     assert "unscored" not in out.stdout, out.stdout
 
