@@ -28,15 +28,18 @@ from pathlib import Path
 import numpy as np
 
 HEALTHY = ("sigmoid", "saturate", "length_growth", "cosine", "entropy_rise", "early_dip",
-           "kl_grow", "entropy_fall", "noisy_small", "plateau_early")
+           "kl_grow", "entropy_fall", "noisy_small", "plateau_early", "dpo_plain", "dpo_epochs")
 #: failure shape -> its label (a catalog id, or a label rlwatch.backtest knows)
 FAULTS = {
     "f_entropy_collapse": "entropy_collapse", "f_reward_crash": "reward_crash",
     "f_dead_signal": "reward_collapse", "f_entropy_blowup": "entropy_blowup",
     "f_kl_explode": "kl_above_target", "f_truncation": "truncation",
     "f_grad_explode": "grad_norm_anomaly", "f_degrade": "reward_degradation", "f_nan": "nan_inf",
-    "f_rm_collapse": "reward_collapse",
+    "f_rm_collapse": "reward_collapse", "f_dpo_chosen_decline": "dpo_chosen_decline",
+    "f_dpo_grad_explode": "grad_norm_anomaly",
 }
+#: shapes written as TRL's DPOTrainer logs (preset trl-dpo); the others as its GRPOTrainer
+DPO = ("dpo_plain", "dpo_epochs", "f_dpo_chosen_decline", "f_dpo_grad_explode")
 
 
 def _sig(x: float) -> float:
@@ -51,8 +54,60 @@ def _groups(p: float, size: int, groups: int, rng) -> tuple[float, float, float]
     return float(q.mean()), float(std.mean()), float(((k == 0) | (k == size)).mean())
 
 
+def dpo_run(shape: str, seed: int, steps: int) -> tuple[list[dict], int]:
+    """(rows, onset) of a DPO run: implicit rewards (beta x log-ratio) of the chosen and the
+    rejected answers averaged over a batch, as TRL's DPOTrainer logs them."""
+    rng = np.random.default_rng(zlib.crc32(f"{shape}/{seed}".encode()))
+
+    def u(a: float, b: float) -> float:
+        return a + (b - a) * float(rng.random())
+
+    batch = int(rng.choice([8, 16, 32, 64]))
+    epochs = int(rng.choice([2, 3])) if shape == "dpo_epochs" else 1
+    chosen_end, rejected_end = u(-0.2, 0.6), u(-3.0, -0.8)
+    tau = u(0.1, 0.4) * steps
+    lr_peak, warm = u(5e-7, 5e-6), int(u(0.0, 0.1) * steps)
+    gn0 = u(5.0, 40.0)
+    onset = int(u(0.35, 0.6) * steps)
+    fall, grad_tau = u(0.01, 0.03), u(8, 25)
+    rows = []
+    for s in range(1, steps + 1):
+        x = s / steps
+        epoch = min(epochs - 1, int(x * epochs))
+        prog = 1 - math.exp(-s / tau)
+        # a later epoch sees the same pairs again: the margin grows on them (memorised)
+        boost = 1.0 + 0.8 * epoch
+        chosen = chosen_end * prog * boost
+        rejected = rejected_end * prog * boost
+        on, d = s >= onset, s - onset
+        if on and shape == "f_dpo_chosen_decline":   # both answers lose probability
+            chosen -= fall * d
+            rejected -= 1.5 * fall * d
+        sd = 1.0 / math.sqrt(batch)
+        c = chosen + float(rng.normal(0, 0.6 * sd + 0.1 * abs(chosen) * sd))
+        r = rejected + float(rng.normal(0, 0.6 * sd + 0.1 * abs(rejected) * sd))
+        margin = c - r
+        acc = float(rng.binomial(batch, min(0.99, _sig(2.0 * (chosen - rejected) / 1.0)))) / batch
+        loss = float(math.log1p(math.exp(-margin))) if margin > -30 else -margin
+        gn = gn0 * (0.3 + 0.7 * math.exp(-s / (0.3 * steps))) / boost * math.exp(float(rng.normal(0, 0.3)))
+        if on and shape == "f_dpo_grad_explode":
+            gn *= math.exp(d / grad_tau)
+        rows.append({"step": s, "metrics": {
+            "loss": loss, "grad_norm": gn,
+            "learning_rate": lr_peak * min(1.0, s / max(warm, 1)) * (1 - x),
+            "rewards/chosen": c, "rewards/rejected": r, "rewards/accuracies": acc,
+            "rewards/margins": margin,
+            "logps/chosen": -250.0 + 10 * c, "logps/rejected": -260.0 + 10 * r,
+            "logits/chosen": -1.5 + 0.1 * c, "logits/rejected": -1.5 + 0.1 * r,
+            "epoch": x * epochs,
+        }})
+    return rows, onset
+
+
 def run(shape: str, seed: int, steps: int) -> tuple[list[dict], int]:
     """(rows, onset) of one run: rows as the real logs hold them, one per step from step 1."""
+    if shape in DPO:
+        return dpo_run(shape, seed, steps)
     rng = np.random.default_rng(zlib.crc32(f"{shape}/{seed}".encode()))
 
     def u(a: float, b: float) -> float:
@@ -162,7 +217,7 @@ def write(out: Path, seeds: int, seed_from: int, every: list[int], only: set[str
                     for row in kept:
                         fh.write(json.dumps(row) + "\n")
                 first = None if label == "healthy" else next(r["step"] for r in kept if r["step"] >= onset)
-                labels[name] = {"preset": "trl-grpo", "label": label, "onset": first, "source": shape}
+                labels[name] = {"preset": "trl-dpo" if shape in DPO else "trl-grpo", "label": label, "onset": first, "source": shape}
     (out / "labels.json").write_text(json.dumps(labels, indent=1) + "\n")
     return len(labels)
 
