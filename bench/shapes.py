@@ -7,8 +7,11 @@ binary (verifiable) rewards, as TRL's GRPOTrainer logs them (``reward``, ``rewar
 healthy shapes the simulator does not make (a sigmoid climb, saturation near 100 % correct, a
 cosine decay, an early dip, steady KL growth, reasoning-length growth, ...) and failures
 injected in their simplest form (entropy decaying to 4 % with KL untouched, the reward crashing,
-the spread collapsing under a reward model, ...). Each run is written logged every 1, 5 and 10
-steps, in the real-logs format, with a ``labels.json`` that ``rlwatch backtest`` reads:
+the spread collapsing under a reward model, ...). DPO shapes are written as TRL's DPOTrainer
+logs them (implicit rewards of the chosen and rejected answers; one or several epochs), PPO
+shapes as its PPOTrainer does (a reward model's score, KL summed over a sequence, a critic).
+Each run is written logged every 1, 5 and 10 steps, in the real-logs format, with a
+``labels.json`` that ``rlwatch backtest`` reads:
 
     python bench/shapes.py OUT [--seeds 8] [--seed-from 200] [--every 1,5,10] [--only a,b]
     rlwatch backtest OUT [--rules PACK]
@@ -28,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 HEALTHY = ("sigmoid", "saturate", "length_growth", "cosine", "entropy_rise", "early_dip",
-           "kl_grow", "entropy_fall", "noisy_small", "plateau_early", "dpo_plain", "dpo_epochs")
+           "kl_grow", "entropy_fall", "noisy_small", "plateau_early", "dpo_plain", "dpo_epochs", "ppo_plain", "ppo_value_fit")
 #: failure shape -> its label (a catalog id, or a label rlwatch.backtest knows)
 FAULTS = {
     "f_entropy_collapse": "entropy_collapse", "f_reward_crash": "reward_crash",
@@ -36,10 +39,15 @@ FAULTS = {
     "f_kl_explode": "kl_above_target", "f_truncation": "truncation",
     "f_grad_explode": "grad_norm_anomaly", "f_degrade": "reward_degradation", "f_nan": "nan_inf",
     "f_rm_collapse": "reward_collapse", "f_dpo_chosen_decline": "dpo_chosen_decline",
-    "f_dpo_grad_explode": "grad_norm_anomaly",
+    "f_dpo_grad_explode": "grad_norm_anomaly", "f_ppo_kl_blowup": "kl_above_target",
+    "f_ppo_value_div": "value_loss_divergence", "f_ppo_no_eos": "truncation",
+    "f_ppo_entropy_collapse": "entropy_collapse",
 }
 #: shapes written as TRL's DPOTrainer logs (preset trl-dpo); the others as its GRPOTrainer
 DPO = ("dpo_plain", "dpo_epochs", "f_dpo_chosen_decline", "f_dpo_grad_explode")
+#: shapes written as TRL's PPOTrainer logs (preset trl-ppo: KL summed over a sequence)
+PPO = ("ppo_plain", "ppo_value_fit", "f_ppo_kl_blowup", "f_ppo_value_div", "f_ppo_no_eos",
+       "f_ppo_entropy_collapse")
 
 
 def _sig(x: float) -> float:
@@ -104,10 +112,75 @@ def dpo_run(shape: str, seed: int, steps: int) -> tuple[list[dict], int]:
     return rows, onset
 
 
+def ppo_run(shape: str, seed: int, steps: int) -> tuple[list[dict], int]:
+    """(rows, onset) of a PPO run with a reward model: its score, the KL summed over a
+    sequence (1-13 is normal), a critic, as TRL's PPOTrainer logs them."""
+    rng = np.random.default_rng(zlib.crc32(f"{shape}/{seed}".encode()))
+
+    def u(a: float, b: float) -> float:
+        return a + (b - a) * float(rng.random())
+
+    batch = int(rng.choice([16, 32, 64, 128]))
+    s0, s1 = u(-2.0, 0.5), 0.0
+    s1 = s0 + u(0.5, 3.0)
+    tau = u(0.1, 0.5) * steps
+    kl_end, ent0 = u(2.0, 9.0), u(0.3, 1.5)
+    v_end = u(0.05, 0.5)
+    v_start = v_end * (u(5, 40) if shape == "ppo_value_fit" else u(1.0, 2.0))
+    v_tau = u(0.05, 0.2) * steps
+    eos_p, lr_peak = u(0.8, 1.0), u(1e-6, 1e-5)
+    onset = int(u(0.35, 0.6) * steps)
+    v_fold, e_tau = u(8, 20), u(15, 60)
+    rows = []
+    for s in range(1, steps + 1):
+        x = s / steps
+        prog = 1 - math.exp(-s / tau)
+        score = s0 + (s1 - s0) * prog
+        kl = kl_end * math.sqrt(prog)
+        ent = ent0 * (1 - 0.2 * prog)
+        vloss = v_end + (v_start - v_end) * math.exp(-s / v_tau)
+        clip = u(0.05, 0.15)
+        p_eos = eos_p
+        on, d = s >= onset, s - onset
+        if on and shape == "f_ppo_kl_blowup":       # the policy runs from the reference
+            kl *= math.exp(d / 15)
+            score += 0.02 * d
+            clip *= 1 + min(2.0, d / 30)
+        elif on and shape == "f_ppo_value_div":
+            vloss *= math.exp(d / v_fold)
+        elif on and shape == "f_ppo_no_eos":        # answers stop ending: the EOS is unlearnt
+            p_eos = eos_p * math.exp(-d / 5)
+            score = score - (score + 0.1) * min(1.0, d / 10)   # TRL's missing-EOS penalty
+        elif on and shape == "f_ppo_entropy_collapse":
+            f = 0.04 + 0.96 * math.exp(-d / e_tau)
+            ent *= f
+            kl *= 1 + 1.5 * (1 - f)
+        noise = 1.0 / math.sqrt(batch)
+        rows.append({"step": s, "metrics": {
+            "objective/scores": score + float(rng.normal(0, 2.0 * noise)),
+            "objective/kl": max(0.0, kl * math.exp(float(rng.normal(0, 0.35)))),
+            "objective/entropy": 40.0 * ent * math.exp(float(rng.normal(0, 0.1))),
+            "objective/non_score_reward": -0.05 * kl,
+            "objective/rlhf_reward": score - 0.05 * kl,
+            "policy/entropy_avg": ent * math.exp(float(rng.normal(0, 0.1))),
+            "policy/approxkl_avg": 0.02 * math.exp(float(rng.normal(0, 0.4))),
+            "policy/clipfrac_avg": min(1.0, clip * math.exp(float(rng.normal(0, 0.3)))),
+            "loss/policy_avg": float(rng.normal(0, 0.02)),
+            "loss/value_avg": vloss * math.exp(float(rng.normal(0, 0.08))),
+            "val/clipfrac_avg": u(0.05, 0.3),
+            "val/num_eos_tokens": float(rng.binomial(batch, min(1.0, p_eos))),
+            "lr": lr_peak * (1 - x),
+            "episode": s * batch,
+        }})
+    return rows, onset
+
+
 def run(shape: str, seed: int, steps: int) -> tuple[list[dict], int]:
     """(rows, onset) of one run: rows as the real logs hold them, one per step from step 1."""
     if shape in DPO:
         return dpo_run(shape, seed, steps)
+    if shape in PPO:
+        return ppo_run(shape, seed, steps)
     rng = np.random.default_rng(zlib.crc32(f"{shape}/{seed}".encode()))
 
     def u(a: float, b: float) -> float:
@@ -217,7 +290,8 @@ def write(out: Path, seeds: int, seed_from: int, every: list[int], only: set[str
                     for row in kept:
                         fh.write(json.dumps(row) + "\n")
                 first = None if label == "healthy" else next(r["step"] for r in kept if r["step"] >= onset)
-                labels[name] = {"preset": "trl-dpo" if shape in DPO else "trl-grpo", "label": label, "onset": first, "source": shape}
+                preset = "trl-dpo" if shape in DPO else "trl-ppo" if shape in PPO else "trl-grpo"
+                labels[name] = {"preset": preset, "label": label, "onset": first, "source": shape}
     (out / "labels.json").write_text(json.dumps(labels, indent=1) + "\n")
     return len(labels)
 

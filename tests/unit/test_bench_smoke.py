@@ -236,19 +236,20 @@ def test_the_second_generator_writes_the_same_runs_for_a_seed_and_the_backtest_r
     a, b = tmp_path / "a", tmp_path / "b"
     for out in (a, b):
         text = bench("shapes.py", str(out), "--seeds", "1", "--seed-from", "203",
-                     "--only", "saturate,f_entropy_collapse")
-        assert text.strip() == f"6 runs in {out}", text
+                     "--only", "saturate,f_entropy_collapse,dpo_plain,f_ppo_no_eos")
+        assert text.strip() == f"12 runs in {out}", text
     names = sorted(p.name for p in a.iterdir())
     assert names == sorted(p.name for p in b.iterdir())
     for name in names:      # stable across processes (no hash randomisation)
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     out = subprocess.run([sys.executable, "-m", "rlwatch", "backtest", str(a)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
-    # every file is scored (labels are catalog ids); the entropy collapses (KL untouched) are
-    # alarmed, and the saturating runs are quiet (the pack before both mends: no collapse
-    # caught, every saturating run alarmed and paused)
-    assert re.search(r"^score: 6/6 files pass;.* faults caught 3/3,.* 0 wrong brakes", out.stdout,
-                     re.M), out.stdout
+    # every file is scored, each with its framework's preset (TRL GRPO, DPO and PPO names); the
+    # entropy collapses (KL untouched) are alarmed, and the saturating runs are quiet (the pack
+    # before this generator's mends: no entropy collapse caught, every saturating run alarmed
+    # and paused)
+    assert re.search(r"^score: 12/12 files pass;.* faults caught 6/6,.* 0 wrong brakes",
+                     out.stdout, re.M), out.stdout
     assert "unscored" not in out.stdout, out.stdout
 
 
