@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 HEALTHY = ("sigmoid", "saturate", "length_growth", "cosine", "entropy_rise", "early_dip",
-           "kl_grow", "entropy_fall", "noisy_small", "plateau_early", "dpo_plain", "dpo_epochs", "ppo_plain", "ppo_value_fit")
+           "kl_grow", "entropy_fall", "noisy_small", "plateau_early", "dpo_plain", "dpo_epochs",
+           "ppo_plain", "ppo_value_fit")
 #: failure shape -> its label (a catalog id, or a label rlwatch.backtest knows)
 FAULTS = {
     "f_entropy_collapse": "entropy_collapse", "f_reward_crash": "reward_crash",
@@ -95,9 +96,10 @@ def dpo_run(shape: str, seed: int, steps: int) -> tuple[list[dict], int]:
         c = chosen + float(rng.normal(0, 0.6 * sd + 0.1 * abs(chosen) * sd))
         r = rejected + float(rng.normal(0, 0.6 * sd + 0.1 * abs(rejected) * sd))
         margin = c - r
-        acc = float(rng.binomial(batch, min(0.99, _sig(2.0 * (chosen - rejected) / 1.0)))) / batch
+        acc = float(rng.binomial(batch, min(0.99, _sig(2.0 * (chosen - rejected))))) / batch
         loss = float(math.log1p(math.exp(-margin))) if margin > -30 else -margin
-        gn = gn0 * (0.3 + 0.7 * math.exp(-s / (0.3 * steps))) / boost * math.exp(float(rng.normal(0, 0.3)))
+        gn = gn0 * (0.3 + 0.7 * math.exp(-s / (0.3 * steps))) / boost
+        gn *= math.exp(float(rng.normal(0, 0.3)))
         if on and shape == "f_dpo_grad_explode":
             gn *= math.exp(d / grad_tau)
         rows.append({"step": s, "metrics": {
@@ -121,7 +123,7 @@ def ppo_run(shape: str, seed: int, steps: int) -> tuple[list[dict], int]:
         return a + (b - a) * float(rng.random())
 
     batch = int(rng.choice([16, 32, 64, 128]))
-    s0, s1 = u(-2.0, 0.5), 0.0
+    s0 = u(-2.0, 0.5)
     s1 = s0 + u(0.5, 3.0)
     tau = u(0.1, 0.5) * steps
     kl_end, ent0 = u(2.0, 9.0), u(0.3, 1.5)
@@ -193,7 +195,8 @@ def run(shape: str, seed: int, steps: int) -> tuple[list[dict], int]:
     ent0, kl_end = u(0.2, 0.9), u(0.02, 0.08)
     lr_peak, warm = u(5e-7, 3e-6), int(u(0, 0.1) * steps)
     onset = int(u(0.35, 0.6) * steps)
-    tau, frac_lost, blowup, grad_tau, left = u(15, 60), u(0.6, 0.95), u(5, 20), u(8, 25), u(0.01, 0.06)
+    tau, frac_lost, blowup = u(15, 60), u(0.6, 0.95), u(5, 20)
+    grad_tau, left = u(8, 25), u(0.01, 0.06)
     ceiling = u(0.97, 0.995)
     rows = []
     for s in range(1, steps + 1):
@@ -266,7 +269,8 @@ def run(shape: str, seed: int, steps: int) -> tuple[list[dict], int]:
             "completions/max_length": min(lmax, logged * u(1.5, 2.5)),
             "completions/clipped_ratio": clipped,
             "grad_norm": gn * math.exp(float(rng.normal(0, 0.3))),
-            "loss": float("nan") if on and shape == "f_nan" else kl * 0.04 + float(rng.normal(0, 0.001)),
+            "loss": (float("nan") if on and shape == "f_nan"
+                     else kl * 0.04 + float(rng.normal(0, 0.001))),
             "learning_rate": lr,
             "epoch": x,
         }})
@@ -289,7 +293,8 @@ def write(out: Path, seeds: int, seed_from: int, every: list[int], only: set[str
                 with open(out / name, "w") as fh:
                     for row in kept:
                         fh.write(json.dumps(row) + "\n")
-                first = None if label == "healthy" else next(r["step"] for r in kept if r["step"] >= onset)
+                first = (None if label == "healthy"
+                         else next(r["step"] for r in kept if r["step"] >= onset))
                 preset = "trl-dpo" if shape in DPO else "trl-ppo" if shape in PPO else "trl-grpo"
                 labels[name] = {"preset": preset, "label": label, "onset": first, "source": shape}
     (out / "labels.json").write_text(json.dumps(labels, indent=1) + "\n")
