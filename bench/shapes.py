@@ -63,13 +63,20 @@ def _groups(p: float, size: int, groups: int, rng) -> tuple[float, float, float]
     return float(q.mean()), float(std.mean()), float(((k == 0) | (k == size)).mean())
 
 
-def dpo_run(shape: str, seed: int, steps: int) -> tuple[list[dict], int]:
-    """(rows, onset) of a DPO run: implicit rewards (beta x log-ratio) of the chosen and the
-    rejected answers averaged over a batch, as TRL's DPOTrainer logs them."""
+def _draws(shape: str, seed: int):
+    """(rng, u) of one run: its generator, stable across processes, and u(a, b), a uniform
+    draw between a and b."""
     rng = np.random.default_rng(zlib.crc32(f"{shape}/{seed}".encode()))
 
     def u(a: float, b: float) -> float:
         return a + (b - a) * float(rng.random())
+    return rng, u
+
+
+def dpo_run(shape: str, seed: int, steps: int) -> tuple[list[dict], int]:
+    """(rows, onset) of a DPO run: implicit rewards (beta x log-ratio) of the chosen and the
+    rejected answers averaged over a batch, as TRL's DPOTrainer logs them."""
+    rng, u = _draws(shape, seed)
 
     batch = int(rng.choice([8, 16, 32, 64]))
     epochs = int(rng.choice([2, 3])) if shape == "dpo_epochs" else 1
@@ -117,10 +124,7 @@ def dpo_run(shape: str, seed: int, steps: int) -> tuple[list[dict], int]:
 def ppo_run(shape: str, seed: int, steps: int) -> tuple[list[dict], int]:
     """(rows, onset) of a PPO run with a reward model: its score, the KL summed over a
     sequence (1-13 is normal), a critic, as TRL's PPOTrainer logs them."""
-    rng = np.random.default_rng(zlib.crc32(f"{shape}/{seed}".encode()))
-
-    def u(a: float, b: float) -> float:
-        return a + (b - a) * float(rng.random())
+    rng, u = _draws(shape, seed)
 
     batch = int(rng.choice([16, 32, 64, 128]))
     s0 = u(-2.0, 0.5)
@@ -183,10 +187,7 @@ def run(shape: str, seed: int, steps: int) -> tuple[list[dict], int]:
         return dpo_run(shape, seed, steps)
     if shape in PPO:
         return ppo_run(shape, seed, steps)
-    rng = np.random.default_rng(zlib.crc32(f"{shape}/{seed}".encode()))
-
-    def u(a: float, b: float) -> float:
-        return a + (b - a) * float(rng.random())
+    rng, u = _draws(shape, seed)
 
     size, groups = int(rng.choice([4, 8, 16])), int(rng.choice([4, 8, 16, 32]))
     p0, p1 = u(0.1, 0.4), u(0.6, 0.85)
