@@ -273,7 +273,12 @@ def main() -> None:
 
     pack = load_pack(args.rules)
     out: dict = {}
-    if not args.sim_only and (REAL_LOGS / "labels.json").exists():
+    if not args.sim_only and not (REAL_LOGS / "labels.json").exists():
+        msg = f"no real logs at {REAL_LOGS} (labels.json missing): they are not scored"
+        if args.real_only:
+            sys.exit(f"backtest: {msg}")
+        print(f"== Real logs: {msg}", file=sys.stderr)
+    elif not args.sim_only:
         real_section(pack, args.tune, out)
         if args.real_variant:
             variant_section(pack, args.real_variant, out)

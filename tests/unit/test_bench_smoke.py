@@ -4,10 +4,13 @@ a tiny fleet through every reader, slice by slice, with the figures it promises 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.unit._core import needs_native
 
@@ -259,3 +262,16 @@ def test_the_second_generator_refuses_an_unknown_shape(tmp_path):
                          text=True, timeout=60)
     assert out.returncode != 0 and "unknown shape(s) no_such_shape" in out.stderr, out.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_the_backtest_says_when_it_finds_no_real_logs(tmp_path, monkeypatch, capsys):
+    # a clone without ../shared beside it: --real-only fails with the path it looked at,
+    # instead of printing nothing and exiting 0
+    spec = importlib.util.spec_from_file_location("backtest_cli", ROOT / "bench" / "backtest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "REAL_LOGS", tmp_path / "real-logs")
+    monkeypatch.setattr(sys, "argv", ["backtest.py", "--real-only"])
+    with pytest.raises(SystemExit) as e:
+        mod.main()
+    assert "no real logs at" in str(e.value) and str(tmp_path) in str(e.value)
