@@ -55,7 +55,9 @@ logging interval of the run:
   or decaying one has none, nor has a run that does not log it: those are judged from the
   metric's first step, as without the option.
 * ``smooth: N`` and ``signal: ema`` with ``window: N`` -- an EMA with a span of N steps; a gap of
-  k steps between two points decays the average as k single steps would.
+  k steps between two points decays the average as k single steps would, but never below the
+  decay of an EMA of N/20 points: a run logged more than 20 steps apart (its step numbers count
+  samples) is still averaged over its last points, not read at its last one alone.
 * baselines (``start``, ``ratio_to_start``, ``start_z``, ``gain_t``, ``noise_ratio``) -- the points of the
   run's first ``window`` steps, but at least 3 of them: the run's own warm-up.
 * change points (``shift_z``, ``level_ratio``, ``shift_rel``, ``over_max_z``, ``shift_dz``,

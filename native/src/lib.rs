@@ -41,6 +41,20 @@ const INF: f64 = f64::INFINITY;
 const LEVEL_STEPS: i64 = 5;
 const LEVEL_POINTS: i64 = 3;
 const BASELINE_POINTS: usize = 3;
+/// An EMA over N steps averages at least the points a run logged every EMA_POINT_STEPS steps
+/// has in N steps (streams/signals.py: ema_floor).
+const EMA_POINT_STEPS: f64 = 20.0;
+
+/// The least decay per logged point of an EMA of `span` steps (0 for spans of at most
+/// EMA_POINT_STEPS steps).
+fn ema_floor(span: i64) -> f64 {
+    let points = span as f64 / EMA_POINT_STEPS;
+    if points > 1.0 {
+        1.0 - 2.0 / (points + 1.0)
+    } else {
+        0.0
+    }
+}
 const MAD_SCALE: f64 = 1.4826;
 const SPLIT_REF_POINTS: i64 = 12;
 /// the steps of a run's start whose median shift_gain measures the run's gain from
@@ -635,6 +649,7 @@ struct Track {
     last_step: Option<i64>,
     cur: f64,
     alpha: f64,
+    floor: f64,
     num: f64,
     den: f64,
     prev_step: Option<i64>,
@@ -647,6 +662,10 @@ impl Track {
     fn new(metric: String, smooth: Option<i64>) -> PyResult<Track> {
         let alpha = match smooth {
             Some(s) if s != 0 => fdiv(2.0, s as f64 + 1.0)?,
+            _ => 0.0,
+        };
+        let floor = match smooth {
+            Some(s) if s != 0 => ema_floor(s),
             _ => 0.0,
         };
         Ok(Track {
@@ -662,6 +681,7 @@ impl Track {
             last_step: None,
             cur: NAN,
             alpha,
+            floor,
             num: 0.0,
             den: 0.0,
             prev_step: None,
@@ -707,7 +727,8 @@ impl Track {
                         self.emas.len() - 1
                     }
                 };
-                let decay = py_pow(1.0 - fdiv(2.0, span as f64 + 1.0)?, gap as f64)?;
+                let decay = py_pow(1.0 - fdiv(2.0, span as f64 + 1.0)?, gap as f64)?
+                    .max(ema_floor(span));
                 let e = &mut self.emas[j].1;
                 e[0] = decay * e[0] + (1.0 - decay) * x;
                 e[1] = decay * e[1] + (1.0 - decay);
@@ -717,7 +738,7 @@ impl Track {
             let decay = if gap == 1 {
                 1.0 - self.alpha
             } else {
-                py_pow(1.0 - self.alpha, gap as f64)?
+                py_pow(1.0 - self.alpha, gap as f64)?.max(self.floor)
             };
             self.num = decay * self.num + (1.0 - decay) * x;
             self.den = decay * self.den + (1.0 - decay);

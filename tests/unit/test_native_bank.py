@@ -168,6 +168,8 @@ ALL_SPECS = [spec(sig, w, sm, ms)
              for w in (5, 8, 20, 64)
              for sm in (None, 3)
              for ms in (0, 12)] + [
+    # a long EMA: gaps of more than 10 steps meet its floor (an average over at least 5 points)
+    spec(sig, w, 50, 0) for sig in SIGNALS for w in (8, 64)] + [
     # the warm-up counted from the end of a learning rate's ramp; "x" is never logged
     spec(sig, w, None, ms, ramp=ramp)
     for sig in SIGNALS

@@ -123,6 +123,30 @@ def test_warm_up_min_steps_is_in_steps():
         assert [a.step for a in firing(_feed(pack, values))] == [first], every
 
 
+
+def test_a_long_smoothing_averages_several_points_of_a_run_whose_steps_count_samples():
+    # smooth: 50 is a span of 50 steps; a run that numbers its steps in samples logs 64 steps
+    # apart, and an EMA counted in steps alone would be its last point. It averages at least
+    # the 2.5 points a run logged every 20 steps has in 50 steps, so two zeros after a long
+    # stretch at 1 do not read as a fall under a tenth.
+    pack = _pack("""
+        rules:
+          - id: low
+            params: {limit: 0.1}
+            tiers:
+              - severity: orange
+                when: {metric: m, smooth: 50, below: limit}
+        """)
+    for every in (1, 10, 64):
+        dip = {s: (0.0 if 40 * every <= s < 42 * every else 1.0) for s in range(0, 60 * every, every)}
+        assert not firing(_feed(pack, dip)), every
+        # a fall that holds is read at every interval: under a tenth after 3 points 64 steps
+        # apart ((3/7)^3 = 0.079), after 6 points 10 steps apart, 53 steps logged every step
+        fall = {s: (0.0 if s >= 40 * every else 1.0) for s in range(0, 120 * every, every)}
+        (a,) = firing(_feed(pack, fall))
+        assert a.step == {1: 92, 10: 450, 64: 40 * 64 + 2 * 64}[every], (every, a.step)
+
+
 def test_a_run_with_40_logged_points_gets_every_metric_rule():
     """40 points logged every 25 steps (1,000 steps): every metric rule of the pack gets a
     decided (true or false) value at the end; none is left waiting for more points."""
