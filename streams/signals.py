@@ -739,13 +739,15 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
                 flips = sum(1 for p in pairs if p < 0) / len(pairs) if pairs else NAN
                 # population std of the changes over that of the values (about 1.4 for noise,
                 # up to 2 for a pure oscillation, near 0 for a smooth trend)
+                # (squares multiplied, not raised to a power: a value over 1e154 makes them
+                # infinite, and ** would raise OverflowError out of the run's event)
                 c = v[0]
                 x = [a - c for a in v]
-                s1 = sum(x)
-                sx = math.sqrt(max(0.0, sum(map(mul, x, x)) / n - (s1 / n) ** 2))
+                s1 = sum(x) / n
+                sx = math.sqrt(max(0.0, sum(map(mul, x, x)) / n - s1 * s1))
                 m = len(d)
-                sd1 = sum(d)
-                sd = math.sqrt(max(0.0, sum(map(mul, d, d)) / m - (sd1 / m) ** 2))
+                sd1 = sum(d) / m
+                sd = math.sqrt(max(0.0, sum(map(mul, d, d)) / m - sd1 * sd1))
                 scale = max(map(abs, v))
                 out = (flips, sd / (sx + 1e-12 * scale) if scale > 0 else 0.0)
             win.cache["flip"] = (trk.total, out)

@@ -2204,12 +2204,13 @@ fn flip_and_diff(v: &[f64]) -> PyResult<(f64, f64)> {
     let flips = if pairs > 0 { neg as f64 / pairs as f64 } else { NAN };
     let c = v[0];
     let x: Vec<f64> = v.iter().map(|a| a - c).collect();
-    let s1 = psum(x.iter().copied());
+    // (squares multiplied, as the reference does: a value over 1e154 makes them infinite)
     let nf = n as f64;
-    let sx = py_max(0.0, psum(x.iter().map(|a| a * a)) / nf - py_pow(s1 / nf, 2.0)?).sqrt();
+    let s1 = psum(x.iter().copied()) / nf;
+    let sx = py_max(0.0, psum(x.iter().map(|a| a * a)) / nf - s1 * s1).sqrt();
     let m = d.len() as f64;
-    let sd1 = psum(d.iter().copied());
-    let sd = py_max(0.0, psum(d.iter().map(|a| a * a)) / m - py_pow(sd1 / m, 2.0)?).sqrt();
+    let sd1 = psum(d.iter().copied()) / m;
+    let sd = py_max(0.0, psum(d.iter().map(|a| a * a)) / m - sd1 * sd1).sqrt();
     let mut scale = v[0].abs();
     for a in &v[1..] {
         let a = a.abs();
