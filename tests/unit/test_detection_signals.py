@@ -65,6 +65,18 @@ def test_robust_scale_does_not_collapse_on_mostly_constant_data():
     assert robust_scale([1.0] * 10, 1.0) == 0.0
 
 
+def test_a_window_of_huge_values_reads_without_raising():
+    # a broken reward of +-1e200: squares overflow to infinity; the event is still taken
+    bank = Bank()
+    readers = [bank.metric("m", sig, 20, None, None, 0, MIN_POINTS[sig], READY_POINTS[sig])
+               for sig in ("sign_flip_rate", "diff_ratio", "std", "zscore", "trend_z")]
+    for s in range(40):
+        bank.update(s, {"m": 1e200 if s % 2 else -1e200})
+        for r in readers:
+            r()
+    assert readers[0]() == 1.0
+
+
 def test_the_level_is_the_median_of_the_last_steps_against_the_points_before():
     values = [1.0] * 17 + [5.0, 1.0, 5.0]
     # the last 5 steps hold 1, 1, 5, 1, 5: two high points of five do not move the level
