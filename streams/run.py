@@ -9,12 +9,19 @@ per-prompt tallies. :meth:`RunState.apply` takes one event through it: bookkeepi
 the compiled rules whose inputs arrived, alerts out.
 
 **Relaunch.** An event whose ``incarnation`` differs from the run's (the SDK draws a fresh one
-per start of the training program) starts the run afresh: steps seen, windows, baselines and
-alert states are reset and its open alerts are closed with resolved notices ("relaunched");
-checkpoints, tags and targets stay. Without the field a relaunch is inferred when a step event
-of rank 0 goes back more than :data:`RELAUNCH_STEPS_BACK` steps with a timestamp later than
-any event of the run (a re-read Kafka message has its old timestamp; a restarted program has a
-new one). A rollback (``generation`` tag) keeps the windows and forgets steps and alerts.
+per start of the training program) is a relaunch, taken at the new incarnation's first step
+event (a heartbeat before it carries the SDK's step 0, whatever the checkpoint). A first step
+past the run's first steps (more than :data:`RELAUNCH_STEPS_BACK`) resumed the run from a
+checkpoint: as after a rollback, its statistics stay, without the points of the steps from there
+on (the timeline it left), so a run preempted and resumed is still judged against its own
+start. A first step back at the run's start starts the run afresh: steps seen, windows,
+baselines and alert states are reset. Either way its open alerts are closed with resolved
+notices ("relaunched from a checkpoint", "relaunched (its steps started over)"); checkpoints,
+tags and targets stay (those after the checkpoint go). Without the field a relaunch is inferred
+when a step event of rank 0 goes back more than :data:`RELAUNCH_STEPS_BACK` steps with a
+timestamp later than any event of the run (a re-read Kafka message has its old timestamp; a
+restarted program has a new one). A rollback (``generation`` tag) keeps the windows up to the
+step gone back to and forgets steps and alerts.
 
 **Limits.** Steps are at most ``2**53`` (the parser), a step more than :data:`MAX_STEP_JUMP`
 ahead of the run's newest step and a rank beyond :data:`MAX_RANKS` are rejected
@@ -611,6 +618,7 @@ class RunState:
         #: event's tags as bytes
         self._tags_raw: tuple[bytes, dict] | None = None
         self.newest = -1                # the newest step of any rank (limits, relaunch)
+        self.first_step: int | None = None   # the run's first step event (resume or start over)
         self.closed = False             # the training script closed its monitor (final heartbeat)
         self.preset: str | None = None  # the framework its metric names came from (found)
         self._renamer: Preset | None = None
@@ -618,12 +626,15 @@ class RunState:
         self.cross_rank = False         # a rule compares ranks: buffer their values per step
 
     # -- compiled rules ------------------------------------------------------------------------
-    def bind(self, rules: RunRules | None = None) -> None:
+    def bind(self, rules: RunRules | None = None, *, up_to: int | None = None) -> None:
         """Compile ``rules`` (by default: resolved for this run's targets) against this run's
-        statistics, keeping the values already held."""
+        statistics, keeping the values already held (``up_to``: those of the steps up to it,
+        :func:`streams.signals.rewind_state`)."""
         if rules is None:
             rules = self.resolve(self.run_id, dict(self.targets), self.preset)
         kept = {r: b.to_state() for r, b in self.banks.items()} if self.banks else {}
+        if up_to is not None:
+            kept = {r: signals.rewind_state(st, up_to) for r, st in kept.items()}
         self.rules = rules
         self.banks, self.programs = {}, {}
         self.program(0)
@@ -699,6 +710,8 @@ class RunState:
             self.last_step[rank] = step
             if step > newest:
                 self.newest = step
+            if self.first_step is None:
+                self.first_step = step
             got = self._rank_step(event, ts) if rank else self._step(event, ts)
             return out + got if out else got
         out = out or []
@@ -780,29 +793,27 @@ class RunState:
         step, inc, tags = event.step, event.incarnation, event.tags
         if (inc is not None and inc != self.incarnation) or (
                 event.rank == 0 and event.kind == "step" and step < self.newest - RELAUNCH_STEPS_BACK):
-            reason = self._relaunched(event, ts)
-            if reason:
-                out += self._close_open(step, ts, reason)
-                self.reset(inc)
-            elif self.incarnation is None:
-                self.incarnation = inc
+            # a new incarnation is taken at its first step, whose number says whether the run
+            # resumed from a checkpoint or started over (a heartbeat before it carries the SDK's
+            # step 0, whatever the checkpoint)
+            if event.kind == "step" or inc is None or self.incarnation is None:
+                reason = self._relaunched(event, ts)
+                if reason and self._resumes(step):
+                    out += self._close_open(step, ts, f"{reason} from a checkpoint (step {step})")
+                    self.resume(inc, step)
+                elif reason:
+                    out += self._close_open(step, ts, f"{reason} (its steps started over)")
+                    self.reset(inc)
+                elif self.incarnation is None:
+                    self.incarnation = inc
         if tags:
             gen = tags.get("generation")
             if gen is not None and gen.isdigit() and int(gen) > self.generation:
                 out += self._close_open(step, ts, "the run rolled back to a checkpoint")
                 self.generation = int(gen)
-                # the checkpoints after it belong to the timeline the run left: no rollback,
-                # a rule's or an operator's, may go to them (its steps are trained again). A
-                # heartbeat names the step gone back to (the SDK's), any other event a step of
-                # the new timeline, not checkpointed in it yet
-                last = step if event.kind == "heartbeat" else step - 1
-                self.checkpoints = [(s, p) for s, p in self.checkpoints if s <= last]
-                self.last_step.clear()
-                self.last_other.clear()
-                self.ranks.clear()
-                self.alerts.clear()
-                self._ranks_open.clear()
-                self.newest = -1
+                # a heartbeat names the step gone back to (the SDK's), any other event a step
+                # of the new timeline, not checkpointed in it yet
+                self._forget_steps(step if event.kind == "heartbeat" else step - 1)
             if tags is not self._tags_obj and tags != self._tags_seen:
                 self._take_tags(tags)
         return out
@@ -814,8 +825,42 @@ class RunState:
         if (inc is None and event.kind == "step" and event.rank == 0
                 and event.step < self.last_step.get(0, -1) - RELAUNCH_STEPS_BACK
                 and ts > self.last_event_ts):
-            return "the run was relaunched (its steps started over)"
+            return "the run was relaunched"
         return None
+
+    def _resumes(self, step: int) -> bool:
+        """A relaunch whose first step lies past the run's first steps resumed it from a
+        checkpoint; one back at them started it over."""
+        return self.first_step is not None and step > self.first_step + RELAUNCH_STEPS_BACK
+
+    def _forget_steps(self, last: int) -> None:
+        """The run went back to a checkpoint (a rollback, a relaunch that resumed it): the
+        steps after ``last`` are trained again. Steps seen and alert states go; the statistics
+        (windows, warm-up baselines) stay, without the points after ``last``: those, and the
+        checkpoints after it, belong to the timeline the run left (no rollback, a rule's or an
+        operator's, may go to them, and no rule reads them)."""
+        self.checkpoints = [(s, p) for s, p in self.checkpoints if s <= last]
+        if self.rules is not None and self.banks:
+            self.bind(self.rules, up_to=last)
+        for g in self.groups.values():
+            g["points"] = {c: Series([p for p in x.to_list() if p[0] <= last])
+                           for c, x in g["points"].items()}
+            g["gap"] = Series([p for p in g["gap"].to_list() if p[0] <= last])
+        self._group_cache.clear()
+        self.last_step.clear()
+        self.last_other.clear()
+        self.ranks.clear()
+        self.alerts.clear()
+        self._ranks_open.clear()
+        self.newest = -1
+
+    def resume(self, incarnation: str | None, step: int) -> None:
+        """Go on watching a run relaunched from a checkpoint, its first step ``step``: as after
+        a rollback, its statistics stay (a run preempted and resumed is judged against its own
+        start, not against the middle of its training)."""
+        self.incarnation = incarnation
+        self.generation = 0
+        self._forget_steps(step - 1)
 
     def _find_preset(self, event) -> None:
         """Runs that log a framework's own names (no SDK mapping, no --preset) are mapped onto
@@ -833,9 +878,11 @@ class RunState:
         event.metrics = preset.map_metrics(event.metrics)
 
     def reset(self, incarnation: str | None) -> None:
-        """Start the run afresh (a relaunch): steps, windows, baselines and alerts go."""
+        """Start the run afresh (a relaunch that started its steps over): steps, windows,
+        baselines and alerts go."""
         self.incarnation = incarnation
         self.generation = 0
+        self.first_step = None
         self.newest = -1
         self.last_step.clear()
         self.last_other.clear()
@@ -1243,6 +1290,7 @@ class RunState:
             "last_event_ts": None if math.isnan(self.last_event_ts) else self.last_event_ts,
             "world_size": self.world_size,
             "generation": self.generation,
+            "first_step": self.first_step,
             "targets": self.targets,
             "tags": self.tags,
             "events": self.events,
@@ -1296,6 +1344,8 @@ class RunState:
         rs.last_event_ts = NAN if ts is None else ts
         rs.world_size = state.get("world_size", 1)
         rs.generation = state.get("generation", 0)
+        first = state.get("first_step")     # (none in a state of an older worker)
+        rs.first_step = first if type(first) is int else None
         rs.tags = state.get("tags", {})
         rs.events = state.get("events", 0)
         rs.duplicates = state.get("duplicates", 0)

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import msgspec
 
-__all__ = ["Bank", "Track", "Window", "median_of"]
+__all__ = ["Bank", "Track", "Window", "median_of", "rewind_state"]
 
 NAN = math.nan
 #: points of the "current level" (ratio_to_start): those of the last LEVEL_STEPS steps, and at
@@ -247,6 +247,42 @@ class Track:
                                           if len(p) == 1 and isinstance(p[0], dict) else list(p))
         for k, v in st.get("emas", {}).items():
             self.emas[int(k)] = list(v)
+
+
+def rewind_state(state: dict, last: int) -> dict:
+    """A bank's ``to_state()`` (the native bank's or this module's: the same data) without the
+    points of the steps after ``last``: the run went back to a checkpoint of step ``last`` (a
+    rollback, a relaunch that resumed it), and those points belong to the timeline it left. The
+    warm-up baselines of the run's start stay; a track with no point left starts over. An EMA is
+    taken back to its last kept value (its weight as it was), a ``signal: ema`` and a learning
+    rate's ramp stay as they were, and the autocorrelations are worked out again."""
+    tracks = []
+    for m, smooth, t in state.get("tracks", []):
+        steps = t["steps"]
+        keep = len(steps)
+        while keep and steps[keep - 1] > last:
+            keep -= 1
+        dropped = len(steps) - keep
+        if dropped == 0 and (t["last"] is None or t["last"] <= last):
+            tracks.append([m, smooth, t])
+            continue
+        if keep == 0 and (t["first"] is None or t["first"] > last or dropped >= t["n"]):
+            continue                       # nothing of it before the checkpoint: it starts over
+        t = dict(t)
+        t["steps"], t["values"] = steps[:keep], t["values"][:keep]
+        t["total"] -= dropped
+        t["n"] -= dropped
+        if keep:
+            t["last"] = t["prev"] = steps[keep - 1]
+            t["cur"] = t["values"][-1]
+            if smooth and t["den"]:
+                t["num"] = _dec(t["values"][-1]) * t["den"]
+        else:                              # (the kept points were trimmed off the window)
+            t["last"] = t["prev"] = last
+        t["base"] = {w: (p if len(p) == 1 and isinstance(p[0], dict) else p[:max(0, t["n"])])
+                     for w, p in t.get("base", {}).items()}
+        tracks.append([m, smooth, t])
+    return {**state, "tracks": tracks, "autocorr": []}
 
 
 class Window:

@@ -412,3 +412,23 @@ def test_the_native_bank_writes_its_state_as_msgspec_would(offset):
             checked += 1
     assert checked == 6
     assert b'\xcb' in pair.banks[1].to_msgpack()       # floats as float64, as msgspec writes them
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_a_bank_taken_back_to_a_checkpoint_reads_alike_in_both_cores(seed):
+    """A run gone back to a checkpoint (rollback, resume) loads its statistics without the
+    points after it (signals.rewind_state) into freshly compiled banks: both cores read the same
+    from there, and go on alike."""
+    rng = random.Random(seed)
+    events = stream(rng, 1200)
+    pair = Pair(ALL_SPECS)
+    run_pair(pair, events[:800], rng, read_p=0.3)
+    last = events[780][0] - 25
+    state = signals.rewind_state(pair.banks[0].to_state(), last)
+    assert all(s <= last for _, _, t in state["tracks"] for s in t["steps"])
+    back = Pair(ALL_SPECS)
+    for b in back.banks:
+        b.load(state)
+    back.check(where="after the rewind")
+    back.check_state(where="after the rewind")
+    run_pair(back, [(last + 1 + i, m) for i, (_, m) in enumerate(events[800:])], rng)

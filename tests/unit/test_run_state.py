@@ -4,10 +4,12 @@ dead-letter reasons, and the run summary the dashboard and /metrics read."""
 from __future__ import annotations
 
 import json
+import textwrap
 
 import pytest
 
 from contract.events import MAX_STEP, EventError, parse_event
+from rules.loader import load_pack_text
 from streams.processor import Pipeline, Processor
 from streams.run import MAX_RUN_TAGS, MAX_STEP_JUMP, MAX_TS_AGE
 from tests.unit._core import T0, feed_series, firing, only_rules, resolved, rlhf_pack
@@ -78,6 +80,88 @@ def test_without_incarnation_a_redelivered_old_step_is_not_a_relaunch():
     # Kafka re-delivers step 5 after a worker restart: its time is the old one
     assert feed(p, [ev("r", 5, {"x": "NaN"})]) == []
     assert p.runs["r"].last_step[0] == 49
+
+
+START_RATIO = """
+    rules:
+      - id: fell
+        params: {ratio: 0.5}
+        tiers:
+          - severity: orange
+            when: {metric: m, signal: ratio_to_start, window: 30, below: ratio}
+            for: 3
+    """
+
+
+def hb(run, step, ts, **extra):
+    return parse_event({"schema": 1, "kind": "heartbeat", "run_id": run, "step": step, "ts": ts,
+                        **extra}, T0)
+
+
+def test_a_run_relaunched_from_a_checkpoint_is_judged_against_its_own_start():
+    """Preempted at step 420 and resumed from the checkpoint of step 400 (a new incarnation whose
+    first word is a heartbeat of the SDK's step 0): the metric, 1.0 over the warm-up and
+    sliding since, falls under half of it at step 531. Started afresh at step 401, the run's
+    warm-up would be 0.62 and the fall to half of that 180 steps further on."""
+    p = Pipeline(load_pack_text(textwrap.dedent(START_RATIO), "start.yaml"))
+
+    def m(s):
+        return {"m": 1.0 if s < 30 else 1.0 - 0.001 * (s - 30)}
+
+    t = T0
+    for s in range(421):
+        t += 1
+        p.feed(ev("r", s, m(s), ts=t, incarnation="a"), t)
+    st = p.runs["r"]
+    t += 30
+    assert p.feed(hb("r", 0, t, incarnation="b"), t) == [] and st.incarnation == "a"
+    fired = []
+    for s in range(401, 600):
+        t += 1
+        fired += firing(p.feed(ev("r", s, m(s), ts=t, incarnation="b"), t), "fell")
+    assert st.incarnation == "b" and st.first_step == 0
+    assert [a.step for a in fired] == [535]
+
+
+def test_a_relaunch_from_a_checkpoint_closes_the_open_alerts_and_drops_the_steps_it_left():
+    """Alerts open before a preemption close with "relaunched from a checkpoint"; the windows
+    lose the points after the checkpoint (a KL blow-up of steps 60-85 that the checkpoint of
+    step 50 predates), so the resumed run is not alarmed again by them."""
+    p = Pipeline(only_rules("kl_above_target"))
+    t, first = T0, []
+    for s in range(86):
+        t += 1
+        first += p.feed(ev("r", s, {"kl/mean": 0.02 if s < 60 else 0.5}, ts=t, incarnation="a"), t)
+    opened = [a for a in firing(first, "kl_above_target") if a.severity != "info"]
+    assert {a.severity for a in opened} == {"yellow", "red", "black"}
+    t += 60
+    again = p.feed(ev("r", 51, {"kl/mean": 0.02}, ts=t, incarnation="b"), t)
+    closed = resolved(again, "kl_above_target")
+    assert {a.fingerprint for a in closed} == {a.fingerprint for a in opened}
+    assert all("relaunched from a checkpoint (step 51)" in a.summary for a in closed)
+    later = []
+    for s in range(52, 90):
+        t += 1
+        later += p.feed(ev("r", s, {"kl/mean": 0.02}, ts=t, incarnation="b"), t)
+    assert firing(later) == [], [(a.rule, a.severity, a.step) for a in later]
+
+
+def test_a_rollback_announced_by_its_heartbeat_does_not_judge_the_new_timeline_by_the_old():
+    """The SDK's first word after a rollback is a heartbeat naming the step gone back to: the
+    KL blow-up of steps 60-85 is no longer in the windows the new timeline's steps are read in
+    (they were: its first steps read a median KL of 0.26 and fired red and black, a stop)."""
+    p = Pipeline(only_rules("kl_above_target"))
+    t = T0
+    for s in range(86):
+        t += 1
+        p.feed(ev("rb", s, {"kl/mean": 0.02 if s < 60 else 0.5}, ts=t, tags={"generation": "0"}), t)
+    t += 1
+    p.feed(hb("rb", 40, t, tags={"generation": "1"}), t)
+    later = []
+    for s in range(41, 70):
+        t += 1
+        later += p.feed(ev("rb", s, {"kl/mean": 0.02}, ts=t, tags={"generation": "1"}), t)
+    assert firing(later) == [], [(a.rule, a.severity, a.step) for a in firing(later)]
 
 
 def test_a_relaunch_survives_a_state_round_trip():
