@@ -45,11 +45,15 @@ def sim_faults() -> list[str]:
 
 def sim_cases(faults, seeds: int, every: list[int], healthy_seeds: int,
               seed_from: int = HELDOUT_SEEDS_FROM, reward: tuple[float, float] = (1.0, 0.0),
-              scales: tuple = (), noise: tuple = (), step_scale: float = 1) -> list[SimCase]:
+              scales: tuple = (), noise: tuple = (), step_scale: float = 1,
+              resume: float = 0.0, relaunch: float = 0.0) -> list[SimCase]:
     """The held-out cases; ``reward``: (scale, offset) of the reward as another reward model
     would give it (rlwatch.backtest.reward_as); ``scales``: metric families of another size
     (rlwatch.backtest.scaled_metrics); ``noise``: noisier ones (rlwatch.backtest.noisy_metrics);
-    ``step_scale``: step numbers x K (a run counting smaller steps; under 1, a faster run)."""
+    ``step_scale``: step numbers x K (a run counting smaller steps; under 1, a faster run);
+    ``resume``: the share of each run before it is first watched (relaunched from a checkpoint);
+    ``relaunch``: the share after which each run is relaunched from its checkpoint, watched
+    before and after."""
     cases = []
     for fault in faults:
         for i in range(seeds):
@@ -58,14 +62,16 @@ def sim_cases(faults, seeds: int, every: list[int], healthy_seeds: int,
                 cases.append(SimCase(fault, algo, seed_from + 10 * i + j, k,
                                      reward_scale=reward[0], reward_offset=reward[1],
                                      metric_scales=scales, metric_noise=noise,
-                                     step_scale=step_scale))
+                                     step_scale=step_scale, resume=resume,
+                                     relaunch=relaunch))
     for i in range(healthy_seeds):
         for j, k in enumerate(every):
             for algo in ALGOS:
                 cases.append(SimCase("healthy", algo, seed_from + 500 + 10 * i + j, k,
                                      reward_scale=reward[0], reward_offset=reward[1],
                                      metric_scales=scales, metric_noise=noise,
-                                     step_scale=step_scale))
+                                     step_scale=step_scale, resume=resume,
+                                     relaunch=relaunch))
     return cases
 
 
@@ -88,7 +94,8 @@ def variant_section(pack, specs: list[str], out: dict) -> None:
     (rlwatch.backtest.vary_real): one score line per variant, with the files that fail."""
     print("\n== Real logs re-logged (every=K: every K-th step; every_shifted=K: from the second; "
           "steps=K: steps K times larger; "
-          "reward_scale / reward_offset: another reward model)")
+          "reward_scale / reward_offset: another reward model; resume=F: first watched after "
+          "the share F of the run)")
     labs = labels()
     out["real_variants"] = {}
     for spec in specs:
@@ -147,7 +154,7 @@ def sim_section(pack, args, out: dict) -> None:
     cases = sim_cases(faults, args.seeds, every, args.healthy_seeds, args.seed_from,
                       (args.reward_scale, args.reward_offset), _scales(args.metric_scale, "--metric-scale"),
                       _scales(args.metric_noise, "--metric-noise") + _profile(args.noise_profile),
-                      args.step_scale)
+                      args.step_scale, args.resume, args.relaunch)
     print(f"\n== Simulated runs: {len(cases)} cases, held-out seeds >= {args.seed_from}, "
           f"logging every {', '.join(map(str, every))} steps")
     t0 = time.time()
@@ -252,16 +259,29 @@ def main() -> None:
                          "steps (micro-batches, samples) logs the same training; onsets and "
                          "windows x K; K = 0.5: a run twice as fast (every other step kept, its "
                          "number halved)")
+    ap.add_argument("--resume", type=float, default=0.0, metavar="F",
+                    help="simulated runs: first watched after the share F of their steps (a run "
+                         "rlwatch never saw before, its warm-up mid-training); faults that began "
+                         "before are unscored")
+    ap.add_argument("--relaunch", type=float, default=0.0, metavar="F",
+                    help="simulated runs: relaunched from their checkpoint after the share F of "
+                         "their steps (a new incarnation, as after a preemption), watched before "
+                         "and after")
     ap.add_argument("--real-variant", action="append", default=[], metavar="NAME=NUMBER",
                     help="also score the real logs re-logged as another run of their family "
                          "would log them: every=K (every K-th step kept), every_shifted=K (the "
                          "same from the second logged step), steps=K (step numbers "
-                         "x K), reward_scale=K, reward_offset=B; repeatable")
+                         "x K), reward_scale=K, reward_offset=B, resume=F (first watched after "
+                         "the share F of the run); repeatable")
     ap.add_argument("--real-only", action="store_true")
     ap.add_argument("--sim-only", action="store_true")
     ap.add_argument("--tune", action="store_true", help="also score a pack tuned on the other sources")
     ap.add_argument("--json", help="write every verdict and score as JSON to this file")
     args = ap.parse_args()
+    if not 0 <= args.relaunch < 1:
+        ap.error(f"--relaunch {args.relaunch:g}: the share of a run before its relaunch, 0 to under 1")
+    if not 0 <= args.resume < 1:
+        ap.error(f"--resume {args.resume:g}: the share of a run before it is watched, 0 to under 1")
     if not args.step_scale > 0:
         ap.error(f"--step-scale {args.step_scale:g}: step numbers are scaled by a number over 0")
     for spec in args.real_variant:

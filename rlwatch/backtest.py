@@ -572,7 +572,7 @@ def score_real(directory: str | Path, pack="rlhf", *, labels: list[Label] | None
 
 
 #: The ways :func:`vary_real` re-logs a recorded run, as another run of its family would log it.
-REAL_VARIANTS = ("every", "every_shifted", "steps", "reward_scale", "reward_offset")
+REAL_VARIANTS = ("every", "every_shifted", "steps", "reward_scale", "reward_offset", "resume")
 #: the variants whose number is a whole count (of logged steps, or a factor on step numbers)
 _WHOLE_VARIANTS = ("every", "every_shifted", "steps")
 
@@ -591,6 +591,9 @@ def parse_variant(spec: str) -> tuple[str, float]:
         raise ValueError(f"real-log variant {spec!r}: {name} takes a whole number >= 1")
     if name == "reward_scale" and number == 0:
         raise ValueError(f"real-log variant {spec!r}: a scale of 0 leaves no reward")
+    if name == "resume" and not 0 < number < 1:
+        raise ValueError(f"real-log variant {spec!r}: resume takes the share of the run before "
+                         "the resume point, over 0 and under 1 (resume=0.3)")
     return name, number
 
 
@@ -605,7 +608,10 @@ def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, fl
     * ``steps=K``: step numbers K times larger (the same curve over K times the steps, as a run
       with smaller batches logs it; onsets and windows scale with it);
     * ``reward_scale=K``, ``reward_offset=B``: the optimised reward as another reward model
-      gives it, ``K * r + B`` (:func:`reward_as`; a judge's score is left as it is).
+      gives it, ``K * r + B`` (:func:`reward_as`; a judge's score is left as it is);
+    * ``resume=F``: only the logged steps from the share F of the run on (a run first watched
+      part way through, its warm-up baselines from the middle of the training). A fault that
+      began before that point is unscored: the copy holds no step before it.
 
     The copies hold the preset's canonical names (a preset renames them to themselves)."""
     from contract.presets import get_preset
@@ -621,6 +627,7 @@ def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, fl
             preset = get_preset(lab.preset)
         except ValueError:
             preset = None
+        cut = _resume_step(Path(directory) / lab.run, value) if name == "resume" else None
         lines = []
         seen: dict[Any, int] = {}
         names: set[str] = set()           # metric names of the whole file
@@ -647,6 +654,8 @@ def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, fl
                 raw = reward_as(raw, value, 0.0)
             elif name == "reward_offset":
                 raw = reward_as(raw, 1.0, value)
+            elif name == "resume" and _is_step(step) and step < cut:
+                continue
             lines.append(json.dumps(raw))
         (out / lab.run).write_text("\n".join(lines) + "\n", encoding="utf-8")
         if name == "steps":
@@ -660,8 +669,22 @@ def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, fl
                     and lab.onset not in kept_steps):
                 lab = replace(lab, unseen=f"the re-logged copy does not keep step {lab.onset}, "
                                           "the one-step event: nothing to notice")
+        if name == "resume" and lab.onset is not None and lab.onset < cut:
+            lab = replace(lab, unseen=f"the fault began at step {lab.onset}, before the resume "
+                                      f"point (step {cut}): the copy holds no step before it")
         new_labels.append(lab)
     return new_labels
+
+
+def _is_step(step: Any) -> bool:
+    return isinstance(step, int) and not isinstance(step, bool)
+
+
+def _resume_step(path: Path, share: float) -> int:
+    """The first logged step at or after the share ``share`` of the run's logged steps."""
+    steps = sorted({raw["step"] for raw in map(json.loads, filter(
+        str.strip, path.read_text(encoding="utf-8").splitlines())) if _is_step(raw.get("step"))})
+    return steps[min(len(steps) - 1, int(share * len(steps)))] if steps else 0
 
 
 def score_variant(directory: str | Path, labels: list[Label], spec: str, pack="rlhf") -> RealReport:
@@ -701,6 +724,10 @@ class SimCase:
     step_scale: float = 1             # step numbers x K, as a run counting smaller steps logs
                                       # them (onset and window x K too); K < 1: a faster run
                                       # (0.5: every other step kept, its number halved)
+    resume: float = 0.0               # the share of the run before it is first watched (its
+                                      # warm-up mid-training)
+    relaunch: float = 0.0             # the share of the run after which it is relaunched from
+                                      # its checkpoint (a new incarnation; rlwatch watched it before)
 
     @property
     def run_id(self) -> str:
@@ -853,6 +880,8 @@ def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
     healthy = case.fault == "healthy"
     steps = case.steps or (HEALTHY_STEPS if healthy else int(onset) + case.window + 1)
     subsample = "log_every" not in fields and case.log_every > 1
+    cut = int(case.resume * steps)      # simulated steps before it are never seen
+    again = int(case.relaunch * steps)  # from this simulated step on, a new incarnation
     pipeline = Pipeline(pack)
     alerts: list[Alert] = []
     first = last = None
@@ -863,6 +892,10 @@ def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
     for raw in sim.simulate(cfg, steps):
         if subsample and raw.get("kind") in ("step", "samples") and raw["step"] % case.log_every:
             continue
+        if cut and raw.get("step", cut) < cut:
+            continue
+        if again:
+            raw = {**raw, "incarnation": "a" if raw.get("step", 0) < again else "b"}
         if case.reward_scale != 1.0 or case.reward_offset != 0.0:
             raw = reward_as(raw, case.reward_scale, case.reward_offset)
         if case.metric_scales:
@@ -889,7 +922,10 @@ def run_sim(case: SimCase, pack) -> tuple[Label, list[Alert], Span, dict]:
     label = Label(case.run_id, "healthy" if healthy else case.fault,
                   None if healthy else int(int(onset) * k), None if healthy else int(case.window * k),
                   source=f"sim-{info['algo']}", onset_exact=True)
-    if skipped:
+    if cut and not healthy and int(onset) < cut:
+        label = replace(label, unseen=f"the fault began at step {int(int(onset) * k)}, before "
+                                      f"the run was first watched (step {int(cut * k)})")
+    elif skipped:
         end = int(int(onset) * k + case.window * k)
         if seen_at is None or seen_at > end:
             label = replace(label, unseen=f"no logged point carries a skipped step within "

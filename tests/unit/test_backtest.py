@@ -11,6 +11,7 @@ from contract.alert import Alert
 from rlwatch.backtest import (
     Label, Span, delay_table, expectation, judge, load_labels, own_rules, required_severity, score,
 )
+from tests.unit._core import rlhf_pack
 
 SPAN = Span(1, 400, 400)          # a run logging every step, steps 1-400
 SPAN5 = Span(5, 200, 40)          # a run logging every 5 steps, 40 points
@@ -336,7 +337,9 @@ def test_parse_variant_names_the_choices_on_a_bad_spec():
 
     assert parse_variant("every=2") == ("every", 2.0)
     assert parse_variant("reward_offset=-1") == ("reward_offset", -1.0)
-    for bad in ("every", "every=0", "steps=1.5", "stride=2", "reward_scale=0", "reward_scale=x"):
+    assert parse_variant("resume=0.3") == ("resume", 0.3)
+    for bad in ("every", "every=0", "steps=1.5", "stride=2", "reward_scale=0", "reward_scale=x",
+                "resume=0", "resume=1"):
         with pytest.raises(ValueError, match="real-log variant"):
             parse_variant(bad)
 
@@ -379,6 +382,33 @@ def test_vary_real_keeps_every_kth_step_and_moves_only_the_optimised_reward(tmp_
     assert k[2]["reward/mean"] == pytest.approx(3.0) and k[2]["reward/std"] == pytest.approx(2.0)
     assert b[2]["reward/mean"] == pytest.approx(-0.7) and b[2]["reward/std"] == pytest.approx(0.2)
     assert k[2]["judge/score"] == b[2]["judge/score"] == 0.5       # the judge is another model
+
+
+def test_vary_real_resume_keeps_the_run_from_its_share_on_and_leaves_earlier_faults_unscored(tmp_path):
+    from rlwatch.backtest import vary_real
+
+    src, labs = _logged(tmp_path)
+    out = vary_real(src, labs, ("resume", 0.5), tmp_path / "r")
+    rows = [json.loads(x) for x in (tmp_path / "r" / "run.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [4, 5, 6]
+    assert out[0].unseen and "before the resume point (step 4)" in out[0].unseen
+    late = [Label("run.jsonl", "truncation", onset=5, max_delay=40, preset="trl-grpo", source="s")]
+    assert vary_real(src, late, ("resume", 0.5), tmp_path / "r2")[0].unseen is None
+
+
+def test_a_simulated_run_relaunched_from_its_checkpoint_is_judged_as_if_it_had_not_been():
+    """The same healthy run, watched through a relaunch at 40 % of its steps (a new incarnation,
+    as after a preemption), raises exactly the alerts it raises without one: none. (Started
+    afresh there, with its warm-up mid-training, it was alarmed orange three times, by
+    proxy_divergence and reward_degradation, and noticed stagnating three times.)"""
+    from rlwatch.backtest import SimCase, run_sim
+
+    pack = rlhf_pack()
+    plain = run_sim(SimCase("healthy", "grpo", 400620, 1), pack)[1]
+    again = run_sim(SimCase("healthy", "grpo", 400620, 1, relaunch=0.4), pack)[1]
+    key = [(a.rule, a.severity, a.state, a.step) for a in plain if "relaunched" not in a.summary]
+    assert [(a.rule, a.severity, a.state, a.step) for a in again
+            if "relaunched" not in a.summary] == key
 
 
 def test_a_relogged_copy_that_keeps_no_point_of_what_the_own_rule_reads_is_not_scored(tmp_path):
