@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -228,6 +229,17 @@ def sim_section(pack, args, out: dict) -> None:
     out["sim"] = report.to_dict()
 
 
+def _share(text: str) -> float:
+    """A share of a run's steps, 0 to under 1 (argparse type)."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not 0 <= x < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a share of the run's steps, 0 to under 1")
+    return x
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rules", default="rlhf")
@@ -259,11 +271,11 @@ def main() -> None:
                          "steps (micro-batches, samples) logs the same training; onsets and "
                          "windows x K; K = 0.5: a run twice as fast (every other step kept, its "
                          "number halved)")
-    ap.add_argument("--resume", type=float, default=0.0, metavar="F",
+    ap.add_argument("--resume", type=_share, default=0.0, metavar="F",
                     help="simulated runs: first watched after the share F of their steps (a run "
                          "rlwatch never saw before, its warm-up mid-training); faults that began "
                          "before are unscored")
-    ap.add_argument("--relaunch", type=float, default=0.0, metavar="F",
+    ap.add_argument("--relaunch", type=_share, default=0.0, metavar="F",
                     help="simulated runs: relaunched from their checkpoint after the share F of "
                          "their steps (a new incarnation, as after a preemption), watched before "
                          "and after")
@@ -278,10 +290,6 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true", help="also score a pack tuned on the other sources")
     ap.add_argument("--json", help="write every verdict and score as JSON to this file")
     args = ap.parse_args()
-    if not 0 <= args.relaunch < 1:
-        ap.error(f"--relaunch {args.relaunch:g}: the share of a run before its relaunch, 0 to under 1")
-    if not 0 <= args.resume < 1:
-        ap.error(f"--resume {args.resume:g}: the share of a run before it is watched, 0 to under 1")
     if not args.step_scale > 0:
         ap.error(f"--step-scale {args.step_scale:g}: step numbers are scaled by a number over 0")
     for spec in args.real_variant:
