@@ -20,7 +20,8 @@ notices ("relaunched from a checkpoint", "relaunched (its steps started over)");
 tags and targets stay (those after the checkpoint go). Without the field a relaunch is inferred
 when a step event of rank 0 goes back more than :data:`RELAUNCH_STEPS_BACK` steps with a
 timestamp later than any event of the run (a re-read Kafka message has its old timestamp; a
-restarted program has a new one). A rollback (``generation`` tag) keeps the windows up to the
+restarted program has a new one); under the same incarnation such a step is the script's step
+count going back (a second phase of training counting from 0 again), taken the same way. A rollback (``generation`` tag) keeps the windows up to the
 step gone back to and forgets steps and alerts.
 
 **Limits.** Steps are at most ``2**53`` (the parser), a step more than :data:`MAX_STEP_JUMP`
@@ -33,6 +34,7 @@ remembered metric names, checkpoints, prompts and pending rank steps are bounded
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from operator import mul
@@ -562,6 +564,30 @@ def _packed_series(series) -> Raw:
     return Raw(series.to_msgpack())
 
 
+#: the most a run's summary takes as JSON (the fleet store keeps one per run)
+MAX_SUMMARY_BYTES = 4000
+
+
+def _fit_summary(out: dict) -> dict:
+    """``out`` cut to MAX_SUMMARY_BYTES of JSON: long tags, alert texts and lists make a
+    summary of up to 10 KB, so its least needed parts are shortened first (the worst alerts,
+    the newest checkpoints and the run's identity stay)."""
+    cuts = (
+        lambda o: o.update(tags=dict(list(o["tags"].items())[:4])),
+        lambda o: [a.update(summary=(a["summary"] or "")[:60] or None) for a in o["open_alerts"]],
+        lambda o: o.update(checkpoints=o["checkpoints"][-4:]),
+        lambda o: o.update(smoothed=dict(list(o["smoothed"].items())[:8])),
+        lambda o: o.update(open_alerts=o["open_alerts"][:3]),
+        lambda o: [a.pop("rollback_to", None) for a in o["open_alerts"]],
+        lambda o: o.update(tags={}, checkpoints=o["checkpoints"][-1:]),
+    )
+    for cut in cuts:
+        if len(json.dumps(out)) < MAX_SUMMARY_BYTES:
+            break
+        cut(out)
+    return out
+
+
 class RunState:
     #: look for a relaunch, a rollback and new tags on every event, not only on those that may
     #: bring one: the reference the tests compare the usual way with
@@ -797,12 +823,16 @@ class RunState:
             # resumed from a checkpoint or started over (a heartbeat before it carries the SDK's
             # step 0, whatever the checkpoint)
             if event.kind == "step" or inc is None or self.incarnation is None:
-                reason = self._relaunched(event, ts)
-                if reason and self._resumes(step):
-                    out += self._close_open(step, ts, f"{reason} from a checkpoint (step {step})")
+                how = self._relaunched(event, ts)
+                if how and self._resumes(step):
+                    out += self._close_open(step, ts, (
+                        f"the run was relaunched from a checkpoint (step {step})" if how == "relaunched"
+                        else f"the run's steps went back to step {step}"))
                     self.resume(inc, step)
-                elif reason:
-                    out += self._close_open(step, ts, f"{reason} (its steps started over)")
+                elif how:
+                    out += self._close_open(step, ts, (
+                        "the run was relaunched (its steps started over)" if how == "relaunched"
+                        else "the run's steps started over"))
                     self.reset(inc)
                 elif self.incarnation is None:
                     self.incarnation = inc
@@ -819,13 +849,21 @@ class RunState:
         return out
 
     def _relaunched(self, event, ts: float) -> str | None:
+        """Whether ``event`` relaunched the run: ``"relaunched"`` (a new incarnation, or rank 0's
+        steps gone back without one), ``"went back"`` (under the same incarnation), or None."""
         inc = event.incarnation
         if inc is not None and self.incarnation is not None and inc != self.incarnation:
-            return "the run was relaunched"
-        if (inc is None and event.kind == "step" and event.rank == 0
+            return "relaunched"
+        # rank 0's steps went back, with a time after every event of the run (a message Kafka
+        # delivers again has its old time): a relaunch that sends no incarnation, or a script
+        # whose step counter started over under the same one (a second phase of training), not
+        # a rollback (a higher generation tag)
+        gen = (event.tags or {}).get("generation")
+        if (event.kind == "step" and event.rank == 0 and (inc is None or inc == self.incarnation)
                 and event.step < self.last_step.get(0, -1) - RELAUNCH_STEPS_BACK
-                and ts > self.last_event_ts):
-            return "the run was relaunched"
+                and ts > self.last_event_ts
+                and not (gen is not None and gen.isdigit() and int(gen) > self.generation)):
+            return "relaunched" if inc is None else "went back"
         return None
 
     def _resumes(self, step: int) -> bool:
@@ -1216,8 +1254,9 @@ class RunState:
 
     # -- what the run looks like -----------------------------------------------------------------
     def summary(self) -> dict:
-        """The run at a glance, JSON-able and small (< 4 KB): what the dashboard, /metrics and
-        the fleet store show. ``smoothed`` holds the EMA values the rules read."""
+        """The run at a glance, JSON-able and small (under MAX_SUMMARY_BYTES of JSON): what the
+        dashboard, /metrics and the fleet store show. ``smoothed`` holds the EMA values the
+        rules read."""
         targets = dict(self.rules.targets) if self.rules is not None else dict(self.targets)
         out: dict[str, Any] = {
             "run_id": self.run_id, "incarnation": self.incarnation, "generation": self.generation,
@@ -1260,7 +1299,7 @@ class RunState:
                          if m in self.latest_metrics}
         bank = self.banks.get(0)
         out["smoothed"] = {m: v for m, v in list((bank.smoothed() if bank else {}).items())[:24]}
-        return out
+        return _fit_summary(out)
 
     def _kl_lines(self) -> dict[str, float]:
         rr = self.rules

@@ -11,7 +11,7 @@ import pytest
 from contract.events import MAX_STEP, EventError, parse_event
 from rules.loader import load_pack_text
 from streams.processor import Pipeline, Processor
-from streams.run import MAX_RUN_TAGS, MAX_STEP_JUMP, MAX_TS_AGE
+from streams.run import MAX_RUN_TAGS, MAX_STEP_JUMP, MAX_SUMMARY_BYTES, MAX_TS_AGE
 from tests.unit._core import T0, feed_series, firing, only_rules, resolved, rlhf_pack
 
 
@@ -164,6 +164,38 @@ def test_a_rollback_announced_by_its_heartbeat_does_not_judge_the_new_timeline_b
     assert firing(later) == [], [(a.rule, a.severity, a.step) for a in firing(later)]
 
 
+def test_a_step_count_that_starts_over_under_the_same_incarnation_is_watched_afresh():
+    """A script that trains a second phase with the same Monitor counts its steps from 0 again,
+    at later times: those steps were dropped as duplicates, and a KL blow-up in them never
+    alarmed. A message Kafka delivers again (its old time) is still a duplicate."""
+    p = Pipeline(only_rules("kl_above_target"))
+    first = feed(p, [ev("r", s, {"kl/mean": 0.02 if s < 90 else 0.5}, incarnation="a")
+                     for s in range(100)])
+    assert firing(first, "kl_above_target")
+    assert feed(p, [ev("r", 5, {"kl/mean": 0.9}, incarnation="a")]) == []
+    assert p.runs["r"].duplicates == 1
+    again = feed(p, [ev("r", s, {"kl/mean": 0.02 if s < 20 else 0.5}, ts=T0 + 1000 + s,
+                        incarnation="a") for s in range(40)])
+    closed = [a for a in resolved(again, "kl_above_target") if a.step == 0]
+    assert {a.fingerprint for a in closed} == {a.fingerprint for a in firing(first)
+                                               if a.severity != "info"}
+    assert all("the run's steps started over" in a.summary for a in closed)
+    assert {a.severity for a in firing(again, "kl_above_target")} >= {"red", "black"}
+    assert p.runs["r"].duplicates == 1 and p.runs["r"].last_step[0] == 39
+
+
+def test_a_rollback_whose_first_word_is_a_step_says_it_rolled_back():
+    p = Pipeline(only_rules("kl_above_target"))
+    t, first = T0, []
+    for s in range(86):
+        t += 1
+        first += p.feed(ev("rb", s, {"kl/mean": 0.02 if s < 60 else 0.5}, ts=t, incarnation="a",
+                           tags={"generation": "0"}), t)
+    t += 1
+    back = p.feed(ev("rb", 41, {"kl/mean": 0.02}, ts=t, incarnation="a", tags={"generation": "1"}), t)
+    assert back and all("rolled back to a checkpoint" in a.summary for a in resolved(back))
+
+
 def test_a_relaunch_survives_a_state_round_trip():
     proc = Processor(rlhf_pack())
     st = proc.new_state("r")
@@ -273,6 +305,29 @@ def test_summary_shape_and_numbers():
     assert black["onset_step"] == 31 and black["threshold"] == pytest.approx(0.2)
     assert black["summary"] and "{" not in black["summary"]
     assert s["latest"]["kl/mean"] == 0.5
+
+
+def test_a_summary_of_a_run_with_the_longest_tags_paths_and_alerts_stays_small():
+    """Tags of 64 + 128 characters, checkpoint paths of 256, ten alerts open with long texts:
+    up to 10 KB as it was, cut to MAX_SUMMARY_BYTES (the worst alerts and the newest checkpoint
+    kept)."""
+    p = Pipeline(rlhf_pack())
+    tags = {f"{i:02d}" + "k" * 62: "v" * 128 for i in range(16)}
+    for s in range(120):
+        m = {"kl/mean": 0.02 if s < 60 else 0.9, "entropy/mean": 1.0 if s < 60 else 9.0,
+             "reward/mean": 0.8 if s < 60 else -5.0, "grad_norm/actor": 1.0 if s < 60 else 500.0,
+             "ppo/clip_frac": 0.2 if s < 60 else 0.9, "loss/value": 0.1 if s < 60 else 80.0,
+             "response/truncated_frac": 0.0 if s < 60 else 0.9}
+        p.feed(ev("big", s, m, tags=tags), T0 + s)
+        if s % 5 == 0:
+            p.feed(parse_event({"schema": 1, "kind": "checkpoint", "run_id": "big", "step": s,
+                                "ts": T0 + s, "path": f"/{s:03d}" + "p" * 252}, T0 + s), T0 + s)
+    st = p.runs["big"]
+    assert sum(a.status == "firing" for a in st.alerts.values()) >= 8
+    s = st.summary()
+    assert len(json.dumps(s)) < MAX_SUMMARY_BYTES
+    assert s["worst"] == "black" and s["open_alerts"][0]["severity"] == "black"
+    assert s["checkpoints"][-1][0] == 115 and s["run_id"] == "big"
 
 
 def test_summary_names_the_newest_checkpoints_and_where_a_rollback_for_each_alert_goes():
