@@ -21,8 +21,9 @@ tags and targets stay (those after the checkpoint go). Without the field a relau
 when a step event of rank 0 goes back more than :data:`RELAUNCH_STEPS_BACK` steps with a
 timestamp later than any event of the run (a re-read Kafka message has its old timestamp; a
 restarted program has a new one); under the same incarnation such a step is the script's step
-count going back (a second phase of training counting from 0 again), taken the same way. A rollback (``generation`` tag) keeps the windows up to the
-step gone back to and forgets steps and alerts.
+count going back (a second phase of training counting from 0 again), taken the same way. A
+rollback (``generation`` tag) keeps the windows up to the step gone back to and forgets steps
+and alerts.
 
 **Limits.** Steps are at most ``2**53`` (the parser), a step more than :data:`MAX_STEP_JUMP`
 ahead of the run's newest step and a rank beyond :data:`MAX_RANKS` are rejected
@@ -824,6 +825,7 @@ class RunState:
             # step 0, whatever the checkpoint)
             if event.kind == "step" or inc is None or self.incarnation is None:
                 how = self._relaunched(event, ts)
+                gen = self.generation
                 if how and self._resumes(step):
                     out += self._close_open(step, ts, (
                         f"the run was relaunched from a checkpoint (step {step})" if how == "relaunched"
@@ -836,6 +838,8 @@ class RunState:
                     self.reset(inc)
                 elif self.incarnation is None:
                     self.incarnation = inc
+                if how == "went back":      # the same program: its rollbacks count on
+                    self.generation = gen
         if tags:
             gen = tags.get("generation")
             if gen is not None and gen.isdigit() and int(gen) > self.generation:

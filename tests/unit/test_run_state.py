@@ -184,6 +184,20 @@ def test_a_step_count_that_starts_over_under_the_same_incarnation_is_watched_afr
     assert p.runs["r"].duplicates == 1 and p.runs["r"].last_step[0] == 39
 
 
+def test_a_step_count_that_starts_over_keeps_the_programs_rollback_count():
+    """The same program after two rollbacks (generation 2) counts its steps from 0 again: its
+    next steps, still of generation 2, are no third rollback (which would go back again)."""
+    p = Pipeline(only_rules("kl_above_target"))
+    feed(p, [ev("g", s, {"kl/mean": 0.02}, incarnation="a", tags={"generation": "2"})
+             for s in range(100)])
+    st = p.runs["g"]
+    assert st.generation == 2
+    again = feed(p, [ev("g", s, {"kl/mean": 0.02 if s < 20 else 0.5}, ts=T0 + 1000 + s,
+                        incarnation="a", tags={"generation": "2"}) for s in range(40)])
+    assert st.generation == 2 and not [a for a in again if "rolled back" in a.summary]
+    assert {a.severity for a in firing(again, "kl_above_target")} >= {"red", "black"}
+
+
 def test_a_rollback_whose_first_word_is_a_step_says_it_rolled_back():
     p = Pipeline(only_rules("kl_above_target"))
     t, first = T0, []
