@@ -276,9 +276,9 @@ def main() -> None:
                          "rlwatch never saw before, its warm-up mid-training); faults that began "
                          "before are unscored")
     ap.add_argument("--relaunch", type=_share, default=0.0, metavar="F",
-                    help="simulated runs: relaunched from their checkpoint after the share F of "
-                         "their steps (a new incarnation, as after a preemption), watched before "
-                         "and after")
+                    help="simulated runs: relaunched after the share F of their steps (a new "
+                         "incarnation from there on, as a run preempted and resumed from a "
+                         "checkpoint of its last step), watched before and after")
     ap.add_argument("--real-variant", action="append", default=[], metavar="NAME=NUMBER",
                     help="also score the real logs re-logged as another run of their family "
                          "would log them: every=K (every K-th step kept), every_shifted=K (the "

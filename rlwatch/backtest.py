@@ -648,7 +648,7 @@ def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, fl
                     continue
                 kept_names.update(metrics)
                 kept_steps.add(step)
-            elif name == "steps" and isinstance(step, int) and not isinstance(step, bool):
+            elif name == "steps" and _is_step(step):
                 raw["step"] = step * k
             elif name == "reward_scale":
                 raw = reward_as(raw, value, 0.0)
@@ -726,8 +726,9 @@ class SimCase:
                                       # (0.5: every other step kept, its number halved)
     resume: float = 0.0               # the share of the run before it is first watched (its
                                       # warm-up mid-training)
-    relaunch: float = 0.0             # the share of the run after which it is relaunched from
-                                      # its checkpoint (a new incarnation; rlwatch watched it before)
+    relaunch: float = 0.0             # the share of the run after which it is relaunched (a new
+                                      # incarnation from that step on, as a run preempted and
+                                      # resumed from a checkpoint of its last step; watched before)
 
     @property
     def run_id(self) -> str:

@@ -880,7 +880,8 @@ class RunState:
         steps after ``last`` are trained again. Steps seen and alert states go; the statistics
         (windows, warm-up baselines) stay, without the points after ``last``: those, and the
         checkpoints after it, belong to the timeline the run left (no rollback, a rule's or an
-        operator's, may go to them, and no rule reads them)."""
+        operator's, may go to them, and no rule reads them). The dists' warm-up means and the
+        correlations' EMAs stay as they are."""
         self.checkpoints = [(s, p) for s, p in self.checkpoints if s <= last]
         if self.rules is not None and self.banks:
             self.bind(self.rules, up_to=last)
