@@ -178,7 +178,9 @@ class Track:
                 e = self.emas.get(span)
                 if e is None:
                     e = self.emas[span] = [0.0, 0.0]
-                decay = max((1.0 - 2.0 / (span + 1.0)) ** gap, ema_floor(span))
+                decay = (1.0 - 2.0 / (span + 1.0)) ** gap
+                if gap > 1:
+                    decay = max(decay, ema_floor(span))
                 e[0] = decay * e[0] + (1.0 - decay) * x
                 e[1] = decay * e[1] + (1.0 - decay)
         if self.alpha:

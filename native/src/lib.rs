@@ -44,17 +44,6 @@ const BASELINE_POINTS: usize = 3;
 /// An EMA over N steps averages at least the points a run logged every EMA_POINT_STEPS steps
 /// has in N steps (streams/signals.py: ema_floor).
 const EMA_POINT_STEPS: f64 = 20.0;
-
-/// The least decay per logged point of an EMA of `span` steps (0 for spans of at most
-/// EMA_POINT_STEPS steps).
-fn ema_floor(span: i64) -> f64 {
-    let points = span as f64 / EMA_POINT_STEPS;
-    if points > 1.0 {
-        1.0 - 2.0 / (points + 1.0)
-    } else {
-        0.0
-    }
-}
 const MAD_SCALE: f64 = 1.4826;
 const SPLIT_REF_POINTS: i64 = 12;
 /// the steps of a run's start whose median shift_gain measures the run's gain from
@@ -80,6 +69,17 @@ fn py_max(a: f64, b: f64) -> f64 {
         b
     } else {
         a
+    }
+}
+
+/// The least decay per logged point of an EMA of `span` steps (0 for spans of at most
+/// EMA_POINT_STEPS steps).
+fn ema_floor(span: i64) -> f64 {
+    let points = span as f64 / EMA_POINT_STEPS;
+    if points > 1.0 {
+        1.0 - 2.0 / (points + 1.0)
+    } else {
+        0.0
     }
 }
 
@@ -727,8 +727,10 @@ impl Track {
                         self.emas.len() - 1
                     }
                 };
-                let decay = py_pow(1.0 - fdiv(2.0, span as f64 + 1.0)?, gap as f64)?
-                    .max(ema_floor(span));
+                let mut decay = py_pow(1.0 - fdiv(2.0, span as f64 + 1.0)?, gap as f64)?;
+                if gap > 1 {
+                    decay = decay.max(ema_floor(span));
+                }
                 let e = &mut self.emas[j].1;
                 e[0] = decay * e[0] + (1.0 - decay) * x;
                 e[1] = decay * e[1] + (1.0 - decay);
