@@ -25,6 +25,14 @@ count going back (a second phase of training counting from 0 again), taken the s
 rollback (``generation`` tag) keeps the windows up to the step gone back to and forgets steps
 and alerts.
 
+**Two programs, one run id.** The events of a program the run was relaunched from (a retired
+incarnation) are strays: dropped and counted (``strays``), never a relaunch back, so the
+run's statistics are not rewound or reset at every switch between two programs that share
+its id. A stray sent more than :data:`STRAY_GRACE` seconds after the takeover means that
+program is still running: the run gets one orange notice (``run_id_shared``) naming both.
+When the program that took the run over has been quiet for :data:`STRAY_TAKEBACK` seconds,
+the other takes it back as a relaunch.
+
 **Limits.** Steps are at most ``2**53`` (the parser), a step more than :data:`MAX_STEP_JUMP`
 ahead of the run's newest step and a rank beyond :data:`MAX_RANKS` are rejected
 (:class:`contract.events.EventError`, one line, dead-lettered); a timestamp more than
@@ -70,6 +78,16 @@ MAX_STEP_JUMP = 1_000_000
 MAX_TS_AGE = 30 * 86400.0
 MAX_TS_AHEAD = 3600.0
 RELAUNCH_STEPS_BACK = 10
+#: the incarnations a run remembers it was relaunched from (their programs' events are strays)
+MAX_RETIRED = 4
+#: a stray event this many seconds after the takeover: the program relaunched over is still
+#: running (its last buffered events, sent as it stopped, come earlier)
+STRAY_GRACE = 60.0
+#: a stray program takes the run back when the program that took it over has sent nothing for
+#: this many seconds (it ended, or was a short test under the same run id)
+STRAY_TAKEBACK = 300.0
+#: the alert key of the notice that two programs write under one run id (rule/severity/rank)
+SHARED_KEY = "run_id_shared/orange/"
 PRESET_TRIES = 5           # first step events read to find the framework of unmapped names
 GROUP_TREND_EVERY = 10
 #: steps over which a group's scatter (its noise unit) is remembered: e^-1 of its weight is left
@@ -618,6 +636,9 @@ class RunState:
         self.events = 0
         self.duplicates = 0
         self.ts_replaced = 0
+        self.retired: list[str] = []    # incarnations the run was relaunched from, newest first
+        self.took_over_ts = NAN         # when the current incarnation took the run over
+        self.strays = 0                 # events of retired incarnations, dropped
         #: per step, each rank's values of the metrics the cross-rank rules read, and hashes
         self.ranks = RankBuffer(MAX_PENDING_STEPS)
         self.dist_bases: dict[str, list] = {}     # name|window -> [means...] or [(mean,)]
@@ -716,6 +737,8 @@ class RunState:
         if self.news_on_every_event or (inc is not None and inc != self.incarnation) or (tags and (
                 "generation" in tags or (tags is not self._tags_obj and tags != self._tags_seen))) or (
                 rank == 0 and kind == "step" and step < self.newest - RELAUNCH_STEPS_BACK):
+            if inc is not None and inc in self.retired and not ts - self.last_event_ts > STRAY_TAKEBACK:
+                return self._stray(event, ts)
             out = self._news(event, ts)
         else:
             out = None
@@ -826,6 +849,8 @@ class RunState:
             if event.kind == "step" or inc is None or self.incarnation is None:
                 how = self._relaunched(event, ts)
                 gen = self.generation
+                if how == "relaunched" and inc is not None:
+                    self._retire(inc, ts)
                 if how and self._resumes(step):
                     out += self._close_open(step, ts, (
                         f"the run was relaunched from a checkpoint (step {step})" if how == "relaunched"
@@ -869,6 +894,36 @@ class RunState:
                 and not (gen is not None and gen.isdigit() and int(gen) > self.generation)):
             return "relaunched" if inc is None else "went back"
         return None
+
+    def _retire(self, inc: str, ts: float) -> None:
+        """The program of incarnation ``inc`` takes the run over at ``ts``: the current one is
+        retired (its later events are strays)."""
+        old = self.incarnation
+        self.retired = [i for i in ([old] if old is not None else []) + self.retired if i != inc][:MAX_RETIRED]
+        self.took_over_ts = ts
+
+    def _stray(self, event, ts: float) -> list[Alert]:
+        """An event of a program the run was relaunched from: dropped and counted; the first
+        one sent STRAY_GRACE seconds after the takeover opens the notice that two programs
+        share the run id (closed by the run's next relaunch)."""
+        self.strays += 1
+        if not ts > self.took_over_ts + STRAY_GRACE or SHARED_KEY in self.alerts:
+            return []
+        step = max(self.newest, 0)
+        summary = (f"two training programs send under run id {self.run_id}: incarnation "
+                   f"{event.incarnation} goes on (its step {event.step}) after incarnation "
+                   f"{self.incarnation} took the run over; rlwatch follows {self.incarnation} and "
+                   f"drops the other's events ({self.strays} so far)")
+        self.alerts[SHARED_KEY] = AlertState(status="firing", onset_step=step, onset_ts=ts,
+                                             fired_step=step, summary=summary)
+        return [Alert(rule="run_id_shared", severity="orange", state="firing", run_id=self.run_id,
+                      step=step, onset_step=step, actions=["notify"], summary=summary,
+                      diagnosis=("Each training program needs its own run id: two jobs launched "
+                                 "with the same name, or a job whose earlier attempt is still "
+                                 "running. Stop the stray program or relaunch one under a new "
+                                 f"run id. If {self.incarnation} stops sending for "
+                                 f"{STRAY_TAKEBACK:.0f} s, the other takes the run back."),
+                      ts=ts)]
 
     def _resumes(self, step: int) -> bool:
         """A relaunch whose first step lies past the run's first steps resumed it from a
@@ -1271,6 +1326,8 @@ class RunState:
             "tags": {k[:64]: v[:128] for k, v in list(self.tags.items())[:16]},
             "targets": {k: v for k, v in list(targets.items())[:16]},
         }
+        if self.strays:      # events of a program the run was relaunched from, dropped
+            out["strays"] = self.strays
         kl = self._kl_lines()
         if kl:
             out["kl_lines"] = kl
@@ -1340,6 +1397,9 @@ class RunState:
             "events": self.events,
             "duplicates": self.duplicates,
             "ts_replaced": self.ts_replaced,
+            "retired": self.retired,
+            "took_over_ts": None if math.isnan(self.took_over_ts) else self.took_over_ts,
+            "strays": self.strays,
             "closed": self.closed,
             "preset": self.preset,
             # how many step events were read for a framework's names: a restarted worker goes
@@ -1394,6 +1454,11 @@ class RunState:
         rs.events = state.get("events", 0)
         rs.duplicates = state.get("duplicates", 0)
         rs.ts_replaced = state.get("ts_replaced", 0)
+        retired = state.get("retired")
+        rs.retired = [i for i in retired if type(i) is str][:MAX_RETIRED] if type(retired) is list else []
+        ts = state.get("took_over_ts")
+        rs.took_over_ts = float(ts) if type(ts) in (int, float) else NAN
+        rs.strays = state.get("strays", 0)
         rs.closed = state.get("closed", False)
         rs.ranks.load(state.get("pending", {}))
         rs.ranks.load_held(state.get("rank_held", {}))

@@ -184,6 +184,106 @@ def test_a_step_count_that_starts_over_under_the_same_incarnation_is_watched_afr
     assert p.runs["r"].duplicates == 1 and p.runs["r"].last_step[0] == 39
 
 
+def _two_programs(p, run="shared", blowup_from=60, seconds=90):
+    """Program a trains 100 steps, then program b starts under the same run id (its own
+    incarnation, from step 0) while a goes on: one step of each per second, b's KL blowing up
+    from its step ``blowup_from``. The alerts, the time after the last event."""
+    out, t = [], T0
+    for s in range(100):
+        t += 1
+        out += p.feed(ev(run, s, {"kl/mean": 0.02}, ts=t, incarnation="a"), t)
+    for i in range(seconds):
+        t += 1
+        out += p.feed(ev(run, i, {"kl/mean": 0.5 if i >= blowup_from else 0.02}, ts=t,
+                         incarnation="b"), t)
+        out += p.feed(ev(run, 100 + i, {"kl/mean": 0.02}, ts=t + 0.5, incarnation="a"), t + 0.5)
+    return out, t
+
+
+def test_two_programs_under_one_run_id_do_not_relaunch_it_at_every_switch():
+    """Each event of the other program relaunched the run (its statistics rewound or reset, its
+    alerts closed): program b's KL blow-up never reached red. The run now follows the program
+    that took it over, drops the other's events (strays) and says once that two programs share
+    its id."""
+    p = Pipeline(only_rules("kl_above_target"))
+    out, _ = _two_programs(p)
+    st = p.runs["shared"]
+    assert st.incarnation == "b" and st.last_step[0] == 89 and st.strays == 90
+    assert {a.severity for a in firing(out, "kl_above_target") if a.step >= 60} >= {"red", "black"}
+    assert not [a for a in out if "relaunched" in a.summary and a.step > 0]
+    shared = firing(out, "run_id_shared")
+    assert len(shared) == 1 and shared[0].severity == "orange" and shared[0].actions == ["notify"]
+    # (a's events sent within a minute of the takeover may be its last buffered ones)
+    assert shared[0].ts > T0 + 100 + 60
+    assert "incarnation a" in shared[0].summary and "follows b" in shared[0].summary
+    assert {a["rule"] for a in st.summary()["open_alerts"]} >= {"run_id_shared"}
+    assert st.summary()["strays"] == 90
+
+
+def test_a_relaunched_programs_last_buffered_events_are_strays_without_a_notice():
+    """The program relaunched over sends its last buffered steps (older times) after the new
+    one's first step: they are dropped, and neither relaunch the run back nor notify."""
+    p = Pipeline(only_rules("kl_above_target"))
+    feed(p, [ev("r", s, {"kl/mean": 0.02}, incarnation="a") for s in range(50)])
+    t = T0 + 60
+    p.feed(ev("r", 45, {"kl/mean": 0.02}, ts=t, incarnation="b"), t)
+    late = feed(p, [ev("r", s, {"kl/mean": 0.9}, ts=T0 + s, incarnation="a") for s in range(50, 53)],
+                now=t + 1)
+    st = p.runs["r"]
+    assert late == [] and st.incarnation == "b" and st.strays == 3 and st.last_step[0] == 45
+
+
+def test_a_stray_program_takes_the_run_back_once_the_other_is_quiet():
+    """The program that took the run over stops (a short test under the same run id): five
+    minutes later the other's events are a relaunch again, and the notice closes with it."""
+    p = Pipeline(only_rules("kl_above_target"))
+    out, t = _two_programs(p, blowup_from=10**6)
+    assert firing(out, "run_id_shared")
+    t += 301
+    back = p.feed(ev("shared", 300, {"kl/mean": 0.02}, ts=t, incarnation="a"), t)
+    st = p.runs["shared"]
+    assert st.incarnation == "a" and st.retired[0] == "b" and st.last_step[0] == 300
+    assert [a.summary for a in resolved(back, "run_id_shared")] == [
+        "run_id_shared closed: the run was relaunched from a checkpoint (step 300)"]
+    # b is now the stray one
+    assert p.feed(ev("shared", 200, {"kl/mean": 0.9}, ts=t + 1, incarnation="b"), t + 1) == []
+
+
+def test_the_stray_programs_other_ranks_are_dropped_on_the_workers_path_too():
+    """Ranks other than 0 take the native routine path (Pipeline.feed_raw, as the worker): a
+    stray program's rank-1 steps are declined there and dropped as strays, not taken."""
+    p = Pipeline(only_rules("kl_above_target"))
+
+    def raw(step, rank, inc, t):
+        return json.dumps({"schema": 1, "kind": "step", "run_id": "w", "step": step, "rank": rank,
+                           "world_size": 2, "ts": t, "incarnation": inc,
+                           "metrics": {"kl/mean": 0.02}}).encode()
+    t = T0
+    for s in range(30):
+        t += 1
+        for r in (0, 1):
+            p.feed_raw(raw(s, r, "a", t), t)
+    t += 1
+    p.feed_raw(raw(0, 0, "b", t), t)
+    before = p.runs["w"].strays
+    t += 100
+    out = p.feed_raw(raw(30, 1, "a", t), t)
+    st = p.runs["w"]
+    assert st.incarnation == "b" and st.strays == before + 1 and st.last_step.get(1) is None
+    assert [a.rule for a in out] == ["run_id_shared"]
+
+
+def test_a_restored_run_remembers_the_programs_it_was_relaunched_from():
+    p = Pipeline(only_rules("kl_above_target"))
+    _, t = _two_programs(p, blowup_from=10**6, seconds=20)
+    st = p.runs["shared"]
+    back = type(st).from_state(json.loads(json.dumps(st.to_state())), p.processor.resolve)
+    assert (back.retired, back.took_over_ts, back.strays) == (["a"], st.took_over_ts, 20)
+    t += 1
+    assert back.apply(ev("shared", 130, {"kl/mean": 0.02}, ts=t, incarnation="a"), t) == []
+    assert back.incarnation == "b" and back.strays == 21
+
+
 def test_a_step_count_that_starts_over_keeps_the_programs_rollback_count():
     """The same program after two rollbacks (generation 2) counts its steps from 0 again: its
     next steps, still of generation 2, are no third rollback (which would go back again)."""
