@@ -551,6 +551,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
         alerts it raised). No awaits in here: the batch lane runs this per event. A routine
         step of a rank other than 0 (most of a fleet's events) is read natively and taken by
         RunState.rank_step; any other event is read by read_event and applied."""
+        stray = False
         event = read_routine(raw)
         if event is not None:
             run_id = event.run_id
@@ -583,8 +584,12 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                 return _DEAD, key, json.dumps(
                     {"reason": exc.reason, "ts": now, "key": key.decode("utf-8", "replace") if key else None,
                      "raw": body.decode("utf-8", "replace")[:100_000]}).encode()
-            recorder.observe(event, raw)
             st = states.get(event.run_id)
+            # an event of a program the run was relaunched from is dropped (RunState.apply): its
+            # values go into no snapshot and no sparkline
+            stray = bool(st.retired) and st.is_stray(event.incarnation, event.ts or now)
+            if not stray:
+                recorder.observe(event, raw)
             if st is not streak[1]:
                 end_streak()        # (the streak's run goes on after its other events)
             try:
@@ -594,7 +599,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
                 return failed(exc, key, event.run_id, raw, now)
         counters["events"] += 1
         states.touch(event.run_id)
-        fleet.note(st, event)
+        fleet.note(st, None if stray else event)
         if alerts:
             return _ALERTS, event.run_id, alerts
         return None

@@ -737,7 +737,7 @@ class RunState:
         if self.news_on_every_event or (inc is not None and inc != self.incarnation) or (tags and (
                 "generation" in tags or (tags is not self._tags_obj and tags != self._tags_seen))) or (
                 rank == 0 and kind == "step" and step < self.newest - RELAUNCH_STEPS_BACK):
-            if inc is not None and inc in self.retired and not ts - self.last_event_ts > STRAY_TAKEBACK:
+            if inc is not None and self.is_stray(inc, ts):
                 return self._stray(event, ts)
             out = self._news(event, ts)
         else:
@@ -894,6 +894,11 @@ class RunState:
                 and not (gen is not None and gen.isdigit() and int(gen) > self.generation)):
             return "relaunched" if inc is None else "went back"
         return None
+
+    def is_stray(self, inc: str | None, ts: float) -> bool:
+        """Whether an event of incarnation ``inc`` sent at ``ts`` is a stray: of a program the
+        run was relaunched from, while the program that took it over is not quiet."""
+        return inc in self.retired and not ts - self.last_event_ts > STRAY_TAKEBACK
 
     def _retire(self, inc: str, ts: float) -> None:
         """The program of incarnation ``inc`` takes the run over at ``ts``: the current one is

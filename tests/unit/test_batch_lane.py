@@ -402,6 +402,41 @@ def test_an_alert_in_a_fleet_of_more_than_a_thousand_runs_has_its_runs_history(m
     assert "hot" in Brakes.pulled
 
 
+def test_a_stray_programs_events_go_into_no_snapshot_and_are_told_once(monkeypatch):
+    """Two programs under one run id: the worker follows the one that took the run over. The
+    other's steps (a KL of 5) are dropped: the red alert of the followed program's blow-up
+    shows only its own steps, and one run_id_shared notice is published."""
+    import time
+
+    import streams.app as app_module
+
+    class Brakes:
+        def submit(self, alert, done):
+            pass
+
+    monkeypatch.setattr(app_module.RunStates, "flush_run", lambda self, run_id: None)
+    monkeypatch.setattr(app_module, "build_brake_thread", lambda *a: Brakes())
+    run, sent, app, settings = worker_lane(monkeypatch)
+    t0 = time.time() - 3000
+
+    def kl(s: int, value: float, inc: str, t: float) -> bytes:
+        return json.dumps({"schema": 1, "kind": "step", "run_id": "twice", "step": s, "ts": t,
+                           "incarnation": inc, "metrics": {"kl/mean": value}}).encode()
+    events = [kl(s, 0.02, "a", t0 + s) for s in range(40)]
+    events += [kl(s, 0.02, "b", t0 + 100 + s) for s in range(6)]
+    events += [kl(40 + s, 5.0, "a", t0 + 200 + s) for s in range(3)]
+    events += [kl(s, 0.3, "b", t0 + 300 + s) for s in range(6, 14)]
+    run(events, FakeConsumer())
+    fired = [json.loads(v) for t, v, _ in sent if t == settings.alerts_topic]
+    assert [a["rule"] for a in fired if a["rule"] == "run_id_shared"] == ["run_id_shared"]
+    red = [a for a in fired if a["rule"] == "kl_above_target" and a["severity"] == "red"
+           and a.get("snapshot")]
+    assert red, [(a["rule"], a["severity"]) for a in fired]
+    rows = red[0]["snapshot"]["window"]["steps"]
+    assert max(row["metrics"]["kl/mean"] for row in rows) < 1, rows
+    assert not [row for row in rows if row["step"] >= 40]
+
+
 def test_the_commit_every_so_many_messages_is_made_by_the_commit_task_within_a_tenth(monkeypatch):
     """The fetch loop only asks for it (``commit_soon``) and goes on processing: it used to make
     the commit itself and wait for the producer's flush of the states, up to 1.7 s with 1,250
