@@ -940,9 +940,11 @@ class RunState:
         steps after ``last`` are trained again. Steps seen and alert states go; the statistics
         (windows, warm-up baselines) stay, without the points after ``last``: those, and the
         checkpoints after it, belong to the timeline the run left (no rollback, a rule's or an
-        operator's, may go to them, and no rule reads them). The dists' warm-up means and the
-        correlations' EMAs stay as they are."""
+        operator's, may go to them, and no rule reads them). The dists' warm-up means (of the
+        run's start) stay; the correlations' EMAs, which hold no history to take the left
+        steps out of, start over."""
         self.checkpoints = [(s, p) for s, p in self.checkpoints if s <= last]
+        self.corr_ema = {k: [0.0, 0.0, None] for k in self.corr_ema}
         if self.rules is not None and self.banks:
             self.bind(self.rules, up_to=last)
         for g in self.groups.values():

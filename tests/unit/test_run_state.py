@@ -164,6 +164,33 @@ def test_a_rollback_announced_by_its_heartbeat_does_not_judge_the_new_timeline_b
     assert firing(later) == [], [(a.rule, a.severity, a.step) for a in firing(later)]
 
 
+def test_a_rollback_from_a_length_hacking_episode_does_not_keep_its_correlation():
+    """Rewards following the answers' length at steps 30-59 (a rank correlation of 1) set off
+    reward_length_corr; after a rollback to step 20 the new timeline's rewards do not follow
+    length, and its correlation is read from its own steps: three steps on, it read 0.7, most
+    of it the episode's."""
+    p = Pipeline(only_rules("reward_length_corr"))
+    lengths = [100.0 + 10 * i for i in range(16)]
+    t, first = T0, []
+    for s in range(60):
+        t += 1
+        follow = s >= 30
+        rewards = [i / 16 if follow else ((i * 7) % 16) / 16 for i in range(16)]
+        first += p.feed(ev("lh", s, {"reward/mean": 0.5}, ts=t, tags={"generation": "0"},
+                           dists={"reward": rewards, "response_length": lengths}), t)
+    assert firing(first, "reward_length_corr")
+    t += 1
+    p.feed(hb("lh", 20, t, tags={"generation": "1"}), t)
+    later = []
+    for s in range(21, 24):
+        t += 1
+        rewards = [((i * 7) % 16) / 16 for i in range(16)]
+        later += p.feed(ev("lh", s, {"reward/mean": 0.5}, ts=t, tags={"generation": "1"},
+                           dists={"reward": rewards, "response_length": lengths}), t)
+    (num, den, _), = p.runs["lh"].corr_ema.values()
+    assert abs(num / den) < 0.3 and firing(later) == []
+
+
 def test_a_step_count_that_starts_over_under_the_same_incarnation_is_watched_afresh():
     """A script that trains a second phase with the same Monitor counts its steps from 0 again,
     at later times: those steps were dropped as duplicates, and a KL blow-up in them never
