@@ -251,13 +251,31 @@ class Track:
             self.emas[int(k)] = list(v)
 
 
+def _ema_over(span: int, steps: list, values: list) -> list[float]:
+    """``[num, den]`` of a ``signal: ema`` of ``span`` steps over these points (a track's kept
+    ones, raw), as Track.push makes it point by point."""
+    num = den = 0.0
+    prev = None
+    for step, v in zip(steps, values):
+        x = _dec(v)
+        gap = 1 if prev is None or step - prev <= 1 else step - prev
+        prev = step
+        decay = (1.0 - 2.0 / (span + 1.0)) ** gap
+        if gap > 1:
+            decay = max(decay, ema_floor(span))
+        num = decay * num + (1.0 - decay) * x
+        den = decay * den + (1.0 - decay)
+    return [num, den]
+
+
 def rewind_state(state: dict, last: int) -> dict:
     """A bank's ``to_state()`` (the native bank's or this module's: the same data) without the
     points of the steps after ``last``: the run went back to a checkpoint of step ``last`` (a
     rollback, a relaunch that resumed it), and those points belong to the timeline it left. The
     warm-up baselines of the run's start stay; a track with no point left starts over. An EMA is
-    taken back to its last kept value (its weight as it was), a ``signal: ema`` and a learning
-    rate's ramp stay as they were, and the autocorrelations are worked out again."""
+    taken back to its last kept value (its weight as it was); a ``signal: ema`` of a metric is
+    worked out again over the points its track keeps (:func:`_ema_over`); a learning rate's
+    ramp stays as it was, and the autocorrelations are worked out again."""
     tracks = []
     for m, smooth, t in state.get("tracks", []):
         steps = t["steps"]
@@ -279,8 +297,12 @@ def rewind_state(state: dict, last: int) -> dict:
             t["cur"] = t["values"][-1]
             if smooth and t["den"]:
                 t["num"] = _dec(t["values"][-1]) * t["den"]
+            if not smooth and t.get("emas"):
+                t["emas"] = {k: _ema_over(int(k), t["steps"], t["values"]) for k in t["emas"]}
         else:                              # (the kept points were trimmed off the window)
             t["last"] = t["prev"] = last
+            if t.get("emas"):              # (nothing left to work a `signal: ema` out of)
+                t["emas"] = {k: [0.0, 0.0] for k in t["emas"]}
         t["base"] = {w: (p if len(p) == 1 and isinstance(p[0], dict) else p[:max(0, t["n"])])
                      for w, p in t.get("base", {}).items()}
         tracks.append([m, smooth, t])

@@ -164,6 +164,37 @@ def test_a_rollback_announced_by_its_heartbeat_does_not_judge_the_new_timeline_b
     assert firing(later) == [], [(a.rule, a.severity, a.step) for a in firing(later)]
 
 
+EMA_RULE = """
+    rules:
+      - id: kl_ema_high
+        params: {cap: 0.1}
+        tiers:
+          - severity: orange
+            when: {metric: kl/mean, signal: ema, window: 20, above: cap}
+            for: 3
+    """
+
+
+def test_a_rollback_takes_a_signal_ema_back_to_the_checkpoint():
+    """A user rule on a 20-step EMA of KL: after a rollback from a blow-up (steps 60-85) to the
+    checkpoint of step 40, the EMA is worked out again over the steps it keeps; it held the
+    blow-up and fired again on the healthy new timeline."""
+    p = Pipeline(load_pack_text(textwrap.dedent(EMA_RULE), "ema.yaml"))
+    t, first = T0, []
+    for s in range(86):
+        t += 1
+        first += p.feed(ev("e", s, {"kl/mean": 0.02 if s < 60 else 0.5}, ts=t,
+                           tags={"generation": "0"}), t)
+    assert firing(first, "kl_ema_high")
+    t += 1
+    p.feed(hb("e", 40, t, tags={"generation": "1"}), t)
+    later = []
+    for s in range(41, 60):
+        t += 1
+        later += p.feed(ev("e", s, {"kl/mean": 0.02}, ts=t, tags={"generation": "1"}), t)
+    assert firing(later) == [], [(a.rule, a.step, a.value) for a in later]
+
+
 def test_a_rollback_from_a_length_hacking_episode_does_not_keep_its_correlation():
     """Rewards following the answers' length at steps 30-59 (a rank correlation of 1) set off
     reward_length_corr; after a rollback to step 20 the new timeline's rewards do not follow
