@@ -146,21 +146,27 @@ def test_a_relaunch_from_a_checkpoint_closes_the_open_alerts_and_drops_the_steps
     assert firing(later) == [], [(a.rule, a.severity, a.step) for a in later]
 
 
+def _rolled_back_from_a_kl_blowup(p, until: int) -> tuple[list, list]:
+    """KL blows up at steps 60-85; the SDK's heartbeat then rolls the run back to step 40, and
+    its new timeline is healthy up to ``until``: (the alerts before, the alerts after)."""
+    t, first, later = T0, [], []
+    for s in range(86):
+        t += 1
+        first += p.feed(ev("rb", s, {"kl/mean": 0.02 if s < 60 else 0.5}, ts=t,
+                           tags={"generation": "0"}), t)
+    t += 1
+    p.feed(hb("rb", 40, t, tags={"generation": "1"}), t)
+    for s in range(41, until):
+        t += 1
+        later += p.feed(ev("rb", s, {"kl/mean": 0.02}, ts=t, tags={"generation": "1"}), t)
+    return first, later
+
+
 def test_a_rollback_announced_by_its_heartbeat_does_not_judge_the_new_timeline_by_the_old():
     """The SDK's first word after a rollback is a heartbeat naming the step gone back to: the
     KL blow-up of steps 60-85 is no longer in the windows the new timeline's steps are read in
     (they were: its first steps read a median KL of 0.26 and fired red and black, a stop)."""
-    p = Pipeline(only_rules("kl_above_target"))
-    t = T0
-    for s in range(86):
-        t += 1
-        p.feed(ev("rb", s, {"kl/mean": 0.02 if s < 60 else 0.5}, ts=t, tags={"generation": "0"}), t)
-    t += 1
-    p.feed(hb("rb", 40, t, tags={"generation": "1"}), t)
-    later = []
-    for s in range(41, 70):
-        t += 1
-        later += p.feed(ev("rb", s, {"kl/mean": 0.02}, ts=t, tags={"generation": "1"}), t)
+    _, later = _rolled_back_from_a_kl_blowup(Pipeline(only_rules("kl_above_target")), 70)
     assert firing(later) == [], [(a.rule, a.severity, a.step) for a in firing(later)]
 
 
@@ -179,19 +185,9 @@ def test_a_rollback_takes_a_signal_ema_back_to_the_checkpoint():
     """A user rule on a 20-step EMA of KL: after a rollback from a blow-up (steps 60-85) to the
     checkpoint of step 40, the EMA is worked out again over the steps it keeps; it held the
     blow-up and fired again on the healthy new timeline."""
-    p = Pipeline(load_pack_text(textwrap.dedent(EMA_RULE), "ema.yaml"))
-    t, first = T0, []
-    for s in range(86):
-        t += 1
-        first += p.feed(ev("e", s, {"kl/mean": 0.02 if s < 60 else 0.5}, ts=t,
-                           tags={"generation": "0"}), t)
+    first, later = _rolled_back_from_a_kl_blowup(
+        Pipeline(load_pack_text(textwrap.dedent(EMA_RULE), "ema.yaml")), 60)
     assert firing(first, "kl_ema_high")
-    t += 1
-    p.feed(hb("e", 40, t, tags={"generation": "1"}), t)
-    later = []
-    for s in range(41, 60):
-        t += 1
-        later += p.feed(ev("e", s, {"kl/mean": 0.02}, ts=t, tags={"generation": "1"}), t)
     assert firing(later) == [], [(a.rule, a.step, a.value) for a in later]
 
 
