@@ -72,7 +72,7 @@ from streams.heap import Heap
 from streams.liveness import liveness_pass
 from streams.processor import Processor, read_routine
 from streams.read_marks import ReadMarks
-from streams.run import RunState
+from streams.run import RunState, sane_ts
 from streams.snapshot import SnapshotRecorder, attach_snapshot
 from streams.state_codec import StateDecodeError, decode_state, encode_state
 
@@ -587,7 +587,7 @@ def build_app(settings: Settings, observer=None, pack=None) -> faust.App:
             st = states.get(event.run_id)
             # an event of a program the run was relaunched from is dropped (RunState.apply): its
             # values go into no snapshot and no sparkline
-            stray = bool(st.retired) and st.is_stray(event.incarnation, event.ts or now)
+            stray = bool(st.retired) and st.is_stray(event.incarnation, sane_ts(event.ts, now))
             if not stray:
                 recorder.observe(event, raw)
             if st is not streak[1]:

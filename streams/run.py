@@ -607,6 +607,12 @@ def _fit_summary(out: dict) -> dict:
     return out
 
 
+def sane_ts(ts: float | None, now: float) -> float:
+    """An event's time as the run takes it: ``now`` for none, or for one more than MAX_TS_AGE
+    before or MAX_TS_AHEAD after ``now`` (no epoch seconds from a sane clock)."""
+    return ts if ts is not None and now - MAX_TS_AGE <= ts <= now + MAX_TS_AHEAD else now
+
+
 class RunState:
     #: look for a relaunch, a rollback and new tags on every event, not only on those that may
     #: bring one: the reference the tests compare the usual way with
@@ -722,11 +728,9 @@ class RunState:
     def apply(self, event, now: float) -> list[Alert]:
         """Take one validated event through the run; the alerts whose state changed.
         Raises EventError for an event over the limits (see the module doc)."""
-        ts = event.ts
-        if ts is None or not now - MAX_TS_AGE <= ts <= now + MAX_TS_AHEAD:
-            if ts is not None:
-                self.ts_replaced += 1
-            ts = now
+        ts = sane_ts(event.ts, now)
+        if event.ts is not None and ts != event.ts:
+            self.ts_replaced += 1
         rank, step, kind = event.rank, event.step, event.kind
         if rank >= MAX_RANKS:
             raise EventError(f"rank {rank} is over the limit of {MAX_RANKS} ranks per run")
@@ -737,7 +741,7 @@ class RunState:
         if self.news_on_every_event or (inc is not None and inc != self.incarnation) or (tags and (
                 "generation" in tags or (tags is not self._tags_obj and tags != self._tags_seen))) or (
                 rank == 0 and kind == "step" and step < self.newest - RELAUNCH_STEPS_BACK):
-            if inc is not None and self.is_stray(inc, ts):
+            if self.is_stray(inc, ts):
                 return self._stray(event, ts)
             out = self._news(event, ts)
         else:

@@ -253,19 +253,12 @@ class Track:
 
 def _ema_over(span: int, steps: list, values: list) -> list[float]:
     """``[num, den]`` of a ``signal: ema`` of ``span`` steps over these points (a track's kept
-    ones, raw), as Track.push makes it point by point."""
-    num = den = 0.0
-    prev = None
+    ones, raw), pushed through a fresh track as the run's own pushed them."""
+    trk = Track("", None)
+    trk.ema_spans.append(span)
     for step, v in zip(steps, values):
-        x = _dec(v)
-        gap = 1 if prev is None or step - prev <= 1 else step - prev
-        prev = step
-        decay = (1.0 - 2.0 / (span + 1.0)) ** gap
-        if gap > 1:
-            decay = max(decay, ema_floor(span))
-        num = decay * num + (1.0 - decay) * x
-        den = decay * den + (1.0 - decay)
-    return [num, den]
+        trk.push(step, _dec(v))
+    return trk.emas.get(span, [0.0, 0.0])
 
 
 def rewind_state(state: dict, last: int) -> dict:
