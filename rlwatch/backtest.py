@@ -21,7 +21,8 @@ What each label expects (:func:`expectation`):
   when that is lower: ``stagnation`` is yellow) within the window after the onset: the label's
   ``max_delay``, else :data:`DEFAULT_WINDOW` steps (at least :data:`MIN_WINDOW_LOGS` logging
   intervals); ``stagnation`` without ``max_delay``: until the end of the run (flat can only be
-  called after a while). And no brake from another rule before the onset.
+  called after a while). A copy re-logged with its step numbers K times larger
+  (``vary_real`` steps=K) has K times each window and grace counted in steps. And no brake from another rule before the onset.
   A simulated onset is exact: anything orange or above more than :data:`PRE_ONSET_GRACE` steps
   (or one logging interval) before it fails the run, own rule included. A reader's onset (a
   recorded run) is an estimate, good to two logged points: an own-rule alert up to one window
@@ -147,6 +148,8 @@ class Label:
     onset_exact: bool = False     # simulated onsets are exact; a reader's are an estimate
     unseen: str | None = None     # why the fault never reached a logged point (unscored)
     lost: tuple[str, ...] = ()    # metrics a re-logged copy keeps no point of (vary_real)
+    step_scale: int = 1           # a copy's step numbers x this (vary_real steps=K): the default
+                                  # windows, counted in the original's steps, scale with them
 
 
 @dataclass(frozen=True)
@@ -191,9 +194,10 @@ def expectation(label: Label, span: Span) -> Expectation:
     if label.unseen:
         return Expectation("unscored", own, note=label.unseen)
     onset = label.onset if label.onset is not None else span.first_step
-    grace = max(PRE_ONSET_GRACE, span.interval)
+    k = label.step_scale
+    grace = max(PRE_ONSET_GRACE * k, span.interval)
     if label.label in NOTIFY_ONLY:
-        window = max(NOTIFY_WINDOW, 2 * span.interval)
+        window = max(NOTIFY_WINDOW * k, 2 * span.interval)
         if label.label in RECURRING or label.max_delay is not None:
             window = label.max_delay if label.max_delay is not None else max(window, span.last_step - onset)
         return Expectation("notify", own, "info", onset, onset + window, onset - grace)
@@ -202,7 +206,7 @@ def expectation(label: Label, span: Span) -> Expectation:
     elif "stagnation" in own:
         window = max(span.last_step - onset, MIN_WINDOW_LOGS * span.interval)
     else:
-        window = max(DEFAULT_WINDOW, MIN_WINDOW_LOGS * span.interval)
+        window = max(DEFAULT_WINDOW * k, MIN_WINDOW_LOGS * span.interval)
     early = onset - grace if label.onset_exact else onset - window
     return Expectation("catch", own, required_severity(label.label), onset, onset + window, early)
 
@@ -660,7 +664,8 @@ def vary_real(directory: str | Path, labels: list[Label], variant: tuple[str, fl
         (out / lab.run).write_text("\n".join(lines) + "\n", encoding="utf-8")
         if name == "steps":
             lab = replace(lab, onset=None if lab.onset is None else lab.onset * k,
-                          max_delay=None if lab.max_delay is None else lab.max_delay * k)
+                          max_delay=None if lab.max_delay is None else lab.max_delay * k,
+                          step_scale=lab.step_scale * k)
         if name in ("every", "every_shifted"):
             # a run that logs some metrics every N steps loses them all when the kept steps
             # miss that grid; a one-step event is gone with its step: nothing left to judge

@@ -442,3 +442,20 @@ def test_a_relogged_copy_that_keeps_no_point_of_what_the_own_rule_reads_is_not_s
     assert "response/truncated_frac" not in kept[0].lost and kept[1].unseen is None
     report = score_real(tmp_path / "e", labels=kept)
     assert [v.kind for v in report.verdicts] == ["catch", "notify"]
+
+
+def test_a_copy_with_step_numbers_k_times_larger_gets_k_times_the_default_window(tmp_path):
+    """Re-logged with step numbers x 10, a fault caught 160 steps after its onset was caught 16
+    steps after it in the original's steps: it passes, as the original does; 1,100 steps after
+    it (110 original steps) is late, as in the original."""
+    from rlwatch.backtest import vary_real
+
+    src, _ = _logged(tmp_path)
+    labs = [Label("run.jsonl", "truncation", onset=3, preset="trl-grpo", source="s")]
+    out = vary_real(src, labs, ("steps", 10.0), tmp_path / "v")
+    assert out[0].onset == 30 and out[0].max_delay is None and out[0].step_scale == 10
+    span = Span(10, 2000, 200)
+    on_time = [alert("truncation_rising", "orange", 190)]
+    late = [alert("truncation_rising", "orange", 1130)]
+    assert judge(out[0], on_time, span).passed
+    assert not judge(out[0], late, span).passed
