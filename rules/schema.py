@@ -176,6 +176,10 @@ SIGNALS = {
                   "the median of the run's first 20 steps, plus their robust scale: "
                   "-0.5 lost half of what the run gained since its start, whatever the reward "
                   "model's zero and unit",
+    "jump_t": "change point: mean of the window's last quarter (at least 6 points) - mean of "
+              "as many points just before them, in standard errors of that difference (from "
+              "the standard deviation of the window's points before the quarter): a crash a noisy "
+              "reward hides from one point's noise shows in the mean of a dozen",
     "drawdown_gain": "change point: current level (median of the last few points) - the best "
                      "level of the window's earlier points (the largest median of 3 points in a "
                      "row), in what the run had gained at that best since its first 20 steps, "
@@ -203,7 +207,7 @@ MIN_POINTS = {
     # change points, warm-up baselines, spikes (the detection pack's signals)
     "shift_z": 16, "level_ratio": 16, "shift_rel": 16, "range_pos": 16, "level_to_max": 16,
     "over_max_z": 16, "shift_dz": 16, "jump_dz": 16, "shift_gain": 16, "drawdown_gain": 16, "ratio_to_max": 10, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 12,
-    "follow_z": 16, "range": 8, "noise_ratio": 16,
+    "follow_z": 16, "range": 8, "noise_ratio": 16, "jump_t": 24,
 }
 #: The fewest points a signal needs before it is defined at all (besides `min_steps`).
 READY_POINTS = {
@@ -214,7 +218,7 @@ READY_POINTS = {
     "level_change": 10,
     "shift_z": 15, "level_ratio": 15, "shift_rel": 15, "range_pos": 15, "level_to_max": 15,
     "over_max_z": 15, "shift_dz": 15, "jump_dz": 15, "shift_gain": 15, "drawdown_gain": 15, "ratio_to_max": 4, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 2,
-    "follow_z": 3, "range": 8, "noise_ratio": 8,
+    "follow_z": 3, "range": 8, "noise_ratio": 8, "jump_t": 24,
 }
 
 DIST_STATS = ("bimodality", "skewness", "mean", "std", "median", "p99", "max", "tail_mass",

@@ -69,6 +69,10 @@ def ema_floor(span: int) -> float:
 MAD_SCALE = 1.4826
 #: points of the reference a change-point signal (shift_z, level_ratio) needs before it
 SPLIT_REF_POINTS = 12
+#: the fewest points of each block jump_t compares (a window of 24 points): the means of 4
+#: points of a run logged every 5 or 10 steps, over a quarter of a window stretched to 80-160
+#: steps, read a healthy reward's wander as a crash
+JUMP_BLOCK_POINTS = 6
 
 
 #: sqrt(pi / 2): the mean absolute deviation of normal data x this is its standard deviation
@@ -543,6 +547,51 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
         return f
     if sig == "delta":
         return lambda: trk.values[-1] - trk.values[-2] if len(trk.values) >= 2 else NAN
+    if sig == "jump_t":
+        # the mean of the window's last quarter (at least JUMP_BLOCK_POINTS points) against that of
+        # as many points just before them, in the standard error of that difference. A reward
+        # scattering by quarters (a few answers per step) hides a crash to half its level from
+        # shift_z and jump_dz, which compare one point's level with one point's noise; the mean
+        # of a dozen points shows it. Two adjacent blocks: a slow slide of
+        # the same size (a format-learning dip over 40 steps) moves a quarter of a 50-step
+        # window little
+        def f():
+            w = win.sync()
+            hit = w.cache.get("jump_t")
+            if hit is not None and hit[0] == trk.total:
+                return hit[1]
+            xs = w.xs
+            n = len(xs)
+            k = n // 4
+            if k < JUMP_BLOCK_POINTS:
+                out = NAN
+            else:
+                head = list(islice(xs, 0, n - k))
+                # the means of the two blocks (medians of a reward logged in quarters move by
+                # whole quarters); each mean's standard error is sigma / sqrt(k), sigma the
+                # standard deviation of the points before the quarter, trend and wander
+                # included: a reward that wanders (a reward model's score, 0.6 for 30 steps,
+                # 1.5 for 30, then 0) has blocks further apart than its point-to-point noise
+                # says, and one mostly at 0.75 with a few 0.25s has a robust scale that leaves
+                # those out
+                d = 0.0
+                for x in islice(xs, n - k, n):
+                    d += x
+                for x in head[-k:]:
+                    d -= x
+                m = len(head)
+                c = 0.0
+                for x in head:
+                    c += x
+                c /= m
+                v = 0.0
+                for x in head:
+                    v += (x - c) * (x - c)
+                se = math.sqrt(v / (m - 1)) * math.sqrt(2.0 / k)
+                out = _zscore(d / k, 0.0, se)
+            w.cache["jump_t"] = (trk.total, out)
+            return out
+        return f
     if sig in ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "ratio_to_max",
                "over_max_z", "shift_dz", "jump_dz", "shift_gain", "drawdown_gain"):
         def split() -> list:

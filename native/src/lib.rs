@@ -46,6 +46,8 @@ const BASELINE_POINTS: usize = 3;
 const EMA_POINT_STEPS: f64 = 20.0;
 const MAD_SCALE: f64 = 1.4826;
 const SPLIT_REF_POINTS: i64 = 12;
+/// the fewest points of each block jump_t compares (streams.signals.JUMP_BLOCK_POINTS)
+const JUMP_BLOCK_POINTS: i64 = 6;
 /// the steps of a run's start whose median shift_gain measures the run's gain from
 const START_STEPS: i64 = 20;
 const MEAN_AD_SCALE: f64 = 1.2533;
@@ -1023,6 +1025,7 @@ struct Window {
     tp: i64,
     cache_at: i64,
     cache_noise: Option<(i64, f64)>,
+    cache_jump_t: Option<(i64, f64)>,
     cache_split: Option<(i64, Split)>,
     /// the reference of the split, laid out for its robust scale (reused from step to step)
     reference: Vec<f64>,
@@ -1054,6 +1057,7 @@ impl Window {
             tp: 0,
             cache_at: -1,
             cache_noise: None,
+            cache_jump_t: None,
             cache_split: None,
             reference: Vec::new(),
             cache_flip: None,
@@ -1456,6 +1460,7 @@ enum Sig {
     OverMaxZ,
     ShiftDz,
     JumpDz,
+    JumpT,
     ShiftGain,
     DrawdownGain,
     Median,
@@ -1505,6 +1510,7 @@ impl Sig {
             "over_max_z" => OverMaxZ,
             "shift_dz" => ShiftDz,
             "jump_dz" => JumpDz,
+            "jump_t" => JumpT,
             "shift_gain" => ShiftGain,
             "drawdown_gain" => DrawdownGain,
             "median" => Median,
@@ -1886,6 +1892,50 @@ impl Core {
                 };
                 let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
                 Ok(zscore(sp.level, center, diff_scale(py, &head)?))
+            }
+            // the mean of the window's last quarter (at least JUMP_BLOCK_POINTS points) against that
+            // of as many points just before them, in the standard error of that difference
+            // from the standard deviation of the points before the quarter
+            // (streams.signals: the same numbers in the same order)
+            JumpT => {
+                self.sync(r.win);
+                let w = &self.windows[r.win];
+                let trk = &self.tracks[r.trk];
+                if let Some((t, v)) = w.cache_jump_t {
+                    if t == trk.total {
+                        return Ok(v);
+                    }
+                }
+                let n = w.xs.len() as i64;
+                let k = n / 4;
+                let out = if k < JUMP_BLOCK_POINTS {
+                    NAN
+                } else {
+                    let end = (n - k) as usize;
+                    let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
+                    let mut d = 0.0;
+                    for &x in w.xs.iter().skip(end) {
+                        d += x;
+                    }
+                    for &x in &head[end - k as usize..] {
+                        d -= x;
+                    }
+                    let m = head.len() as f64;
+                    let mut c = 0.0;
+                    for &x in &head {
+                        c += x;
+                    }
+                    c /= m;
+                    let mut v = 0.0;
+                    for &x in &head {
+                        v += (x - c) * (x - c);
+                    }
+                    let se = (v / (m - 1.0)).sqrt() * (2.0 / k as f64).sqrt();
+                    zscore(d / k as f64, 0.0, se)
+                };
+                let total = trk.total;
+                self.windows[r.win].cache_jump_t = Some((total, out));
+                Ok(out)
             }
             // the change in the run's own unit: what it moved since its start (its first
             // START_STEPS steps) plus that start's robust scale (a reward model's zero is

@@ -19,7 +19,7 @@ from tests.unit._core import feed_series, firing, resolved, rlhf_pack, step_even
 
 PACKS = Path(__file__).resolve().parents[2] / "rules" / "packs"
 
-NEW = ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "over_max_z", "shift_dz", "jump_dz", "shift_gain", "trend_gain", "drawdown_gain",
+NEW = ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "over_max_z", "shift_dz", "jump_dz", "jump_t", "shift_gain", "trend_gain", "drawdown_gain",
        "ratio_to_max", "start_z", "ratio_to_start_max", "gain_t", "follow_z", "range",
        "noise_ratio")
 
@@ -145,6 +145,47 @@ def test_jump_dz_reads_a_crash_against_the_level_just_before_it():
     # the level just before is as many points as the level's: 5 logged every step
     flat = [1.0 + 0.01 * rng.gauss(0, 1) for _ in range(40)] + [0.5] * 3
     assert run(flat, "jump_dz", 50)[-1] < -20 and run(flat[:-1], "jump_dz", 50)[-1] > -3
+
+
+def quartered(levels, seed=0, answers=8):
+    """A GRPO reward of one group of ``answers`` answers a step: the share right, each answer
+    right with the step's probability (so it moves in eighths)."""
+    rng = random.Random(seed)
+    return [sum(rng.random() < p for _ in range(answers)) / answers for p in levels]
+
+
+def test_jump_t_reads_a_crash_of_a_reward_that_scatters_by_eighths():
+    """One group of 8 answers a step: a reward climbed to 0.6 that crashes to 0.15 falls by
+    about two points' scatter, under the lines of shift_z and jump_dz (-4); the mean of a dozen
+    points after it against a dozen before is more than 5 standard errors down. The same reward
+    without the crash, and a slow slide over 40 steps, stay above that line."""
+    levels = [0.35 + 0.25 * min(1.0, i / 60) for i in range(100)]
+    seen = 0
+    for seed in range(10):
+        crash = quartered(levels + [0.15] * 14, seed=seed)
+        assert min(run(crash, "shift_z", 50)[-14:]) > -4 and min(run(crash, "jump_dz", 50)[-14:]) > -4
+        seen += min(run(crash, "jump_t", 50)[-14:]) < -5
+    assert seen >= 8
+    for seed in range(20):
+        healthy = quartered(levels + [0.6] * 14, seed=seed)
+        assert min(v for v in run(healthy, "jump_t", 50) if v == v) > -4
+        slide = quartered(levels + [0.6 - 0.01 * i for i in range(40)], seed=seed)
+        assert min(v for v in run(slide, "jump_t", 50) if v == v) > -5
+
+
+def test_jump_t_counts_a_rewards_wander_in_its_standard_error():
+    """The standard error is the spread of the window's earlier points, not their
+    point-to-point noise (both 0.05 here): the same fall of 0.5 after a reward that wandered
+    between 0.6 and 1.4 reads under a third of what it reads after a calm one. A window of
+    fewer than 24 points (6 a block) reads nothing."""
+    rng = random.Random(2)
+    calm = [1.0 + rng.gauss(0, 0.05) for _ in range(50)] + [0.5 + rng.gauss(0, 0.05) for _ in range(12)]
+    wander = [lv + rng.gauss(0, 0.05) for lv in [0.6] * 12 + [1.4] * 12 + [0.6] * 12 + [1.0] * 14]
+    wander += [0.5 + rng.gauss(0, 0.05) for _ in range(12)]
+    t_calm, t_wander = run(calm, "jump_t", 50)[-1], run(wander, "jump_t", 50)[-1]
+    assert t_calm < -15 and t_calm < 3 * t_wander < 0
+    assert all(v != v for v in run(noisy(23), "jump_t", 1))
+    assert math.isfinite(run(noisy(24), "jump_t", 1)[-1])
 
 
 def test_shift_gain_reads_a_fall_alike_whatever_the_reward_models_zero_and_unit():
