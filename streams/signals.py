@@ -548,13 +548,12 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
     if sig == "delta":
         return lambda: trk.values[-1] - trk.values[-2] if len(trk.values) >= 2 else NAN
     if sig == "jump_t":
-        # the mean of the window's last quarter (at least JUMP_BLOCK_POINTS points) against that of
-        # as many points just before them, in the standard error of that difference. A reward
-        # scattering by quarters (a few answers per step) hides a crash to half its level from
-        # shift_z and jump_dz, which compare one point's level with one point's noise; the mean
-        # of a dozen points shows it. Two adjacent blocks: a slow slide of
-        # the same size (a format-learning dip over 40 steps) moves a quarter of a 50-step
-        # window little
+        # the mean of the window's last quarter (at least JUMP_BLOCK_POINTS points) against
+        # that of as many points just before them, in the standard error of that difference. A
+        # reward scattering by quarters (a few answers per step) hides a crash to half its level
+        # from shift_z and jump_dz, which compare one point's level with one point's noise; the
+        # mean of a dozen points shows it. Two adjacent blocks: a slow slide of the same size
+        # (a format-learning dip over 40 steps) moves a quarter of a 50-step window little
         def f():
             w = win.sync()
             hit = w.cache.get("jump_t")

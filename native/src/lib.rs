@@ -1893,10 +1893,10 @@ impl Core {
                 let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
                 Ok(zscore(sp.level, center, diff_scale(py, &head)?))
             }
-            // the mean of the window's last quarter (at least JUMP_BLOCK_POINTS points) against that
-            // of as many points just before them, in the standard error of that difference
-            // from the standard deviation of the points before the quarter
-            // (streams.signals: the same numbers in the same order)
+            // the mean of the window's last quarter (at least JUMP_BLOCK_POINTS points) against
+            // that of as many points just before them, in the standard error of that difference
+            // from the standard deviation of the points before the quarter (streams.signals:
+            // the same numbers in the same order)
             JumpT => {
                 self.sync(r.win);
                 let w = &self.windows[r.win];
