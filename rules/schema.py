@@ -176,10 +176,11 @@ SIGNALS = {
                   "the median of the run's first 20 steps, plus their robust scale: "
                   "-0.5 lost half of what the run gained since its start, whatever the reward "
                   "model's zero and unit",
-    "jump_t": "change point: mean of the window's last quarter (at least 6 points) - mean of "
-              "as many points just before them, in standard errors of that difference (from "
-              "the standard deviation of the window's points before the quarter): a crash a noisy "
-              "reward hides from one point's noise shows in the mean of a dozen",
+    "jump_t": "change point: mean of the window's last quarter (at least 6 points, without its "
+              "lowest and highest) - that of as many points just before them, in standard "
+              "errors of that difference (from the standard deviation of the window's points "
+              "before the quarter): a crash a noisy reward hides from one point's noise shows "
+              "in the mean of a dozen",
     "drawdown_gain": "change point: current level (median of the last few points) - the best "
                      "level of the window's earlier points (the largest median of 3 points in a "
                      "row), in what the run had gained at that best since its first 20 steps, "

@@ -109,6 +109,15 @@ def diff_scale(values) -> float:
     return robust_scale(d, median_of(sorted(d)))
 
 
+def _trimmed_sum(values) -> float:
+    """The sum of ``values`` without their lowest and highest one (in sorted order)."""
+    srt = sorted(values)
+    t = 0.0
+    for x in srt[1:-1]:
+        t += x
+    return t
+
+
 def _zscore(x: float, center: float, scale: float) -> float:
     """(x - center) / scale; +-inf when the scale is 0 and x differs (a change from a constant)."""
     if x != x or center != center or scale != scale:
@@ -566,18 +575,15 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
                 out = NAN
             else:
                 head = list(islice(xs, 0, n - k))
-                # the means of the two blocks (medians of a reward logged in quarters move by
-                # whole quarters); each mean's standard error is sigma / sqrt(k), sigma the
-                # standard deviation of the points before the quarter, trend and wander
-                # included: a reward that wanders (a reward model's score, 0.6 for 30 steps,
-                # 1.5 for 30, then 0) has blocks further apart than its point-to-point noise
-                # says, and one mostly at 0.75 with a few 0.25s has a robust scale that leaves
-                # those out
-                d = 0.0
-                for x in islice(xs, n - k, n):
-                    d += x
-                for x in head[-k:]:
-                    d -= x
+                # the means of the two blocks without each block's lowest and highest point
+                # (medians of a reward logged in quarters move by whole quarters; a mean moves
+                # by a sixth of one outlier, which a smooth reward's spread reads as a crash);
+                # each mean's standard error is sigma / sqrt(k - 2), sigma the standard
+                # deviation of the points before the quarter, trend and wander included: a
+                # reward that wanders (a reward model's score, 0.6 for 30 steps, 1.5 for 30,
+                # then 0) has blocks further apart than its point-to-point noise says, and one
+                # mostly at 0.75 with a few 0.25s has a robust scale that leaves those out
+                d = _trimmed_sum(islice(xs, n - k, n)) - _trimmed_sum(head[-k:])
                 m = len(head)
                 c = 0.0
                 for x in head:
@@ -586,8 +592,8 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
                 v = 0.0
                 for x in head:
                     v += (x - c) * (x - c)
-                se = math.sqrt(v / (m - 1)) * math.sqrt(2.0 / k)
-                out = _zscore(d / k, 0.0, se)
+                se = math.sqrt(v / (m - 1)) * math.sqrt(2.0 / (k - 2))
+                out = _zscore(d / (k - 2), 0.0, se)
             w.cache["jump_t"] = (trk.total, out)
             return out
         return f

@@ -448,6 +448,18 @@ fn frozen_baseline(py: Python<'_>, pts: &[f64]) -> PyResult<Vec<f64>> {
     Ok(vec![med, scale, srt.len() as f64, top, diff_scale(py, pts)?])
 }
 
+/// The sum of `v` without its lowest and highest value (in sorted order).
+fn trimmed_sum(py: Python<'_>, v: Vec<f64>) -> PyResult<f64> {
+    let srt = sorted(py, v)?;
+    let mut t = 0.0;
+    if srt.len() > 2 {
+        for &x in &srt[1..srt.len() - 1] {
+            t += x;
+        }
+    }
+    Ok(t)
+}
+
 fn zscore(x: f64, center: f64, scale: f64) -> f64 {
     if x.is_nan() || center.is_nan() || scale.is_nan() {
         return NAN;
@@ -1893,10 +1905,10 @@ impl Core {
                 let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
                 Ok(zscore(sp.level, center, diff_scale(py, &head)?))
             }
-            // the mean of the window's last quarter (at least JUMP_BLOCK_POINTS points) against
-            // that of as many points just before them, in the standard error of that difference
-            // from the standard deviation of the points before the quarter (streams.signals:
-            // the same numbers in the same order)
+            // the mean of the window's last quarter (at least JUMP_BLOCK_POINTS points, without
+            // its lowest and highest) against that of as many points just before them, in the
+            // standard error of that difference from the standard deviation of the points
+            // before the quarter (streams.signals: the same numbers in the same order)
             JumpT => {
                 self.sync(r.win);
                 let w = &self.windows[r.win];
@@ -1913,13 +1925,8 @@ impl Core {
                 } else {
                     let end = (n - k) as usize;
                     let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
-                    let mut d = 0.0;
-                    for &x in w.xs.iter().skip(end) {
-                        d += x;
-                    }
-                    for &x in &head[end - k as usize..] {
-                        d -= x;
-                    }
+                    let last: Vec<f64> = w.xs.iter().skip(end).copied().collect();
+                    let d = trimmed_sum(py, last)? - trimmed_sum(py, head[end - k as usize..].to_vec())?;
                     let m = head.len() as f64;
                     let mut c = 0.0;
                     for &x in &head {
@@ -1930,8 +1937,8 @@ impl Core {
                     for &x in &head {
                         v += (x - c) * (x - c);
                     }
-                    let se = (v / (m - 1.0)).sqrt() * (2.0 / k as f64).sqrt();
-                    zscore(d / k as f64, 0.0, se)
+                    let se = (v / (m - 1.0)).sqrt() * (2.0 / (k - 2) as f64).sqrt();
+                    zscore(d / (k - 2) as f64, 0.0, se)
                 };
                 let total = trk.total;
                 self.windows[r.win].cache_jump_t = Some((total, out));

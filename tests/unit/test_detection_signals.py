@@ -188,6 +188,18 @@ def test_jump_t_counts_a_rewards_wander_in_its_standard_error():
     assert math.isfinite(run(noisy(24), "jump_t", 1)[-1])
 
 
+def test_jump_t_leaves_one_outlier_out_of_each_block():
+    """A smooth reward (0.27-0.30, a simulated healthy GRPO run) with one point at 0.08: the
+    mean of a block of 6 moves by a sixth of it, 5 to 8 standard errors of so smooth a reward;
+    without each block's lowest and highest point it does not move. Four low points are a fall."""
+    rng = random.Random(4)
+    smooth = [0.285 + rng.gauss(0, 0.01) for _ in range(60)]
+    spike = smooth[:55] + [0.08] + smooth[55:]
+    assert min(v for v in run(spike, "jump_t", 50)[55:] if v == v) > -3
+    fall = smooth[:55] + [0.2] * 4
+    assert run(fall, "jump_t", 50)[-1] < -5
+
+
 def test_shift_gain_reads_a_fall_alike_whatever_the_reward_models_zero_and_unit():
     """A run that learnt from 0.2 (its first 50 steps) to 0.8 and then lost half of it:
     shift_gain says -0.5 of the gain however the reward is shifted or scaled (another reward
