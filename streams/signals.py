@@ -109,6 +109,19 @@ def diff_scale(values) -> float:
     return robust_scale(d, median_of(sorted(d)))
 
 
+def _sample_std(values: list[float]) -> float:
+    """The sample standard deviation of ``values`` (two passes, summed in order)."""
+    m = len(values)
+    c = 0.0
+    for x in values:
+        c += x
+    c /= m
+    v = 0.0
+    for x in values:
+        v += (x - c) * (x - c)
+    return math.sqrt(v / (m - 1))
+
+
 def _trimmed_sum(values) -> float:
     """The sum of ``values`` without their lowest and highest one (in sorted order)."""
     srt = sorted(values)
@@ -584,15 +597,7 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
                 # then 0) has blocks further apart than its point-to-point noise says, and one
                 # mostly at 0.75 with a few 0.25s has a robust scale that leaves those out
                 d = _trimmed_sum(islice(xs, n - k, n)) - _trimmed_sum(head[-k:])
-                m = len(head)
-                c = 0.0
-                for x in head:
-                    c += x
-                c /= m
-                v = 0.0
-                for x in head:
-                    v += (x - c) * (x - c)
-                se = math.sqrt(v / (m - 1)) * math.sqrt(2.0 / (k - 2))
+                se = _sample_std(head) * math.sqrt(2.0 / (k - 2))
                 out = _zscore(d / (k - 2), 0.0, se)
             w.cache["jump_t"] = (trk.total, out)
             return out

@@ -448,6 +448,21 @@ fn frozen_baseline(py: Python<'_>, pts: &[f64]) -> PyResult<Vec<f64>> {
     Ok(vec![med, scale, srt.len() as f64, top, diff_scale(py, pts)?])
 }
 
+/// The sample standard deviation of `v` (two passes, summed in order: streams.signals).
+fn sample_std(v: &[f64]) -> f64 {
+    let m = v.len() as f64;
+    let mut c = 0.0;
+    for &x in v {
+        c += x;
+    }
+    c /= m;
+    let mut s = 0.0;
+    for &x in v {
+        s += (x - c) * (x - c);
+    }
+    (s / (m - 1.0)).sqrt()
+}
+
 /// The sum of `v` without its lowest and highest value (in sorted order).
 fn trimmed_sum(py: Python<'_>, v: Vec<f64>) -> PyResult<f64> {
     let srt = sorted(py, v)?;
@@ -1927,17 +1942,7 @@ impl Core {
                     let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
                     let last: Vec<f64> = w.xs.iter().skip(end).copied().collect();
                     let d = trimmed_sum(py, last)? - trimmed_sum(py, head[end - k as usize..].to_vec())?;
-                    let m = head.len() as f64;
-                    let mut c = 0.0;
-                    for &x in &head {
-                        c += x;
-                    }
-                    c /= m;
-                    let mut v = 0.0;
-                    for &x in &head {
-                        v += (x - c) * (x - c);
-                    }
-                    let se = (v / (m - 1.0)).sqrt() * (2.0 / (k - 2) as f64).sqrt();
+                    let se = sample_std(&head) * (2.0 / (k - 2) as f64).sqrt();
                     zscore(d / (k - 2) as f64, 0.0, se)
                 };
                 let total = trk.total;
