@@ -149,8 +149,10 @@ def _rule_reads(rule) -> dict | None:
 
         out = {"metric": set(), "dist": set(), "groups": set(), "any": False,
                "samples": False, "ranks": False, "tick": False}
-        for tier in rule.tiers:
-            for leaf in leaves(tier.when):
+        conds = [c for t in rule.tiers
+                 for c in (t.when, getattr(t, "keep_firing_while", None)) if c is not None]
+        for cond in conds:
+            for leaf in leaves(cond):
                 nf = getattr(leaf, "nonfinite", None)
                 if nf == "any":
                     out["any"] = True

@@ -16,8 +16,10 @@ A test file::
           reward/mean: {math: "0.5+0.01x50", code: "0.5x50"}
         expect:                    # alerts that must fire (firing state), within `within` steps
           - {rule: kl_above_target, severity: red, step: 24, within: 3}
+          - {rule: kl_above_target, severity: red, state: resolved, step: 40, within: 5}
         absent: [nan_inf]          # rules that must not fire at all (any severity)
         # or: absent: [{rule: nan_inf, severity: red}]   (that tier only)
+        # or: absent: [{rule: reward_crash, state: resolved}]   (must not resolve)
 """
 
 from __future__ import annotations
@@ -83,11 +85,21 @@ def _whole(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+#: the states an expectation names: an alert firing (the default), or resolved
+STATES = ("firing", "resolved")
+
+
 def _well_formed(exp) -> bool:
-    """An expectation is ``{rule, severity?, step?, within?}``, its steps whole numbers."""
+    """An expectation is ``{rule, severity?, state?, step?, within?}``, its steps whole numbers."""
     return (isinstance(exp, dict) and isinstance(exp.get("rule"), str)
-            and set(exp) <= {"rule", "severity", "step", "within"}
+            and set(exp) <= {"rule", "severity", "state", "step", "within"}
+            and exp.get("state", "firing") in STATES
             and (exp.get("step") is None or _whole(exp["step"])) and _whole(exp.get("within", 0)))
+
+
+def _shown(a) -> str:
+    """An alert as a test's outcome names it: ``rule/severity@step``, ``(resolved)`` after it."""
+    return f"{a.rule}/{a.severity}@{a.step}{' (resolved)' if a.state == 'resolved' else ''}"
 
 
 def _run_one(pack: Pack, case: dict) -> TestOutcome:
@@ -112,7 +124,7 @@ def _run_one(pack: Pack, case: dict) -> TestOutcome:
     pipeline = Pipeline(pack)
     interval = float(case.get("interval", 1.0))
     n = max(len(v) for v in [*series.values(), *cats.values()])
-    firing = []
+    seen = []
     for step in range(n):
         metrics = {m: v[step] for m, v in series.items() if step < len(v) and v[step] is not None}
         by_group: dict[str, dict[str, float]] = {}
@@ -127,36 +139,43 @@ def _run_one(pack: Pack, case: dict) -> TestOutcome:
         if by_group:
             raw["groups"] = by_group
         ev = parse_event(raw, ts)
-        firing += [a for a in pipeline.feed(ev, ts) if a.state == "firing"]
+        seen += pipeline.feed(ev, ts)
+    firing = [a for a in seen if a.state == "firing"]
     problems = []
     for exp in case.get("expect") or []:
         if not _well_formed(exp):
-            problems.append(f"expect: {exp!r} is not {{rule, severity?, step?, within?}} with "
-                            "whole-number steps")
+            problems.append(f"expect: {exp!r} is not {{rule, severity?, state?, step?, within?}} "
+                            "with whole-number steps")
             continue
         within = exp.get("within", 0)
         at = exp.get("step")
-        match = [a for a in firing if a.rule == exp["rule"]
+        state = exp.get("state", "firing")
+        match = [a for a in seen if a.rule == exp["rule"] and a.state == state
                  and ("severity" not in exp or a.severity == exp["severity"])
                  and (at is None or at <= a.step <= at + within)]
         if not match:
-            got = [f"{a.rule}/{a.severity}@{a.step}" for a in firing if a.rule == exp["rule"]]
-            problems.append(f"expected {exp['rule']}/{exp.get('severity', 'any')} at step "
+            got = [_shown(a) for a in seen if a.rule == exp["rule"]]
+            problems.append(f"expected {exp['rule']}/{exp.get('severity', 'any')}"
+                            f"{'' if state == 'firing' else ' ' + state} at step "
                             f"{at if at is not None else 'any'}"
                             f"{f' (+{within})' if within else ''}; got {got or 'nothing'}")
     for item in case.get("absent") or []:
         if isinstance(item, str):
-            rule, severity = item, None
-        elif isinstance(item, dict) and isinstance(item.get("rule"), str) and set(item) <= {"rule", "severity"}:
-            rule, severity = item["rule"], item.get("severity")
+            rule, severity, state = item, None, "firing"
+        elif (isinstance(item, dict) and isinstance(item.get("rule"), str)
+              and set(item) <= {"rule", "severity", "state"}
+              and item.get("state", "firing") in STATES):
+            rule, severity, state = item["rule"], item.get("severity"), item.get("state", "firing")
         else:
-            problems.append(f"absent: {item!r} is neither a rule id nor {{rule, severity}}")
+            problems.append(f"absent: {item!r} is neither a rule id nor {{rule, severity?, "
+                            f"state?}} (state: {' or '.join(STATES)})")
             continue
-        hits = [f"{a.rule}/{a.severity}@{a.step}" for a in firing
-                if a.rule == rule and (severity is None or a.severity == severity)]
+        hits = [_shown(a) for a in seen if a.rule == rule and a.state == state
+                and (severity is None or a.severity == severity)]
         if hits:
             what = f"{rule}/{severity}" if severity else rule
-            problems.append(f"{what} must not fire; it fired: {hits}")
+            verb = "fire" if state == "firing" else "resolve"
+            problems.append(f"{what} must not {verb}; it did: {hits}")
     return TestOutcome(name, not problems, problems, [f"{a.rule}/{a.severity}@{a.step}" for a in firing])
 
 

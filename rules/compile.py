@@ -107,6 +107,9 @@ class CompiledTier:
     key: str                 # "rule/severity/" (the alert state key; a rank may follow)
     test: Test
     explain: Explain
+    #: the test of the tier's ``keep_firing_while``: a firing alert does not resolve while
+    #: it holds (None: the tier has none)
+    keep: Test | None = None
 
 
 @dataclass
@@ -239,8 +242,8 @@ def per_rule(fn: Callable[[Rule], Any]) -> Callable[[Rule], Any]:
 def rule_inputs(rule: Rule) -> frozenset[str] | None:
     """Names a step rule reads (metrics, dists, groups); None when it reads every metric."""
     names: set[str] = set()
-    for tier in rule.tiers:
-        for leaf in leaves(tier.when):
+    for cond in _conditions(rule):
+        for leaf in leaves(cond):
             if leaf.nonfinite is not None:
                 if leaf.nonfinite == "any":
                     return None
@@ -255,8 +258,8 @@ def rule_inputs(rule: Rule) -> frozenset[str] | None:
 @per_rule
 def rule_trigger(rule: Rule) -> str:
     srcs = set()
-    for tier in rule.tiers:
-        for leaf in leaves(tier.when):
+    for cond in _conditions(rule):
+        for leaf in leaves(cond):
             if leaf.ranks is not None or leaf.hashes is not None:
                 srcs.add("ranks")
             elif leaf.samples is not None:
@@ -274,7 +277,12 @@ def rule_trigger(rule: Rule) -> str:
 @per_rule
 def nonfinite_only(rule: Rule) -> bool:
     """Whether every condition of the rule only asks whether a metric is not finite."""
-    return all(leaf.nonfinite == "any" for t in rule.tiers for leaf in leaves(t.when))
+    return all(leaf.nonfinite == "any" for c in _conditions(rule) for leaf in leaves(c))
+
+
+def _conditions(rule: Rule) -> list[Condition]:
+    """Every tier's conditions (``when`` and ``keep_firing_while``)."""
+    return [c for t in rule.tiers for c in t.conditions()]
 
 
 # -- leaves ---------------------------------------------------------------------------------------
@@ -591,7 +599,7 @@ def plan_rules(rules: list[Rule], params: dict[str, dict[str, float]], targets: 
                keep: Callable[[Rule], bool] = every_rule) -> list[tuple]:
     """The rules ``keep`` picks, thresholds resolved with ``targets`` and ``params``, as plans:
     ``(rule, position, params, tiers, notes, inputs, trigger, nonfinite only)``, each tier a
-    ``(tier, state key, plan)`` and each note a ``(plan, text, otherwise)``. Nothing in them
+    ``(tier, state key, plan, plan of its keep_firing_while or None)`` and each note a ``(plan, text, otherwise)``. Nothing in them
     depends on a run's statistics: :class:`rules.engine.RunRules` keeps them, and every run
     with the same rules, parameters and targets binds the same plans (:func:`bind_rules`).
     Planning was about a third of compiling a run, and compiling is most of restoring one."""
@@ -601,7 +609,9 @@ def plan_rules(rules: list[Rule], params: dict[str, dict[str, float]], targets: 
             continue
         p = params.get(rule.id, rule.params)
         out.append((rule, positions.get(rule.id, i) if positions else i, p,
-                    [(t, f"{rule.id}/{t.severity}/", _plan(t.when, targets, p)) for t in rule.tiers],
+                    [(t, f"{rule.id}/{t.severity}/", _plan(t.when, targets, p),
+                      None if t.keep_firing_while is None else _plan(t.keep_firing_while, targets, p))
+                     for t in rule.tiers],
                     [(_plan(n.when, targets, p), n.text, n.otherwise) for n in rule.notes],
                     rule_inputs(rule), rule_trigger(rule), nonfinite_only(rule)))
     return out
@@ -610,7 +620,9 @@ def plan_rules(rules: list[Rule], params: dict[str, dict[str, float]], targets: 
 def bind_rules(plans: list[tuple], targets: dict[str, float], src: Source) -> Program:
     """The planned rules (:func:`plan_rules`) as closures over the statistics of ``src``."""
     return Program([CompiledRule(rule, position, p,
-                                 [CompiledTier(t, key, *_bind(plan, src)) for t, key, plan in tiers],
+                                 [CompiledTier(t, key, *_bind(plan, src),
+                                               None if keep is None else _bind(keep, src)[0])
+                                  for t, key, plan, keep in tiers],
                                  [(_bind(plan, src)[1], text, otherwise) for plan, text, otherwise in notes],
                                  inputs, trigger, only_nonfinite)
                     for rule, position, p, tiers, notes, inputs, trigger, only_nonfinite in plans],

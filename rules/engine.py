@@ -139,7 +139,7 @@ def _advance(run_id: str, cr: CompiledRule, ct: CompiledTier, st: AlertState, ke
     was_escalated = st.escalated
     change = advance(st, holds, step, ts, for_steps=tier.for_,
                      for_seconds=tier.for_seconds, keep_firing_for=tier.keep_firing_for,
-                     escalate_after=tier.escalate_after, for_points=tier.for_points)
+                     escalate_after=tier.escalate_after, for_points=tier.for_points, keep=ct.keep)
     if change is not None:
         out += _announce(run_id, cr, ct, st, change, targets, step, ts, rank,
                          checkpoint_before, was_escalated)
@@ -253,7 +253,8 @@ class RuleEngine:
         """Every leaf condition of every rule and note."""
         for r in self.rules:
             for t in r.tiers:
-                yield from leaves(t.when)
+                for c in t.conditions():
+                    yield from leaves(c)
             for n in r.notes:
                 yield from leaves(n.when)
 

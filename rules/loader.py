@@ -153,6 +153,8 @@ def _conditions(rule: Rule, i: int) -> Iterator[tuple[Condition, tuple]]:
 
     for j, t in enumerate(rule.tiers):
         yield from walk(t.when, ("rules", i, "tiers", j, "when"))
+        if t.keep_firing_while is not None:
+            yield from walk(t.keep_firing_while, ("rules", i, "tiers", j, "keep_firing_while"))
     for j, n in enumerate(rule.notes):
         yield from walk(n.when, ("rules", i, "notes", j, "when"))
 

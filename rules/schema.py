@@ -47,6 +47,11 @@ logging interval of the run:
   (``for: 3, for_points: 3``) then needs three true points however sparsely the run logs.
 * ``keep_firing_for: N`` -- a firing alert resolves once its condition has been false for more
   than N steps since the first false point; ``escalate_after: N`` -- N steps after firing.
+* ``keep_firing_while: CONDITION`` -- a firing alert does not resolve while this condition
+  holds, though its own is false (a recovery threshold): a crash alert whose change point has
+  left the window stays firing while the reward is still down (``keep_firing_for`` counts from
+  the first step at which neither holds). It reads the step's metrics (metric, dist, corr and
+  groups tests) and opens no alert; undecided, it keeps nothing.
 * ``min_steps: N`` -- a warm-up: the condition is undecided until the metric has been logged
   across N steps (``step - first_step + 1 >= N``) and at least ``min(N, 5)`` points.
   ``after_warmup_of: lr/actor`` counts the N steps from the end of that metric's warm-up as
@@ -355,7 +360,24 @@ class Tier(_Strict):
     keep_firing_for: int = Field(default=0, ge=0, description="steps to keep firing once false")
     escalate_after: int | None = Field(default=None, ge=1,
                                        description="steps of firing after which it escalates a tier")
+    keep_firing_while: Condition | None = Field(
+        default=None, description="a firing alert does not resolve while this holds")
     actions: list[Union[str, ActionSpec]] = Field(default_factory=lambda: ["notify"])
+
+    @field_validator("keep_firing_while")
+    @classmethod
+    def _keep_reads_the_step(cls, v: Condition | None) -> Condition | None:
+        for leaf in leaves(v) if v is not None else ():
+            kind = next((k for k in ("ranks", "hashes", "samples") if getattr(leaf, k) is not None),
+                        "stalled_seconds" if leaf.stalled_seconds is not None else None)
+            if kind is not None:
+                raise ValueError(f"keep_firing_while reads the step's metrics (metric, dist, corr "
+                                 f"and groups tests), not {kind}")
+        return v
+
+    def conditions(self) -> list[Condition]:
+        """The tier's conditions: ``when``, and ``keep_firing_while`` when it has one."""
+        return [self.when] if self.keep_firing_while is None else [self.when, self.keep_firing_while]
 
     @field_validator("actions")
     @classmethod

@@ -7,6 +7,7 @@ every step::
     inactive --true--> pending --true over N steps (and P points) and T seconds--> firing
     pending  --false--> inactive
     firing   --false for more than keep_firing_for steps--> inactive  (emits "resolved")
+             (a step at which ``keep`` holds -- keep_firing_while -- is not false)
     firing   --still true escalate_after steps after firing--> escalated (emits once)
 
 "True over N steps" is ``step - onset_step + 1 >= N`` at a true point, ``onset_step`` being the
@@ -18,7 +19,7 @@ changes nothing. The step numbers and timestamps come from the events, never fro
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal
 
 __all__ = ["AlertState", "Transition", "advance"]
 
@@ -70,8 +71,10 @@ class AlertState:
 
 def advance(s: AlertState, holds: bool | None, step: int, ts: float, *, for_steps: int = 1,
             for_seconds: float = 0.0, keep_firing_for: int = 0,
-            escalate_after: int | None = None, for_points: int = 1) -> Transition | None:
-    """Move ``s`` by one evaluation; return the transition to announce, if any."""
+            escalate_after: int | None = None, for_points: int = 1,
+            keep: Callable[[], bool | None] | None = None) -> Transition | None:
+    """Move ``s`` by one evaluation; return the transition to announce, if any. ``keep``
+    (read only while firing and false) keeps a firing alert from resolving while it holds."""
     if holds is None:
         return None
     if holds:
@@ -94,6 +97,9 @@ def advance(s: AlertState, holds: bool | None, step: int, ts: float, *, for_step
         s.status, s.onset_step, s.onset_ts, s.points = "inactive", None, None, 0
         return None
     if s.status == "firing":
+        if keep is not None and keep():
+            s.false_since = None
+            return None
         if s.false_since is None:
             s.false_since = step
         if step - s.false_since + 1 > keep_firing_for:

@@ -192,7 +192,7 @@ def test_absent_names_one_tier_and_a_bad_entry_fails_the_case(tmp_path):
     ok, black, bad, series = run_rule_tests(f)
     assert ok.passed
     assert not black.passed and "nan_inf/black must not fire" in black.problems[0]
-    assert not bad.passed and "neither a rule id nor {rule, severity}" in bad.problems[0]
+    assert not bad.passed and "neither a rule id nor {rule, severity?, state?}" in bad.problems[0]
     assert not series.passed and "series token 'oops'" in series.problems[0]
 
 
@@ -252,3 +252,38 @@ def test_a_case_can_give_a_group_metrics_categories(tmp_path):
     assert not empty.passed and "groups:" in empty.problems[0]
     assert not bad.passed and "'lots'" in bad.problems[0]
     assert not step.passed and "whole-number steps" in step.problems[0]
+
+
+def test_a_case_may_expect_an_alert_to_resolve_or_not_to(tmp_path):
+    f = tmp_path / "t.yaml"
+    f.write_text(textwrap.dedent("""
+        rules: rlhf
+        tests:
+          - name: a KL blow-up resolves once KL is back
+            series:
+              kl/mean: "0.02x19 0.2x4 0.02x5"
+            expect:
+              - {rule: kl_above_target, severity: red, state: resolved, step: 29}
+          - name: the same, asked never to resolve
+            series:
+              kl/mean: "0.02x19 0.2x4 0.02x5"
+            absent: [{rule: kl_above_target, severity: red, state: resolved}]
+          - name: resolving later than it does
+            series:
+              kl/mean: "0.02x19 0.2x4 0.02x5"
+            expect:
+              - {rule: kl_above_target, severity: red, state: resolved, step: 31}
+          - name: a state that is not one
+            series:
+              kl/mean: "0.02x5"
+            expect:
+              - {rule: kl_above_target, state: pending}
+            absent: [{rule: kl_above_target, state: gone}]
+        """))
+    ok, never, late, bad = run_rule_tests(f)
+    assert ok.passed, ok.problems
+    assert not never.passed and "kl_above_target/red must not resolve" in never.problems[0]
+    assert "@29 (resolved)" in never.problems[0]
+    assert not late.passed and "resolved at step 31" in late.problems[0]
+    assert not bad.passed and len(bad.problems) == 2
+    assert "state?" in bad.problems[0] and "firing or resolved" in bad.problems[1]
