@@ -599,9 +599,10 @@ def plan_rules(rules: list[Rule], params: dict[str, dict[str, float]], targets: 
                keep: Callable[[Rule], bool] = every_rule) -> list[tuple]:
     """The rules ``keep`` picks, thresholds resolved with ``targets`` and ``params``, as plans:
     ``(rule, position, params, tiers, notes, inputs, trigger, nonfinite only)``, each tier a
-    ``(tier, state key, plan, plan of its keep_firing_while or None)`` and each note a ``(plan, text, otherwise)``. Nothing in them
-    depends on a run's statistics: :class:`rules.engine.RunRules` keeps them, and every run
-    with the same rules, parameters and targets binds the same plans (:func:`bind_rules`).
+    ``(tier, state key, plan, plan of its keep_firing_while or None)`` and each note a
+    ``(plan, text, otherwise)``. Nothing in them depends on a run's statistics:
+    :class:`rules.engine.RunRules` keeps them, and every run with the same rules, parameters
+    and targets binds the same plans (:func:`bind_rules`).
     Planning was about a third of compiling a run, and compiling is most of restoring one."""
     out = []
     for i, rule in enumerate(rules):
