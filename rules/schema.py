@@ -368,11 +368,10 @@ class Tier(_Strict):
     @classmethod
     def _keep_reads_the_step(cls, v: Condition | None) -> Condition | None:
         for leaf in leaves(v) if v is not None else ():
-            kind = next((k for k in ("ranks", "hashes", "samples") if getattr(leaf, k) is not None),
-                        "stalled_seconds" if leaf.stalled_seconds is not None else None)
-            if kind is not None:
-                raise ValueError(f"keep_firing_while reads the step's metrics (metric, dist, corr "
-                                 f"and groups tests), not {kind}")
+            for kind in ("ranks", "hashes", "samples", "stalled_seconds"):
+                if getattr(leaf, kind) is not None:
+                    raise ValueError(f"keep_firing_while reads the step's metrics (metric, dist, "
+                                     f"corr and groups tests), not {kind}")
         return v
 
     def conditions(self) -> list[Condition]:
