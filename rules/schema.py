@@ -73,7 +73,10 @@ logging interval of the run:
   infinite). ``shift_gain`` measures the change in what the run moved since its first 20 steps
   (at least 3 points): prefer it to ``shift_rel`` and ``level_ratio`` for a reward, whose zero a
   reward model sets arbitrarily. ``drawdown_gain`` measures the level against the best of the
-  window's earlier levels (medians of 3 points in a row) in the same unit.
+  window's earlier levels (medians of 3 points in a row) in the same unit. A metric first logged
+  after step 40 was first watched mid-training (a run resumed, or a monitor attached late): its
+  first 20 steps are a plateau, not its start, and the unit of these gain signals (and
+  ``trend_gain``'s) is then at least half that plateau's level.
 * two metrics: ``{metric: reward/mean, signal: follow_z, versus: judge/score, window: 100}``.
 
 A condition (``when``) is one of:
@@ -180,7 +183,8 @@ SIGNALS = {
                   "window's earlier points, in the run's own unit: how far that median lies from "
                   "the median of the run's first 20 steps, plus their robust scale: "
                   "-0.5 lost half of what the run gained since its start, whatever the reward "
-                  "model's zero and unit",
+                  "model's zero and unit (first logged after step 40: at least half the level "
+                  "of its first 20 steps)",
     "jump_t": "change point: mean of the window's last quarter (at least 6 points, without its "
               "lowest and highest) - that of as many points just before them, in standard "
               "errors of that difference (from the standard deviation of the window's points "

@@ -40,6 +40,12 @@ LEVEL_POINTS = 3
 BASELINE_POINTS = 3
 #: the steps of a run's start whose median shift_gain measures the run's gain from
 START_STEPS = 20
+#: a metric first logged after this step was first watched mid-training (a run resumed, or a
+#: monitor attached late): its "start" is wherever it then was, and what it had gained before
+#: is unknown; the gain signals count at least RESUMED_LEVEL_SHARE of that start's level as
+#: its gain (see gain_unit)
+RESUMED_AFTER_STEP = 40
+RESUMED_LEVEL_SHARE = 0.5
 
 
 def median_of(sorted_values: list[float]) -> float:
@@ -252,6 +258,20 @@ class Track:
         if pts and len(pts) == 1 and isinstance(pts[0], tuple) and len(pts[0]) > i:
             return pts[0][i]
         return NAN
+
+    def gain_unit(self, ref: float) -> float:
+        """The unit of the gain signals (shift_gain, drawdown_gain, trend_gain) at the level
+        ``ref``: what the metric moved from its start (its first START_STEPS steps) to ``ref``,
+        plus that start's spread. A metric first watched mid-training (its first step after
+        RESUMED_AFTER_STEP) started on a plateau whose own noise is no measure of what the run
+        had learnt: there the unit is at least RESUMED_LEVEL_SHARE of the start's level."""
+        start = self.baseline(START_STEPS)
+        unit = abs(ref - start) + self.baseline_stat(START_STEPS, 1)
+        if self.first_step is not None and self.first_step > RESUMED_AFTER_STEP:
+            floor = RESUMED_LEVEL_SHARE * abs(start)
+            if floor > unit:
+                return floor
+        return unit
 
     def to_state(self) -> dict:
         return {"steps": list(self.steps), "values": [_enc(v) for v in self.values],
@@ -700,7 +720,7 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
                 sp = split()
                 if sp[2] is None:
                     return NAN
-                unit = abs(sp[1] - trk.baseline(START_STEPS)) + trk.baseline_stat(START_STEPS, 1)
+                unit = trk.gain_unit(sp[1])
                 d = sp[0] - sp[1]
                 return 0.0 if unit == 0 and d == 0 else _ratio(d, unit)
             return f
@@ -723,7 +743,7 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
                         if not m <= best:
                             best = m
                     a, b = b, c
-                unit = abs(best - trk.baseline(START_STEPS)) + trk.baseline_stat(START_STEPS, 1)
+                unit = trk.gain_unit(best)
                 d = sp[0] - best
                 return 0.0 if unit == 0 and d == 0 else _ratio(d, unit)
             return f
@@ -821,7 +841,7 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
             climb = win.slope() * window
             if share_of_level:
                 return climb / max(abs(win.median()), 1e-12)
-            unit = abs(win.median() - trk.baseline(START_STEPS)) + trk.baseline_stat(START_STEPS, 1)
+            unit = trk.gain_unit(win.median())
             return _ratio(climb, unit)
         return f
     if sig == "level_change":

@@ -50,6 +50,12 @@ const SPLIT_REF_POINTS: i64 = 12;
 const JUMP_BLOCK_POINTS: i64 = 6;
 /// the steps of a run's start whose median shift_gain measures the run's gain from
 const START_STEPS: i64 = 20;
+/// a metric first logged after this step was first watched mid-training
+/// (streams.signals.RESUMED_AFTER_STEP)
+const RESUMED_AFTER_STEP: i64 = 40;
+/// the least share of such a start's level the gain signals count as its gain
+/// (streams.signals.RESUMED_LEVEL_SHARE)
+const RESUMED_LEVEL_SHARE: f64 = 0.5;
 const MEAN_AD_SCALE: f64 = 1.2533;
 
 // -- Python's arithmetic -----------------------------------------------------------------------
@@ -833,6 +839,23 @@ impl Track {
 
     fn baseline(&self, window: i64) -> f64 {
         self.baseline_stat(window, 0)
+    }
+
+    /// The unit of the gain signals at the level `r` (streams.signals.Track.gain_unit): what
+    /// the metric moved from its start to `r` plus that start's robust scale; for a metric
+    /// first watched mid-training, at least RESUMED_LEVEL_SHARE of its start's level.
+    fn gain_unit(&self, r: f64) -> f64 {
+        let start = self.baseline(START_STEPS);
+        let unit = (r - start).abs() + self.baseline_stat(START_STEPS, 1);
+        if let Some(first) = self.first_step {
+            if first > RESUMED_AFTER_STEP {
+                let floor = RESUMED_LEVEL_SHARE * start.abs();
+                if floor > unit {
+                    return floor;
+                }
+            }
+        }
+        unit
     }
 
     fn to_state(&self, py: Python<'_>) -> PyResult<PyObject> {
@@ -1959,8 +1982,7 @@ impl Core {
                     return Ok(NAN);
                 }
                 let trk = &self.tracks[r.trk];
-                let unit =
-                    (sp.med - trk.baseline(START_STEPS)).abs() + trk.baseline_stat(START_STEPS, 1);
+                let unit = trk.gain_unit(sp.med);
                 let d = sp.level - sp.med;
                 Ok(if unit == 0.0 && d == 0.0 { 0.0 } else { ratio(d, unit) })
             }
@@ -1989,8 +2011,7 @@ impl Core {
                     b = c;
                 }
                 let trk = &self.tracks[r.trk];
-                let unit =
-                    (best - trk.baseline(START_STEPS)).abs() + trk.baseline_stat(START_STEPS, 1);
+                let unit = trk.gain_unit(best);
                 let d = sp.level - best;
                 Ok(if unit == 0.0 && d == 0.0 { 0.0 } else { ratio(d, unit) })
             }
@@ -2132,8 +2153,7 @@ impl Core {
                     return Ok(climb / py_max(w.median().abs(), 1e-12));
                 }
                 let trk = &self.tracks[r.trk];
-                let unit = (w.median() - trk.baseline(START_STEPS)).abs()
-                    + trk.baseline_stat(START_STEPS, 1);
+                let unit = trk.gain_unit(w.median());
                 Ok(ratio(climb, unit))
             }
             LevelChange => {

@@ -220,6 +220,33 @@ def test_shift_gain_reads_a_fall_alike_whatever_the_reward_models_zero_and_unit(
     assert run([0.5] * 93, "shift_gain", 50)[-1] == 0.0                      # constant: no change
 
 
+def test_gain_signals_of_a_run_first_watched_mid_training_count_half_its_level_as_its_gain():
+    """A healthy run first watched at step 450 (resumed from a checkpoint, or a monitor
+    attached late), its reward on a smooth plateau at 0.7: its "start" is that plateau, whose
+    spread (0.005) is no measure of what the run had learnt. A dip of 0.05 read in it is a
+    loss of several times the gain (the pack's crash and slide alarms); counted against half
+    the start's level, it is a small share, while a crash to 0.1 stays a loss of most of it.
+    The same series watched from step 0 keeps the old unit (its start's spread)."""
+    rng = random.Random(3)
+    plateau = [0.7 + rng.gauss(0, 0.005) for _ in range(120)]
+    dip = plateau + [0.65] * 4
+    crash = plateau + [0.1] * 4
+
+    def gain(values, first_step):
+        bank = Bank()
+        read = bank.metric("m", "shift_gain", 50, None, None, 0, MIN_POINTS["shift_gain"],
+                           READY_POINTS["shift_gain"])
+        for i, x in enumerate(values):
+            bank.update(first_step + i, {"m": x})
+        return read()
+
+    assert gain(dip, 0) < -5                      # watched from its start: the old unit
+    assert -0.2 < gain(dip, 450) < -0.1           # 0.05 of a unit of 0.35
+    assert gain(crash, 450) < -1.5                # 0.6 of a unit of 0.35
+    # first logged at step 40 (a sparse logger's first point) is still the run's start
+    assert gain(dip, 40) < -5
+
+
 def test_trend_gain_reads_a_climb_alike_whatever_the_reward_models_zero_and_unit():
     """A run that learnt from 0.2 to 0.5 over its first 100 steps, held, then climbs 0.3 more in
     60 steps: trend_gain reads that climb as a share of what the run gained since its first

@@ -214,6 +214,19 @@ def test_a_long_clean_run_with_every_step_logged():
     run_pair(pair, stream(rng, 2000, gaps=False, specials=False, flat=False), rng, read_p=0.5)
 
 
+@pytest.mark.parametrize("seed", [4, 5])
+def test_gain_signals_of_a_metric_first_watched_mid_training(seed):
+    """A run first watched at step 500 (resumed, or a monitor attached late): the gain
+    signals count at least half its start's level as its gain (Track.gain_unit), alike in
+    both banks, through shifts, gaps, non-finite values and a state written on the way."""
+    rng = random.Random(seed)
+    events = [(step + 500, metrics) for step, metrics in stream(rng, 900)]
+    specs = [spec(sig, w, sm, ms) for sig in ("shift_gain", "drawdown_gain", "trend_gain")
+             for w in (8, 64, 300) for sm in (None, 3) for ms in (0, 12)]
+    pair = Pair(specs)
+    run_pair(pair, events, rng, read_p=0.8, state_every=150)
+
+
 def test_extreme_magnitudes_give_the_same_numbers_or_the_same_errors():
     rng = random.Random(5)
     events = []
