@@ -110,6 +110,16 @@ class CompiledTier:
     #: the test of the tier's ``keep_firing_while``: a firing alert does not resolve while
     #: it holds (None: the tier has none)
     keep: Test | None = None
+    #: the tier's adjusts, each with the explain of its ``when`` (None: always sent)
+    adjusts: tuple = ()
+
+    def adjust_now(self) -> dict[str, float]:
+        """What the tier's adjusts ask of the run as it fires now: those whose ``when`` holds."""
+        out: dict[str, float] = {}
+        for when, params in self.adjusts:
+            if when is None or when()[0]:
+                out.update(params)
+        return out
 
 
 @dataclass
@@ -599,7 +609,8 @@ def plan_rules(rules: list[Rule], params: dict[str, dict[str, float]], targets: 
                keep: Callable[[Rule], bool] = every_rule) -> list[tuple]:
     """The rules ``keep`` picks, thresholds resolved with ``targets`` and ``params``, as plans:
     ``(rule, position, params, tiers, notes, inputs, trigger, nonfinite only)``, each tier a
-    ``(tier, state key, plan, plan of its keep_firing_while or None)`` and each note a
+    ``(tier, state key, plan, plan of its keep_firing_while or None, its adjusts as (plan of
+    their when or None, factors))`` and each note a
     ``(plan, text, otherwise)``. Nothing in them depends on a run's statistics:
     :class:`rules.engine.RunRules` keeps them, and every run with the same rules, parameters
     and targets binds the same plans (:func:`bind_rules`).
@@ -611,7 +622,9 @@ def plan_rules(rules: list[Rule], params: dict[str, dict[str, float]], targets: 
         p = params.get(rule.id, rule.params)
         out.append((rule, positions.get(rule.id, i) if positions else i, p,
                     [(t, f"{rule.id}/{t.severity}/", _plan(t.when, targets, p),
-                      None if t.keep_firing_while is None else _plan(t.keep_firing_while, targets, p))
+                      None if t.keep_firing_while is None else _plan(t.keep_firing_while, targets, p),
+                      tuple((None if a.when is None else _plan(a.when, targets, p), a.adjust)
+                            for a in t.actions if not isinstance(a, str)))
                      for t in rule.tiers],
                     [(_plan(n.when, targets, p), n.text, n.otherwise) for n in rule.notes],
                     rule_inputs(rule), rule_trigger(rule), nonfinite_only(rule)))
@@ -622,8 +635,10 @@ def bind_rules(plans: list[tuple], targets: dict[str, float], src: Source) -> Pr
     """The planned rules (:func:`plan_rules`) as closures over the statistics of ``src``."""
     return Program([CompiledRule(rule, position, p,
                                  [CompiledTier(t, key, *_bind(plan, src),
-                                               None if keep is None else _bind(keep, src)[0])
-                                  for t, key, plan, keep in tiers],
+                                               None if keep is None else _bind(keep, src)[0],
+                                               tuple((None if w is None else _bind(w, src)[1], adj)
+                                                     for w, adj in adjusts))
+                                  for t, key, plan, keep, adjusts in tiers],
                                  [(_bind(plan, src)[1], text, otherwise) for plan, text, otherwise in notes],
                                  inputs, trigger, only_nonfinite)
                     for rule, position, p, tiers, notes, inputs, trigger, only_nonfinite in plans],

@@ -143,8 +143,8 @@ def _advance(run_id: str, cr: CompiledRule, ct: CompiledTier, st: AlertState, ke
     if change is not None:
         out += _announce(run_id, cr, ct, st, change, targets, step, ts, rank,
                          checkpoint_before, was_escalated)
-    if st.status == "inactive":
-        del states[key]
+    if st.status == "inactive" and not st.adjusts:
+        del states[key]      # (a state that sent adjusts stays: it counts them for at_most)
 
 
 def _announce(run_id: str, cr: CompiledRule, ct: CompiledTier, st: AlertState, change: str,
@@ -164,15 +164,27 @@ def _announce(run_id: str, cr: CompiledRule, ct: CompiledTier, st: AlertState, c
     if change == "firing":
         st.rank = who
     severity = _up(tier.severity) if change == "escalated" else tier.severity
+    adjust = ct.adjust_now()
+    withheld = None
+    if adjust:
+        limit = tier.adjust_limit()
+        if limit is not None and st.adjusts >= limit:
+            adjust, withheld = {}, adjust    # its factors would compound past the rule's most
+        else:
+            st.adjusts += 1
     alert = _alert(run_id, cr, tier, severity, st, targets, step, ts, rank, "firing",
-                   checkpoint_before, escalated=change == "escalated")
+                   checkpoint_before, escalated=change == "escalated", adjust=adjust,
+                   withheld=withheld)
     st.summary = alert.summary[:300]
     return [alert]
 
 
 def _alert(run_id: str, cr: CompiledRule, tier, severity: str, st: AlertState, targets,
            step: int, ts: float, rank: int | None, state: str, checkpoint_before,
-           escalated: bool = False) -> Alert:
+           escalated: bool = False, adjust: dict[str, float] | None = None,
+           withheld: dict[str, float] | None = None) -> Alert:
+    """The alert of a change; ``adjust``: what a firing one asks the run to change (none when
+    ``withheld``: the tier's adjust already sent as many times as its ``at_most``)."""
     rule = cr.rule
     if st.rank is not None:
         rank = st.rank   # a cross-rank check names the rank it is about
@@ -193,6 +205,10 @@ def _alert(run_id: str, cr: CompiledRule, tier, severity: str, st: AlertState, t
         summary = f"{summary} ({st.detail})"
     if escalated:
         summary = f"{summary}; escalated from {tier.severity} after {tier.escalate_after} steps"
+    if withheld:
+        factors = ", ".join(f"{k} x{v:g}" for k, v in withheld.items())
+        summary = (f"{summary}; not adjusted again ({factors}): this run was sent that "
+                   f"{st.adjusts} times already, the rule's most")
     diagnosis = render(rule.diagnosis.strip(), **fields)
     if state == "firing":
         for explain, text, otherwise in cr.notes:
@@ -201,13 +217,15 @@ def _alert(run_id: str, cr: CompiledRule, tier, severity: str, st: AlertState, t
             if note:
                 diagnosis = f"{diagnosis}\n{render(note.strip(), **fields)}".strip()
     actions = tier.action_names() if state == "firing" else []
+    if not adjust:       # none held (an adjust's `when`), or none left (its `at_most`)
+        actions = [a for a in actions if a != "adjust"]
     rollback_to = None
     if "rollback" in actions and st.onset_step is not None:
         rollback_to = checkpoint_before(st.onset_step)
     return Alert(rule=rule.id, severity=severity, state=state, run_id=run_id,
                  rank=rank, step=step, onset_step=st.onset_step, value=_num(st.value),
                  threshold=_num(st.threshold), metric=st.metric, actions=actions,
-                 adjust=tier.adjust_params() if state == "firing" else {},
+                 adjust=(adjust or {}) if state == "firing" else {},
                  rollback_to=rollback_to, summary=summary, diagnosis=diagnosis,
                  labels=dict(rule.labels), ts=ts)
 

@@ -155,6 +155,9 @@ def _conditions(rule: Rule, i: int) -> Iterator[tuple[Condition, tuple]]:
         yield from walk(t.when, ("rules", i, "tiers", j, "when"))
         if t.keep_firing_while is not None:
             yield from walk(t.keep_firing_while, ("rules", i, "tiers", j, "keep_firing_while"))
+        for k, a in enumerate(t.actions):
+            if getattr(a, "when", None) is not None:
+                yield from walk(a.when, ("rules", i, "tiers", j, "actions", k, "when"))
     for j, n in enumerate(rule.notes):
         yield from walk(n.when, ("rules", i, "notes", j, "when"))
 

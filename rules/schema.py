@@ -13,7 +13,7 @@ A rule file (a *pack*) looks like::
           - severity: yellow
             when: {metric: kl/mean, above: {target: kl, factor: yellow}}
             for: 5                     # held over 5 training steps
-            actions: [notify, {adjust: {beta: 1.5}}]
+            actions: [notify, {adjust: {beta: 1.5}, at_most: 2}]   # x2.25 at most, then a person
           - severity: black
             when: {metric: kl/mean, signal: median, window: 3, above: cap}
             actions: [stop, rollback, snapshot]
@@ -52,6 +52,12 @@ logging interval of the run:
   left the window stays firing while the reward is still down (``keep_firing_for`` counts from
   the first step at which neither holds). It reads the step's metrics (metric, dist, corr and
   groups tests) and opens no alert; undecided, it keeps nothing.
+* ``{adjust: {beta: 1.5}, at_most: 2, when: CONDITION}`` -- an action asking the run's
+  ``on_adjust`` to multiply its hyperparameters. ``at_most: N``: a run is sent it N times
+  (an escalation counts; the count starts again after a rollback or a relaunch), and a firing
+  after that says it was not sent again, since the factors compound. ``when``: sent only if
+  this holds as the alert fires (it reads the step's metrics): a tier whose branches call for
+  different remedies adjusts for the one that holds.
 * ``min_steps: N`` -- a warm-up: the condition is undecided until the metric has been logged
   across N steps (``step - first_step + 1 >= N``) and at least ``min(N, 5)`` points.
   ``after_warmup_of: lr/actor`` counts the N steps from the end of that metric's warm-up as
@@ -351,8 +357,33 @@ class Condition(_Strict):
         return self
 
 
+def _reads_the_step(c: Condition | None, what: str) -> Condition | None:
+    """``c``, when it reads only the step's metrics (a condition read when an alert changes)."""
+    for leaf in leaves(c) if c is not None else ():
+        for kind in ("ranks", "hashes", "samples", "stalled_seconds"):
+            if getattr(leaf, kind) is not None:
+                raise ValueError(f"{what} reads the step's metrics (metric, dist, corr and "
+                                 f"groups tests), not {kind}")
+    return c
+
+
 class ActionSpec(_Strict):
     adjust: dict[str, float]
+    at_most: int | None = Field(
+        default=None, ge=1,
+        description="times one run is sent this adjust (its factors compound with each); a "
+                    "firing after that notifies without it, saying so. Counted per tier, from the "
+                    "run's start or its last rollback or relaunch")
+    when: Condition | None = Field(
+        default=None,
+        description="sent only when this holds as the alert fires (a tier whose branches call "
+                    "for different remedies: a learning rate halved when updates are too large, "
+                    "not when they are too small)")
+
+    @field_validator("when")
+    @classmethod
+    def _when_reads_the_step(cls, v):
+        return _reads_the_step(v, "an adjust's when")
 
 
 class Tier(_Strict):
@@ -371,16 +402,12 @@ class Tier(_Strict):
     @field_validator("keep_firing_while")
     @classmethod
     def _keep_reads_the_step(cls, v: Condition | None) -> Condition | None:
-        for leaf in leaves(v) if v is not None else ():
-            for kind in ("ranks", "hashes", "samples", "stalled_seconds"):
-                if getattr(leaf, kind) is not None:
-                    raise ValueError(f"keep_firing_while reads the step's metrics (metric, dist, "
-                                     f"corr and groups tests), not {kind}")
-        return v
+        return _reads_the_step(v, "keep_firing_while")
 
     def conditions(self) -> list[Condition]:
-        """The tier's conditions: ``when``, and ``keep_firing_while`` when it has one."""
-        return [self.when] if self.keep_firing_while is None else [self.when, self.keep_firing_while]
+        """The tier's conditions: ``when``, its ``keep_firing_while`` and its adjusts' ``when``."""
+        out = [self.when] if self.keep_firing_while is None else [self.when, self.keep_firing_while]
+        return out + [a.when for a in self.actions if isinstance(a, ActionSpec) and a.when is not None]
 
     @field_validator("actions")
     @classmethod
@@ -399,6 +426,11 @@ class Tier(_Strict):
             if isinstance(a, ActionSpec):
                 out.update(a.adjust)
         return out
+
+    def adjust_limit(self) -> int | None:
+        """How many times one run is sent the tier's adjust (None: every firing)."""
+        limits = [a.at_most for a in self.actions if isinstance(a, ActionSpec) and a.at_most]
+        return min(limits) if limits else None
 
 
 class Note(_Strict):

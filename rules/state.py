@@ -26,7 +26,7 @@ __all__ = ["AlertState", "Transition", "advance"]
 Transition = Literal["firing", "resolved", "escalated"]
 
 _FIELDS = ("status", "onset_step", "onset_ts", "false_since", "fired_step", "escalated", "value",
-           "threshold", "metric", "rank", "detail", "summary", "points")
+           "threshold", "metric", "rank", "detail", "summary", "points", "adjusts")
 
 
 class AlertState:
@@ -37,7 +37,7 @@ class AlertState:
                  fired_step: int | None = None, escalated: bool = False,
                  value: float | None = None, threshold: float | None = None,
                  metric: str | None = None, rank: int | None = None, detail: str | None = None,
-                 summary: str | None = None, points: int = 0):
+                 summary: str | None = None, points: int = 0, adjusts: int = 0):
         self.status = status
         self.onset_step = onset_step
         self.onset_ts = onset_ts
@@ -52,6 +52,7 @@ class AlertState:
         self.detail = detail
         self.summary = summary
         self.points = points             # true points in a row while pending
+        self.adjusts = adjusts           # the tier's adjusts sent to the run (kept while inactive)
 
     def to_state(self) -> dict:
         return {k: getattr(self, k) for k in _FIELDS}
