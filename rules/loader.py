@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from contract.events import CANONICAL_METRICS
 from contract.presets import PRESETS, Preset
 from contract.yaml_lines import line_of, parse_yaml
-from rules.schema import Condition, Override, Pack, Rule, Threshold
+from rules.schema import ActionSpec, Condition, Override, Pack, Rule, Threshold
 
 __all__ = ["BUILTIN_PACKS", "RuleFileError", "load_pack", "load_pack_text", "merge_packs",
            "pack_warnings", "preset_override", "with_preset"]
@@ -156,7 +156,7 @@ def _conditions(rule: Rule, i: int) -> Iterator[tuple[Condition, tuple]]:
         if t.keep_firing_while is not None:
             yield from walk(t.keep_firing_while, ("rules", i, "tiers", j, "keep_firing_while"))
         for k, a in enumerate(t.actions):
-            if getattr(a, "when", None) is not None:
+            if isinstance(a, ActionSpec) and a.when is not None:
                 yield from walk(a.when, ("rules", i, "tiers", j, "actions", k, "when"))
     for j, n in enumerate(rule.notes):
         yield from walk(n.when, ("rules", i, "notes", j, "when"))
