@@ -184,7 +184,10 @@ async function fleetN() {
   figures.first_render_ms = firstPaint;
   const e0 = await page.evaluate(() => window.rlwatch.fleet.stats.events);
   const step0 = await page.evaluate(() => Math.max(...[...window.rlwatch.fleet.rows.values()].map(r => r.last_step || 0)));
-  await page.waitForTimeout(2500);
+  // live updates: a newer step within 15 s (a loaded machine is slow; the feeder writes every 0.2 s)
+  await page.waitForFunction(s => Math.max(...[...window.rlwatch.fleet.rows.values()].map(r => r.last_step || 0)) > s,
+    step0, { timeout: 15000 }).catch(() => null);
+  await page.waitForTimeout(1000);
   const e1 = await page.evaluate(() => window.rlwatch.fleet.stats.events);
   const step1 = await page.evaluate(() => Math.max(...[...window.rlwatch.fleet.rows.values()].map(r => r.last_step || 0)));
   check("live updates arrive over SSE", e1 > e0 && step1 > step0, { e0, e1, step0, step1 });

@@ -155,12 +155,17 @@ def _fleet_records(stop: threading.Event, store) -> threading.Thread:
 
     def run():
         s_ = 20
-        while not stop.is_set():
-            write(s_, time.time())
-            s_ += 1
-            stop.wait(0.2)
+        try:
+            while not stop.is_set():
+                write(s_, time.time())
+                s_ += 1
+                stop.wait(0.2)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it (a dead feeder, not the page)
+            failures.append(exc)
 
+    failures: list[BaseException] = []
     t = threading.Thread(target=run, daemon=True)
+    t.failures = failures
     t.start()
     return t
 
@@ -174,7 +179,10 @@ def test_hundreds_of_runs_stay_responsive_in_chromium():
     feeder = _fleet_records(stop, store)
     server = WebServer(Fleet(), "127.0.0.1", 0, control=MemoryControl(), store=store, token=TOKEN).start()
     try:
-        result = _drive(node, server.url.rstrip("/"), "fleet", RLWATCH_RUNS=str(FLEET_RUNS))
+        try:
+            result = _drive(node, server.url.rstrip("/"), "fleet", RLWATCH_RUNS=str(FLEET_RUNS))
+        finally:
+            assert not feeder.failures, f"the test's record feeder failed: {feeder.failures!r}"
         print(f"fleet page, {FLEET_RUNS} runs: {result['figures']}")   # figures, not assertions
     finally:
         stop.set()
