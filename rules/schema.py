@@ -38,7 +38,8 @@ logging interval of the run:
   two points --, 16 for a trend, 20 for a z-score). On a run logging
   every step that is exactly the last W values; on a run logging every 10 steps a 50-step trend
   reads the last 16 points (160 steps) instead of 5, too few for a trend test. A signal is
-  undefined until it has :data:`READY_POINTS` points (3 for a trend).
+  undefined until it has :data:`READY_POINTS` points (3 for a trend, 3 for a median: the median
+  of one point is that point and of two their mean, no level that held).
 * ``for: N`` -- the condition held at every logged point from its onset (the step of the first
   true point) over at least N training steps: ``step - onset_step + 1 >= N``. Logged every
   step, ``for: 5`` fires on the 5th true point; logged every 10 steps, on the 2nd consecutive
@@ -227,7 +228,7 @@ MIN_POINTS = {
 }
 #: The fewest points a signal needs before it is defined at all (besides `min_steps`).
 READY_POINTS = {
-    "value": 1, "ema": 1, "mean": 1, "std": 2, "median": 1, "min": 1, "max": 1, "zscore": 5,
+    "value": 1, "ema": 1, "mean": 1, "std": 2, "median": 3, "min": 1, "max": 1, "zscore": 5,
     "robust_z": 5, "ratio_to_median": 2, "ratio_to_start": 1, "start": 1, "rel_drop": 1, "rel_rise": 1,
     "trend_z": 3, "trend_tau": 3, "slope": 2, "flat_range": 2, "autocorr": 8,
     "sign_flip_rate": 3, "diff_ratio": 3, "delta": 2, "cycle_rise": 1, "rel_trend": 3, "trend_gain": 3,

@@ -767,3 +767,11 @@ def test_proxy_divergence_on_a_run_without_a_learning_rate_is_judged_from_its_st
     path.write_text(yaml.safe_dump({"rules": str(PACKS / "rlhf.yaml"), "tests": [case]}))
     [outcome] = run_rule_tests(path)
     assert outcome.passed, outcome
+
+
+def test_a_median_is_undecided_until_it_has_three_points():
+    # a run first watched mid-training whose first point is a spike: the median of one point is
+    # that point and of two their mean, no persistence; from the third point it is a median
+    out = run([31.8, 9.5, 2.3, 2.8], "median", 5, every=10)
+    assert math.isnan(out[0]) and math.isnan(out[1])
+    assert out[2] == 9.5 and out[3] == 2.8
