@@ -77,7 +77,8 @@ logging interval of the run:
   the last 5 steps (at least 3 points), so one outlying point never moves it; it is compared with
   the window's earlier points (at least 12 of them), in their robust scale (1.4826 x MAD, never
   below 1.2533 x the mean absolute deviation, so mostly-constant data does not make every change
-  infinite). ``shift_gain`` measures the change in what the run moved since its first 20 steps
+  infinite, nor below the smallest deviation that is not 0: data on a lattice, a reward that
+  moves in quarters, is not read finer than its resolution). ``shift_gain`` measures the change in what the run moved since its first 20 steps
   (at least 3 points): prefer it to ``shift_rel`` and ``level_ratio`` for a reward, whose zero a
   reward model sets arbitrarily. ``drawdown_gain`` measures the level against the best of the
   window's earlier levels (medians of 3 points in a row) in the same unit. A metric first logged

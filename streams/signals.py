@@ -90,11 +90,17 @@ def robust_scale(values: list[float], med: float) -> float:
     deviation, but never less than 1.2533 x the mean absolute deviation (both estimate the
     standard deviation of normal data). The MAD alone is 0 when more than half the values are
     equal -- rewards that are mostly exactly 0 with some successes -- and would make any
-    change look infinitely significant."""
+    change look infinitely significant.
+    Nor less than the smallest deviation that is not 0: the data's resolution. A reward of one
+    group of four answers a step moves in quarters, mostly repeated; both estimates then read a
+    small fraction of a quarter, and a dip of three quarters for two points read as 4 of its
+    noise (a healthy shape history alarmed as a crash). Continuous data have deviations far
+    smaller than their spread, so this floor leaves them alone."""
     dev = [abs(v - med) for v in values]
     if not dev:
         return NAN
-    return max(MAD_SCALE * median_of(sorted(dev)), MEAN_AD_SCALE * sum(dev) / len(dev))
+    q = min((x for x in dev if x != 0.0), default=0.0)
+    return max(MAD_SCALE * median_of(sorted(dev)), MEAN_AD_SCALE * sum(dev) / len(dev), q)
 
 
 def _frozen_baseline(pts: list[float]) -> tuple[float, float, int, float, float]:

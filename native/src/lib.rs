@@ -401,7 +401,20 @@ fn robust_scale(py: Python<'_>, values: &[f64], med: f64) -> PyResult<f64> {
     }
     let n = dev.len() as f64;
     let total = psum(dev.iter().copied());
-    Ok(py_max(MAD_SCALE * median_selected(py, dev)?, MEAN_AD_SCALE * total / n))
+    // the data's resolution: the smallest deviation that is not 0 (Python's min, in order: a
+    // NaN kept only when it comes first)
+    let mut quantum: Option<f64> = None;
+    for &x in &dev {
+        if x != 0.0 {
+            match quantum {
+                None => quantum = Some(x),
+                Some(q) if x < q => quantum = Some(x),
+                _ => {}
+            }
+        }
+    }
+    let scale = py_max(MAD_SCALE * median_selected(py, dev)?, MEAN_AD_SCALE * total / n);
+    Ok(py_max(scale, quantum.unwrap_or(0.0)))
 }
 
 /// `robust_scale(py, srt, med)` of sorted values: the median absolute deviation found by
@@ -409,7 +422,7 @@ fn robust_scale(py: Python<'_>, values: &[f64], med: f64) -> PyResult<f64> {
 /// side: rounding keeps `|x - med|` monotone), without a vector or a sort. The same number.
 fn robust_scale_sorted(py: Python<'_>, srt: &[f64], med: f64) -> PyResult<f64> {
     let n = srt.len();
-    if n == 0 || med.is_nan() || srt.iter().any(|x| x.is_nan()) {
+    if n == 0 || !med.is_finite() || srt.iter().any(|x| x.is_nan()) {
         return robust_scale(py, srt, med);
     }
     let total = psum(srt.iter().map(|v| (v - med).abs()));
@@ -432,7 +445,19 @@ fn robust_scale_sorted(py: Python<'_>, srt: &[f64], med: f64) -> PyResult<f64> {
         }
     }
     let mad = if n % 2 == 1 { cur } else { 0.5 * (prev + cur) };
-    Ok(py_max(MAD_SCALE * mad, MEAN_AD_SCALE * total / n as f64))
+    // the smallest deviation that is not 0: the nearest value under `med` or over it
+    let over = srt.partition_point(|x| *x <= med);
+    let mut quantum = 0.0;
+    if p > 0 {
+        quantum = (srt[p - 1] - med).abs();
+    }
+    if over < n {
+        let d = (srt[over] - med).abs();
+        if p == 0 || d < quantum {
+            quantum = d;
+        }
+    }
+    Ok(py_max(py_max(MAD_SCALE * mad, MEAN_AD_SCALE * total / n as f64), quantum))
 }
 
 fn diff_scale(py: Python<'_>, v: &[f64]) -> PyResult<f64> {

@@ -227,6 +227,24 @@ def test_gain_signals_of_a_metric_first_watched_mid_training(seed):
     run_pair(pair, events, rng, read_p=0.8, state_every=150)
 
 
+@pytest.mark.parametrize("seed", [8, 9])
+def test_every_signal_of_a_metric_on_a_lattice(seed):
+    """A reward of one group of four answers a step takes values a quarter apart, mostly
+    repeated: the robust scales' floor (the smallest deviation that is not 0, the data's
+    resolution) reads alike in both banks, with and without NaN and infinities among them."""
+    rng = random.Random(seed)
+
+    def on_lattice(metrics):
+        x = metrics.get("m")
+        if x is not None and math.isfinite(x):
+            metrics["m"] = round(x * 4) / 4 if abs(x) < 1e6 else x
+        return metrics
+
+    events = [(step, on_lattice(m)) for step, m in stream(rng, 1200)]
+    pair = Pair(ALL_SPECS)
+    run_pair(pair, events, rng, read_p=0.8, state_every=300)
+
+
 def test_extreme_magnitudes_give_the_same_numbers_or_the_same_errors():
     rng = random.Random(5)
     events = []
