@@ -43,11 +43,13 @@ class Source(Protocol):
 
     def metric(self, metric: str, signal: str, window: int, smooth: int | None,
                cycle_metric: str | None, min_steps: int, min_points: int,
-               ready_points: int, after_warmup_of: str | None) -> Callable[[], float]:
+               ready_points: int, after_warmup_of: str | None,
+               after_warmup_steps: int | None) -> Callable[[], float]:
         """Reads the signal now: NaN when undecided (not logged at this step, fewer than
         ``ready_points`` points, a warm-up of ``min_steps`` not over, counted from the metric's
-        first step and from the last new high of ``after_warmup_of``); the raw value when it
-        is not finite. The window holds at least ``min_points`` points."""
+        first step, or one of ``after_warmup_steps`` (``min_steps`` when None) counted from
+        the last new high of ``after_warmup_of``); the raw value when it is not finite. The
+        window holds at least ``min_points`` points."""
 
     def nonfinite(self, names: list[str] | None) -> Callable[[], list[str]]: ...
     def rank_stat(self, metric: str, stat: str) -> Callable[[], tuple[float, int | None]]: ...
@@ -373,7 +375,7 @@ def _plan_leaf(c: Condition, targets, params) -> tuple:
         # a two-metric signal names its second metric where cycle_rise names its cycle metric
         return ("metric", (c.metric, c.signal, c.window, c.smooth, c.cycle_metric or c.versus,
                            c.min_steps, MIN_POINTS[c.signal], READY_POINTS[c.signal],
-                           c.after_warmup_of),
+                           c.after_warmup_of, c.after_warmup_steps),
                 kind, thr, c.metric)
     if c.nonfinite is not None:
         return ("nonfinite", None if c.nonfinite == "any" else tuple(c.nonfinite))

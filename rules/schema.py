@@ -65,7 +65,9 @@ logging interval of the run:
   well: the last step at which it rose above its high (by more than a millionth of it). A
   learning rate that rises over its first 200 steps ends its warm-up at step 200; a constant
   or decaying one has none, nor has a run that does not log it: those are judged from the
-  metric's first step, as without the option.
+  metric's first step, as without the option. ``after_warmup_steps: M`` counts M steps from
+  the warm-up's end instead of N (``min_steps: 100, after_warmup_of: lr/actor,
+  after_warmup_steps: 20``: 100 steps into the run and 20 past the warm-up).
 * ``smooth: N`` and ``signal: ema`` with ``window: N`` -- an EMA with a span of N steps; a gap of
   k steps between two points decays the average as k single steps would, but never below the
   decay of an EMA of N/20 points: a run logged more than 20 steps apart (its step numbers count
@@ -284,6 +286,9 @@ class Condition(_Strict):
     after_warmup_of: str | None = Field(
         default=None, description="count min_steps from the last step this metric (a learning "
         "rate) rose above its high, the end of its warm-up, as well as from the metric's first")
+    after_warmup_steps: int | None = Field(
+        default=None, ge=2, le=100_000, description="the steps counted from the end of "
+        "after_warmup_of's warm-up (min_steps when not given)")
     # other sources
     nonfinite: Union[Literal["any"], list[str], None] = None
     ranks: str | None = None
@@ -341,7 +346,7 @@ class Condition(_Strict):
         if source == "hashes" and self.mismatch is not True:
             raise ValueError("a hashes condition is written {hashes: NAME, mismatch: true}")
         if source != "metric":
-            for name in ("smooth", "cycle_metric", "versus", "after_warmup_of"):
+            for name in ("smooth", "cycle_metric", "versus", "after_warmup_of", "after_warmup_steps"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name} belongs to metric conditions")
         if self.cap is not None and source != "dist":
@@ -351,9 +356,13 @@ class Condition(_Strict):
             raise ValueError(f"signal {self.signal} needs a window of at least {least} steps")
         if self.signal == "cycle_rise" and not self.cycle_metric:
             raise ValueError("signal cycle_rise needs cycle_metric (e.g. ppo/epoch)")
+        if self.after_warmup_steps is not None and self.after_warmup_of is None:
+            raise ValueError("after_warmup_steps counts from the end of a warm-up: name its "
+                             "metric with after_warmup_of (e.g. lr/actor)")
         if self.after_warmup_of is not None and self.min_steps < 2:
-            raise ValueError("after_warmup_of counts min_steps from the end of "
-                             f"{self.after_warmup_of}'s warm-up: give min_steps of 2 or more")
+            raise ValueError("after_warmup_of counts steps from the end of "
+                             f"{self.after_warmup_of}'s warm-up, once one is seen: give min_steps "
+                             "of 2 or more, the steps from the run's start")
         if (self.signal == "follow_z") != (self.versus is not None):
             raise ValueError("signal follow_z needs versus: METRIC (and versus belongs to follow_z)")
         return self

@@ -1014,7 +1014,7 @@ RAMP_RISE = 1e-6
 class Ramp:
     """Where a metric last rose above its high: the end of its ramp (a learning rate's warm-up
     ends where it stops setting new highs; a constant or decaying rate has none, nor has its
-    first point). ``after_warmup_of`` counts ``min_steps`` from there."""
+    first point). ``after_warmup_of`` counts ``after_warmup_steps`` (or ``min_steps``) from there."""
 
     __slots__ = ("peak", "step")
 
@@ -1056,11 +1056,11 @@ class Bank:
         return t
 
     def metric(self, metric, signal, window, smooth, cycle_metric, min_steps, min_points,
-               ready_points=1, after_warmup_of=None):
+               ready_points=1, after_warmup_of=None, after_warmup_steps=None):
         """A reader of ``signal`` of ``metric`` (see rules.compile.Source); shared by every
         condition that reads the same thing."""
         key = (metric, signal, window, smooth, cycle_metric, min_steps, min_points, ready_points,
-               after_warmup_of)
+               after_warmup_of, after_warmup_steps)
         reader = self.readers.get(key)
         if reader is not None:
             return reader
@@ -1109,6 +1109,7 @@ class Bank:
         need_points = max(ready_points, min(min_steps, 5))
         warm = max(0, min_steps - 1)
         ramp = None if after_warmup_of is None else self.ramps.setdefault(after_warmup_of, Ramp())
+        ramp_warm = max(0, (min_steps if after_warmup_steps is None else after_warmup_steps) - 1)
         bank = self
         memo = [-1, NAN]    # [bank version, value]: tiers and rules reading the same signal
 
@@ -1120,7 +1121,7 @@ class Bank:
                 return x                 # NaN: undecided; +/-Inf: the comparison decides
             if trk.n < need_points or bank.step - trk.first_step < warm:
                 return NAN
-            if ramp is not None and ramp.step is not None and bank.step - ramp.step < warm:
+            if ramp is not None and ramp.step is not None and bank.step - ramp.step < ramp_warm:
                 return NAN               # the warm-up counts from the end of the ramp
             if memo[0] == bank.version:
                 return memo[1]

@@ -1628,6 +1628,8 @@ struct Spec {
     window: i64,
     need_points: i64,
     warm: i64,
+    /// the steps of the warm-up counted from the end of the ramp, less one
+    ramp_warm: i64,
 }
 
 struct ReaderDef {
@@ -1756,7 +1758,7 @@ impl Core {
         if spec.ramp != NONE {
             // the warm-up counts from the end of the ramp
             if let Some(at) = self.ramps[spec.ramp].step {
-                if self.step - at < spec.warm {
+                if self.step - at < spec.ramp_warm {
                     return Ok(NAN);
                 }
             }
@@ -2499,7 +2501,7 @@ impl Bank {
 
     /// A reader of ``signal`` of ``metric`` (see rules.compile.Source); shared by every
     /// condition that reads the same thing.
-    #[pyo3(signature = (metric, signal, window, smooth, cycle_metric, min_steps, min_points, ready_points=None, after_warmup_of=None))]
+    #[pyo3(signature = (metric, signal, window, smooth, cycle_metric, min_steps, min_points, ready_points=None, after_warmup_of=None, after_warmup_steps=None))]
     #[allow(clippy::too_many_arguments)]
     fn metric(
         &self,
@@ -2513,11 +2515,13 @@ impl Bank {
         min_points: &Bound<'_, PyAny>,
         ready_points: Option<&Bound<'_, PyAny>>,
         after_warmup_of: Option<&Bound<'_, PyAny>>,
+        after_warmup_steps: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyObject> {
         let one = 1i64.into_py(py).into_bound(py);
         let ready_points = ready_points.unwrap_or(&one);
         let nothing = py.None().into_bound(py);
         let after_warmup_of = after_warmup_of.unwrap_or(&nothing);
+        let after_warmup_steps = after_warmup_steps.unwrap_or(&nothing);
         let key = PyTuple::new_bound(
             py,
             [
@@ -2530,6 +2534,7 @@ impl Bank {
                 min_points,
                 ready_points,
                 after_warmup_of,
+                after_warmup_steps,
             ],
         );
         let readers = self.readers.bind(py);
@@ -2547,6 +2552,8 @@ impl Bank {
         let ready_points: i64 = ready_points.extract()?;
         let ramp_s: Option<String> =
             if after_warmup_of.is_none() { None } else { Some(after_warmup_of.extract()?) };
+        let ramp_steps: i64 =
+            if after_warmup_steps.is_none() { min_steps } else { after_warmup_steps.extract()? };
         let need_window = || {
             window_i.ok_or_else(|| PyTypeError::new_err(format!("{signal_s} needs a window")))
         };
@@ -2685,6 +2692,7 @@ impl Bank {
             window: window_i.unwrap_or(0),
             need_points: ready_points.max(min_steps.min(5)),
             warm: 0i64.max(min_steps - 1),
+            ramp_warm: 0i64.max(ramp_steps - 1),
         };
         let idx = core.readers.len();
         core.readers.push(ReaderDef { spec, memo_version: -1, memo: NAN });

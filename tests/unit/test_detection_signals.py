@@ -703,13 +703,14 @@ def test_start_is_the_median_of_the_runs_first_steps_and_nan_until_then():
 
 
 def _first_decided(lr, *, steps=400, every=1, min_steps=50, ramp="lr/actor", bank=None,
-                   start=0, read_from=None):
-    """The first step at which a 10-step mean with ``min_steps`` counted after the warm-up of
-    ``ramp`` is decided, on a run logging ``m`` every ``every`` steps and ``lr(step)`` beside
-    it (no learning rate when ``lr`` is None)."""
+                   start=0, read_from=None, ramp_steps=None):
+    """The first step at which a 10-step mean with ``min_steps`` counted from the run's start
+    and ``ramp_steps`` (``min_steps`` when None) after the warm-up of ``ramp`` is decided, on a
+    run logging ``m`` every ``every`` steps and ``lr(step)`` beside it (no learning rate when
+    ``lr`` is None)."""
     bank = bank or Bank()
     read = bank.metric("m", "mean", 10, None, None, min_steps, MIN_POINTS["mean"],
-                       READY_POINTS["mean"], ramp)
+                       READY_POINTS["mean"], ramp, ramp_steps)
     for step in range(start, steps, every):
         metrics = {"m": 1.0 + 0.01 * (step % 3)}
         if lr is not None and lr(step) is not None:
@@ -733,6 +734,17 @@ def test_a_warm_up_after_a_learning_rate_ramp_counts_from_the_ramp_s_end():
     # of its top (the points at 140 and 150 read 0.94 and 1.0 of it); 50 steps from there are
     # over at step 199, and the next point is at step 200
     assert _first_decided(_warm_up, every=10) == 200
+
+
+def test_the_steps_after_the_ramp_may_differ_from_the_run_s_warm_up():
+    """after_warmup_steps: 100 steps into the run and 20 past the ramp's end (step 149): the
+    later of the two, step 168; a short ramp leaves the run's own 100 steps, step 99; a run
+    without a rising rate is judged from its start; more steps past the ramp than from the
+    start: 300 past it."""
+    assert _first_decided(_warm_up, min_steps=100, ramp_steps=20) == 149 + 19
+    assert _first_decided(lambda s: _warm_up(s, until=30), min_steps=100, ramp_steps=20) == 99
+    assert _first_decided(None, min_steps=100, ramp_steps=20) == 99
+    assert _first_decided(_warm_up, min_steps=20, ramp_steps=300, steps=600) == 149 + 299
 
 
 def test_a_run_without_a_rising_learning_rate_is_judged_from_its_start():

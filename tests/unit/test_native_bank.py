@@ -77,10 +77,11 @@ def canon(state) -> str:
     return json.dumps(state, sort_keys=True, allow_nan=True)
 
 
-def spec(sig, window, smooth, min_steps, *, second="c", ready=None, points=None, ramp=None):
+def spec(sig, window, smooth, min_steps, *, second="c", ready=None, points=None, ramp=None,
+         ramp_steps=None):
     return ("m", sig, window, smooth, second if sig in ("cycle_rise", "follow_z") else None,
             min_steps, MIN_POINTS[sig] if points is None else points,
-            READY_POINTS[sig] if ready is None else ready, ramp)
+            READY_POINTS[sig] if ready is None else ready, ramp, ramp_steps)
 
 
 class Pair:
@@ -170,11 +171,12 @@ ALL_SPECS = [spec(sig, w, sm, ms)
              for ms in (0, 12)] + [
     # a long EMA: gaps of more than 10 steps meet its floor (an average over at least 5 points)
     spec(sig, w, 50, 0) for sig in SIGNALS for w in (8, 64)] + [
-    # the warm-up counted from the end of a learning rate's ramp; "x" is never logged
-    spec(sig, w, None, ms, ramp=ramp)
+    # the warm-up counted from the end of a learning rate's ramp; "x" is never logged; the
+    # steps past the ramp given apart from the run's (after_warmup_steps), longer or shorter
+    spec(sig, w, None, ms, ramp=ramp, ramp_steps=rs)
     for sig in SIGNALS
     for w in (8, 64)
-    for ms in (12, 100)
+    for ms, rs in ((12, None), (100, None), (100, 20), (0, 30))
     for ramp in ("r", "x")]
 
 
@@ -266,7 +268,8 @@ def cases(draw):
                           draw(st.sampled_from([0, 1, 3, 8])),
                           ready=draw(st.sampled_from([None, 0, 1, 6])),
                           points=draw(st.sampled_from([None, 0, 1, 4, 13])),
-                          ramp=draw(st.sampled_from([None, None, "r", "c"]))))
+                          ramp=draw(st.sampled_from([None, None, "r", "c"])),
+                          ramp_steps=draw(st.sampled_from([None, None, 2, 9]))))
     value = st.one_of(
         st.floats(allow_nan=True, allow_infinity=True, width=64),
         st.floats(-10, 10), st.sampled_from([0.0, -0.0, 1.0, 2.5, -1.0]),

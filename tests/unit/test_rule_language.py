@@ -175,12 +175,22 @@ def test_the_second_metric_and_the_warm_up_metric_are_checked_too():
         """).lstrip("\n"), "mine.yaml")
     warnings = pack_warnings(pack)
     assert [w.split(" warning:")[0] for w in warnings] == ["mine.yaml:5:", "mine.yaml:9:"], warnings
+    # the steps past the warm-up given apart from the run's
+    load_pack_text("rules:\n  - id: a\n    tiers:\n      - severity: orange\n        when: "
+                   "{metric: reward/mean, signal: mean, min_steps: 100, after_warmup_of: lr/actor, "
+                   "after_warmup_steps: 20, above: 1}\n", "mine.yaml")
     assert "judge/scor" in warnings[0] and "lr/actr" in warnings[1]
     for when, why in (
             ("{metric: reward/mean, signal: mean, after_warmup_of: lr/actor, above: 1}",
              "give min_steps of 2 or more"),
             ("{ranks: grad_norm/actor, stat: max_over_median, after_warmup_of: lr/actor, above: 3}",
-             "after_warmup_of belongs to metric conditions")):
+             "after_warmup_of belongs to metric conditions"),
+            ("{metric: reward/mean, signal: mean, min_steps: 50, after_warmup_steps: 20, above: 1}",
+             "name its metric with after_warmup_of"),
+            ("{metric: reward/mean, signal: mean, after_warmup_of: lr/actor, after_warmup_steps: 20, above: 1}",
+             "give min_steps of 2 or more"),
+            ("{metric: reward/mean, signal: mean, min_steps: 9, after_warmup_of: lr/actor, after_warmup_steps: 1, above: 1}",
+             "after_warmup_steps")):
         msg = error_of("rules:\n  - id: a\n    tiers:\n      - severity: orange\n"
                        f"        when: {when}\n")
         assert lines_of(msg) == [5] and why in msg, msg
