@@ -375,7 +375,9 @@ def _plan_leaf(c: Condition, targets, params) -> tuple:
         # a two-metric signal names its second metric where cycle_rise names its cycle metric
         return ("metric", (c.metric, c.signal, c.window, c.smooth, c.cycle_metric or c.versus,
                            c.min_steps, MIN_POINTS[c.signal], READY_POINTS[c.signal],
-                           c.after_warmup_of, c.after_warmup_steps),
+                           c.after_warmup_of,
+                           # as many steps past the warm-up as from the start: one shared reader
+                           None if c.after_warmup_steps == c.min_steps else c.after_warmup_steps),
                 kind, thr, c.metric)
     if c.nonfinite is not None:
         return ("nonfinite", None if c.nonfinite == "any" else tuple(c.nonfinite))

@@ -284,8 +284,9 @@ class Condition(_Strict):
     versus: str | None = Field(default=None, description="the second metric of a two-metric "
                                "signal (follow_z)")
     after_warmup_of: str | None = Field(
-        default=None, description="count min_steps from the last step this metric (a learning "
-        "rate) rose above its high, the end of its warm-up, as well as from the metric's first")
+        default=None, description="count min_steps (or after_warmup_steps) from the last step "
+        "this metric (a learning rate) rose above its high, the end of its warm-up, as well as "
+        "min_steps from the metric's first")
     after_warmup_steps: int | None = Field(
         default=None, ge=2, le=100_000, description="the steps counted from the end of "
         "after_warmup_of's warm-up (min_steps when not given)")

@@ -289,3 +289,16 @@ def test_a_dist_condition_with_its_cap_from_a_parameter_fires():
         out += p.feed(ev, ev.ts)
     (a,) = firing(out, "long_tail")
     assert a.step == 2 and a.value == pytest.approx(0.4) and a.threshold == pytest.approx(0.25)
+
+
+def test_as_many_steps_past_the_warm_up_as_from_the_start_read_the_same_statistics():
+    """``after_warmup_steps`` equal to ``min_steps`` says what leaving it out says: the two
+    conditions are planned alike, so a run keeps one reader for both."""
+    from rules.compile import _plan_leaf
+    from rules.schema import Condition
+
+    base = {"metric": "reward/mean", "signal": "mean", "min_steps": 20, "after_warmup_of": "lr/actor",
+            "above": 1}
+    same = _plan_leaf(Condition(**base, after_warmup_steps=20), {}, {})
+    assert same == _plan_leaf(Condition(**base), {}, {})
+    assert same != _plan_leaf(Condition(**base, after_warmup_steps=30), {}, {})
