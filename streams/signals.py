@@ -894,11 +894,14 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
             return lambda: both()[0]
         return lambda: both()[1]
     if sig == "autocorr":
+        every = max(1, window // 20)
+
         def f():
-            # the dominant period of a long window moves slowly: recomputed every window/20 points
-            if 0 <= trk.total - win.cache_at < max(1, window // 20):
+            # the dominant period of a long window moves slowly: worked out again once the run is
+            # window/20 steps on (steps, not points: a run logging every 20 steps at each point)
+            if win.cache_at >= 0 and 0 <= trk.last_step - win.cache_at < every:
                 return win.cache.get("ac", NAN)
-            win.cache_at = trk.total
+            win.cache_at = trk.last_step
             win.cache["ac"] = out = _autocorr(list(sync().xs))
             return out
         return f
@@ -1179,8 +1182,8 @@ class Bank:
                            t.last_step is not None],
                 "cycles": [[m, c, x.to_state()] for (m, c), x in self.cycles.items()],
                 "ramps": [[m, *r.to_state()] for m, r in self.ramps.items()],
-                # when each autocorrelation was last worked out, and its value: it is worked out
-                # every window/20 points, so a restored run keeps the same rhythm
+                # the step each autocorrelation was last worked out at, and its value: it is
+                # worked out every window/20 steps, so a restored run keeps the same rhythm
                 "autocorr": [[m, s, steps, w.cache_at, _enc(w.cache.get("ac", NAN))]
                              for (m, s, steps, _), w in self.windows.items() if w.cache_at >= 0]}
 

@@ -2212,16 +2212,17 @@ impl Core {
                 Ok(if r.sig == SignFlipRate { out.0 } else { out.1 })
             }
             Autocorr => {
-                let total = self.tracks[r.trk].total;
+                // worked out again once the run is window/20 steps on (not points)
+                let step = self.tracks[r.trk].last_step.unwrap_or(0);
                 let every = 1i64.max(window.div_euclid(20));
                 {
                     let w = &self.windows[r.win];
-                    let since = total - w.cache_at;
-                    if 0 <= since && since < every {
+                    let since = step - w.cache_at;
+                    if w.cache_at >= 0 && 0 <= since && since < every {
                         return Ok(w.cache_ac.unwrap_or(NAN));
                     }
                 }
-                self.windows[r.win].cache_at = total;
+                self.windows[r.win].cache_at = step;
                 self.sync(r.win);
                 let out = autocorr(self.windows[r.win].xs.make_contiguous());
                 self.windows[r.win].cache_ac = Some(out);

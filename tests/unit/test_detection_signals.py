@@ -439,6 +439,24 @@ def test_a_one_step_kl_and_gradient_spike_notifies_without_any_alarm():
     assert all(a.severity in ("info", "yellow") for a in fired), [(a.rule, a.severity) for a in fired]
 
 
+def test_the_autocorrelation_is_worked_out_every_window_twentieth_of_steps_not_of_points():
+    """reward_periodic's autocorrelation is worked out again once the run is window/20 steps on
+    (8 for a window of 160), not window/20 points: a run logged every 20 steps was read 160
+    steps late, and the period that arrived meanwhile was missed. Logged every step it is
+    still worked out every 8 steps."""
+    rng = random.Random(7)
+    values = [rng.gauss(0.5, 0.05) + (0.3 * math.sin(2 * math.pi * i * 20 / 50) if i >= 20 else 0.0)
+              for i in range(60)]
+    sparse = run(values, "autocorr", 160, every=20)
+    ready = [v for v in sparse if v == v and v != 0.0]     # 0.0: no period yet
+    assert len(ready) > 30
+    assert all(a != b for a, b in zip(ready, ready[1:])), "a point kept the value of the one before"
+    dense = run([rng.gauss(0.5, 0.05) + 0.3 * math.sin(2 * math.pi * i / 50) for i in range(400)],
+                "autocorr", 160)
+    changes = [i for i in range(1, len(dense)) if dense[i] == dense[i] and dense[i] != dense[i - 1]]
+    assert len(changes) > 30 and all((i - changes[0]) % 8 == 0 for i in changes), changes[:6]
+
+
 def test_the_autocorrelation_is_numpys_without_numpy():
     """streams.signals._autocorr sums in plain loops (so that the native bank can give the same
     bits); its numbers are those of the numpy formulation it replaced, to rounding."""

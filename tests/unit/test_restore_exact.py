@@ -1,6 +1,6 @@
 """A run restored from its stored state (as a restarted worker restores it from the run table)
 goes on exactly as if it had never stopped: the same alerts, every field the same, however
-often it is restored. The autocorrelation is worked out every window/20 points, not every
+often it is restored. The autocorrelation is worked out every window/20 steps, not every
 step, so its rhythm is part of the state; it used to be lost, and a restored run's
 ``reward_periodic`` then fired at another step with another value."""
 
