@@ -59,6 +59,10 @@ class Source(Protocol):
     def group_stat(self, metric: str, stat: str, window: int) -> Callable[[], tuple[float, str | None]]: ...
     def sample_stat(self, field: str, stat: str) -> Callable[[], tuple[float, str | None]]: ...
     def seconds_since_event(self) -> Callable[[], float]: ...
+    def holds(self) -> tuple[dict[str, int], Callable[[], int]]:
+        """For branches held over steps (``for`` on an all/any branch): the dict, kept with
+        the run's state, of each held branch's onset step by its key, and the reader of the
+        step being evaluated."""
 
     # Optional: a source whose readers are native may also offer ``join(op, tests)``, the
     # native ``all``/``any``/``not`` ("all", "any", "not") of compiled tests, or None; its
@@ -500,27 +504,62 @@ def _cost(c: Condition) -> tuple[float, bool]:
     return 30, True      # groups (trends recomputed every few steps), ranks, samples, liveness
 
 
-def _plan(c: Condition, targets, params) -> tuple:
+def _plan(c: Condition, targets, params, path: str = "") -> tuple:
     """A condition as data for :func:`_bind`: ``("all", parts, order)``, ``("any", parts)``,
-    ``("not", part)`` or a leaf's :func:`_plan_leaf`. ``order``: the order an ``all`` reads its
-    parts in (cheap ones first, unless a number depends on when it is read)."""
+    ``("not", part)``, ``("held", part, steps, key)`` or a leaf's :func:`_plan_leaf`.
+    ``order``: the order an ``all`` reads its parts in (cheap ones first, unless a number
+    depends on when it is read). ``path``: where ``c`` is in its tier ("rule/severity" and the
+    positions of the branches down to it), the key of a held branch's count."""
     if c.all is not None:
-        parts = [_plan(x, targets, params) for x in c.all]
+        parts = [_plan(x, targets, params, f"{path}.{i}") for i, x in enumerate(c.all)]
         costs = [_cost(x) for x in c.all]
         order = list(range(len(parts)))
         if not any(timed for _, timed in costs):
             order.sort(key=lambda i: costs[i][0])   # the result does not depend on the order
-        return ("all", parts, order)
-    if c.any is not None:
-        return ("any", [_plan(x, targets, params) for x in c.any])
-    if c.not_ is not None:
-        return ("not", _plan(c.not_, targets, params))
-    return _plan_leaf(c, targets, params)
+        out = ("all", parts, order)
+    elif c.any is not None:
+        out = ("any", [_plan(x, targets, params, f"{path}.{i}") for i, x in enumerate(c.any)])
+    elif c.not_ is not None:
+        return ("not", _plan(c.not_, targets, params, f"{path}.0"))
+    else:
+        return _plan_leaf(c, targets, params)
+    if c.for_ is not None and c.for_ > 1:
+        return ("held", out, c.for_, path)
+    return out
+
+
+def _has_held(plan: tuple) -> bool:
+    how = plan[0]
+    if how == "held":
+        return True
+    if how in ("all", "any"):
+        return any(_has_held(x) for x in plan[1])
+    if how == "not":
+        return _has_held(plan[1])
+    return False
 
 
 def _bind(plan: tuple, src: Source) -> tuple[Test, Explain]:
     """The test and explain of a condition's :func:`_plan` over the statistics of ``src``."""
     how = plan[0]
+    if how == "held":
+        inner_test, inner_explain = _bind(plan[1], src)
+        test = held_of(inner_test, plan[2], plan[3], src)
+
+        def explain():
+            e = inner_explain()
+            return (test(), *e[1:])
+        return test, explain
+    if how in ("all", "any") and _has_held(plan):
+        # every branch read at every evaluation: a held branch's count must see every point
+        parts = [_bind(x, src) for x in plan[1]]
+        test = every_of(how, [p[0] for p in parts])
+
+        def explain():
+            got = [e() for _, e in parts]
+            hit = [g for g in got if g[0]] if how == "any" else []
+            return (test(), *_first_numbers(hit or got))
+        return test, explain
     if how == "all":
         parts = [_bind(x, src) for x in plan[1]]
         tests = [parts[i][0] for i in plan[2]]
@@ -582,6 +621,34 @@ def any_of(tests: list[Test]) -> Test:
     return test
 
 
+def every_of(how: str, tests: list[Test]) -> Test:
+    """``all_of`` or ``any_of`` of ``tests`` (the same verdict), each read every time."""
+    def test():
+        got = [t() for t in tests]
+        if how == "all":
+            return False if False in got else None if None in got else True
+        return True if True in got else False if False in got else None
+    return test
+
+
+def held_of(inner: Test, steps: int, key: str, src: Source) -> Test:
+    """``inner`` held at every point it was decided over ``steps`` steps (a tier's ``for``,
+    for one branch): the onset step of its current true spell is kept in the run's state
+    under ``key``; a false point ends the spell, an undecided one changes nothing."""
+    onsets, now = src.holds()
+
+    def test():
+        h = inner()
+        if h is None:
+            return None
+        if not h:
+            onsets.pop(key, None)
+            return False
+        step = now()
+        return step - onsets.setdefault(key, step) + 1 >= steps
+    return test
+
+
 def not_of(inner: Test) -> Test:
     def test():
         h = inner()
@@ -625,7 +692,7 @@ def plan_rules(rules: list[Rule], params: dict[str, dict[str, float]], targets: 
             continue
         p = params.get(rule.id, rule.params)
         out.append((rule, positions.get(rule.id, i) if positions else i, p,
-                    [(t, f"{rule.id}/{t.severity}/", _plan(t.when, targets, p),
+                    [(t, f"{rule.id}/{t.severity}/", _plan(t.when, targets, p, f"{rule.id}/{t.severity}"),
                       None if t.keep_firing_while is None else _plan(t.keep_firing_while, targets, p),
                       tuple((None if a.when is None else _plan(a.when, targets, p), a.adjust)
                             for a in t.actions if not isinstance(a, str)))

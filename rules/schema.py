@@ -46,6 +46,13 @@ logging interval of the run:
   true point (11 steps). ``for: 1`` fires at once. ``for_points: P`` asks besides that the
   condition held at P logged points in a row: a brake that must not follow a transient
   (``for: 3, for_points: 3``) then needs three true points however sparsely the run logs.
+* ``for: N`` on an ``all``/``any`` branch of a tier's ``when`` -- that branch counts as true
+  only once it has held at every logged point over N steps, counted the same way; the tier's
+  own ``for`` then counts from there. Branches whose evidence comes at different speeds get
+  holds of their own: a branch that must fire within a short run's first 50 steps, beside one
+  whose signal flickers across its line on healthy runs for 10 to 15 steps at a time. A held
+  branch, and every branch around it, is read at every evaluation of its tier (no
+  short-circuit), so that its count sees every point; its count is part of the run's state.
 * ``keep_firing_for: N`` -- a firing alert resolves once its condition has been false for more
   than N steps since the first false point; ``escalate_after: N`` -- N steps after firing.
 * ``keep_firing_while: CONDITION`` -- a firing alert does not resolve while this condition
@@ -310,6 +317,8 @@ class Condition(_Strict):
     all: list["Condition"] | None = None
     any: list["Condition"] | None = None
     not_: "Condition | None" = Field(default=None, alias="not")
+    for_: int | None = Field(default=None, ge=1, alias="for", description="an all/any branch of "
+                             "a tier's when: held at every logged point over this many steps")
 
     @field_validator("signal")
     @classmethod
@@ -364,13 +373,27 @@ class Condition(_Strict):
             raise ValueError("after_warmup_of counts steps from the end of "
                              f"{self.after_warmup_of}'s warm-up, once one is seen: give min_steps "
                              "of 2 or more, the steps from the run's start")
+        if self.for_ is not None and source not in ("all", "any"):
+            raise ValueError("for belongs to a tier, or to an all/any branch of its when (a "
+                             "branch held over that many steps)")
         if (self.signal == "follow_z") != (self.versus is not None):
             raise ValueError("signal follow_z needs versus: METRIC (and versus belongs to follow_z)")
         return self
 
 
+def held_branches(c: Condition) -> Iterator[Condition]:
+    """The all/any branches inside ``c`` (itself included) that carry their own ``for``."""
+    if c.for_ is not None:
+        yield c
+    for part in (c.all or c.any or ([c.not_] if c.not_ is not None else [])):
+        yield from held_branches(part)
+
+
 def _reads_the_step(c: Condition | None, what: str) -> Condition | None:
     """``c``, when it reads only the step's metrics (a condition read when an alert changes)."""
+    if c is not None and next(held_branches(c), None) is not None:
+        raise ValueError(f"{what} is read when an alert changes, not at every step: a branch "
+                         "of it cannot be held (for)")
     for leaf in leaves(c) if c is not None else ():
         for kind in ("ranks", "hashes", "samples", "stalled_seconds"):
             if getattr(leaf, kind) is not None:
@@ -451,6 +474,14 @@ class Note(_Strict):
     when: Condition
     text: str
     otherwise: str | None = None
+
+    @field_validator("when")
+    @classmethod
+    def _no_hold(cls, v: Condition) -> Condition:
+        if next(held_branches(v), None) is not None:
+            raise ValueError("a note is read when an alert fires, not at every step: a branch "
+                             "of it cannot be held (for)")
+        return v
 
 
 class Rule(_Strict):

@@ -449,6 +449,10 @@ class _Source:
         run = self.run
         return lambda: (run.now - run.last_event_ts) if run.last_event_ts == run.last_event_ts else NAN
 
+    def holds(self):
+        run = self.run
+        return run.holds.setdefault(self.rank, {}), lambda: run.eval_step
+
 
 def _when_finite(cond) -> bool | None:
     """What a condition made only of ``nonfinite`` checks gives on a step whose metrics are all
@@ -630,6 +634,9 @@ class RunState:
         self.rules: RunRules | None = None
         self._released = False     # release() let go of the programs: compile again on use
         self.alerts: dict[str, AlertState] = {}
+        #: per rank, the onset step of each held branch now true (rules.compile.held_of)
+        self.holds: dict[int, dict[str, int]] = {}
+        self.eval_step = -1        # the step whose rules are being evaluated
         self._ranks_open: set[int] = set()   # ranks (other than 0) with an alert state of their own
         self.checkpoints: list[tuple[int, str]] = []
         self.last_step: dict[int, int] = {}
@@ -960,8 +967,13 @@ class RunState:
         self.last_other.clear()
         self.ranks.clear()
         self.alerts.clear()
+        self._clear_holds()
         self._ranks_open.clear()
         self.newest = -1
+
+    def _clear_holds(self) -> None:
+        for d in self.holds.values():   # (the compiled rules hold these dicts: emptied, kept)
+            d.clear()
 
     def resume(self, incarnation: str | None, step: int) -> None:
         """Go on watching a run relaunched from a checkpoint, its first step ``step``: as after
@@ -997,6 +1009,7 @@ class RunState:
         self.last_other.clear()
         self.ranks.clear()
         self.alerts.clear()
+        self._clear_holds()
         self._ranks_open.clear()
         self.dist_bases = {k: [] for k in self.dist_bases}
         self.corr_ema = {k: [0.0, 0.0, None] for k in self.corr_ema}
@@ -1105,6 +1118,7 @@ class RunState:
         """:func:`rules.engine.evaluate` of rules of the whole run (rank 0's, the cross-rank
         ones; ``rank`` None) or of a rank's own at ``step``: with the native core, its scan
         straight (at most steps no tier needs its alert state: nothing more to do)."""
+        self.eval_step = step
         if _native_scan is not None and type(rules) is RuleList:
             hits = rules.scan(_native_scan, rank)(self.alerts)
             if not hits:
@@ -1427,6 +1441,8 @@ class RunState:
                        for k, g in self.groups.items()},
             "prompts": self.prompts,
             "latest_metrics": {k: v for k, v in self.latest_metrics.items() if math.isfinite(v)},
+            **({"holds": {str(r): dict(d) for r, d in self.holds.items() if d}}
+               if any(self.holds.values()) else {}),
         }
 
     @classmethod
@@ -1448,6 +1464,8 @@ class RunState:
             if r == 0 or rs.program(r).rules:
                 rs.banks[r].load(b)
         rs.alerts = {k: AlertState.from_state(v) for k, v in state.get("alerts", {}).items()}
+        for r, d in state.get("holds", {}).items():     # (into the dicts the rules read)
+            rs.holds.setdefault(int(r), {}).update({str(k): int(v) for k, v in d.items()})
         rs._ranks_open = {int(r) for r in (k.rsplit("/", 1)[1] for k in rs.alerts) if r.isdigit()}
         rs.checkpoints = [tuple(c) for c in state.get("checkpoints", [])]
         rs.last_step = {int(k): v for k, v in state.get("last_step", {}).items()}

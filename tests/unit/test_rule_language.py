@@ -302,3 +302,98 @@ def test_as_many_steps_past_the_warm_up_as_from_the_start_read_the_same_statisti
     same = _plan_leaf(Condition(**base, after_warmup_steps=20), {}, {})
     assert same == _plan_leaf(Condition(**base), {}, {})
     assert same != _plan_leaf(Condition(**base, after_warmup_steps=30), {}, {})
+
+
+HELD = textwrap.dedent("""
+    rules:
+      - id: two_speeds
+        tiers:
+          - severity: orange
+            when:
+              any:
+                - for: 30
+                  all:
+                    - {metric: a, above: 0.5}
+                - for: 10
+                  any:
+                    - {metric: b, above: 0.5}
+    """).lstrip("\n")
+
+
+GATED = textwrap.dedent("""
+    rules:
+      - id: two_speeds
+        tiers:
+          - severity: orange
+            when:
+              all:
+                - {metric: a, above: 0.5}
+                - for: 10
+                  any:
+                    - {metric: b, above: 0.5}
+    """).lstrip("\n")
+
+
+def _held_run(a, b, every=1, restore_at=None, text=HELD):
+    """The steps two_speeds fires at over series ``a`` and ``b`` (one point per ``every``
+    steps); ``restore_at``: the run's state written and read back after that point."""
+    from streams.processor import Processor
+    from streams.state_codec import decode_state, encode_state
+
+    proc = Processor(load_pack_text(text, "mine.yaml"))
+    state = proc.new_state("r")
+    fired = []
+    for i, (x, y) in enumerate(zip(a, b)):
+        ev = parse_event({"schema": 1, "kind": "step", "run_id": "r", "step": i * every,
+                          "ts": T0 + i, "metrics": {"a": x, "b": y}}, T0)
+        fired += [al.step for al in proc.process(state, ev, ev.ts)
+                  if al.rule == "two_speeds" and al.state == "firing"]
+        if i == restore_at:
+            state = proc.load_state(decode_state(encode_state(state.to_state())))
+    return fired
+
+
+def test_each_branch_of_a_tier_may_hold_over_its_own_steps():
+    """``for`` on an all/any branch: the branch counts once it held over that many steps."""
+    on, off = 1.0, 0.0
+    assert _held_run([on] * 40, [off] * 40) == [29]                 # a held 30 steps
+    assert _held_run([off] * 40, [off] * 5 + [on] * 35) == [14]     # b held 10 steps
+    assert _held_run([on] * 25 + [off] * 15, [off] * 40) == []      # a, 25 steps: not enough
+    gap = [on] * 20 + [off] + [on] * 19
+    assert _held_run(gap, [off] * 40) == []                         # a false point starts it over
+    # logged every 10 steps: a point at steps 0, 10, 20 and 30 holds over 31 steps
+    assert _held_run([on] * 6, [off] * 6, every=10) == [30]
+
+
+def test_a_held_branch_counts_every_point_though_a_branch_before_it_is_false():
+    """The branches around a held one are all read at each point: `b` is counted from its
+    first true point while `a`, read first, is false (no short-circuit past it), and the tier
+    fires as soon as `a` is true and `b` has held 10 steps."""
+    on, off = 1.0, 0.0
+    assert _held_run([off] * 5 + [on] * 35, [on] * 40, text=GATED) == [9]
+    assert _held_run([off] * 12 + [on] * 28, [on] * 40, text=GATED) == [12]
+
+
+def test_a_held_branch_goes_on_counting_in_a_restored_run():
+    """The onset of a held branch is part of the run's state: a worker restarted mid-hold fires
+    at the same step as one that never stopped."""
+    on, off = 1.0, 0.0
+    a = [off] * 5 + [on] * 40
+    assert _held_run(a, [off] * 45) == [34]
+    assert _held_run(a, [off] * 45, restore_at=20) == [34]
+
+
+@pytest.mark.parametrize("where", [
+    "when: {metric: a, above: 0.5, for: 3}",
+    "when: {metric: a, above: 0.5}\n        keep_firing_while: {for: 3, all: [{metric: a, above: 0.2}]}",
+])
+def test_for_belongs_to_tiers_and_all_any_branches_of_their_when(where):
+    text = textwrap.dedent("""
+        rules:
+          - id: r
+            tiers:
+              - severity: yellow
+                WHERE
+        """).lstrip("\n").replace("WHERE", where)
+    msg = error_of(text)
+    assert "for" in msg and ("all/any" in msg or "cannot be held" in msg), msg
