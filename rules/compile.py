@@ -21,6 +21,7 @@ points, a target is not set): it neither advances nor resets an alert.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -504,27 +505,30 @@ def _cost(c: Condition) -> tuple[float, bool]:
     return 30, True      # groups (trends recomputed every few steps), ranks, samples, liveness
 
 
-def _plan(c: Condition, targets, params, path: str = "") -> tuple:
+def _plan(c: Condition, targets, params) -> tuple:
     """A condition as data for :func:`_bind`: ``("all", parts, order)``, ``("any", parts)``,
     ``("not", part)``, ``("held", part, steps, key)`` or a leaf's :func:`_plan_leaf`.
     ``order``: the order an ``all`` reads its parts in (cheap ones first, unless a number
-    depends on when it is read). ``path``: where ``c`` is in its tier ("rule/severity" and the
-    positions of the branches down to it), the key of a held branch's count."""
+    depends on when it is read). ``key``: a held branch's count is kept under a digest of
+    what it tests, so that a count stored by a worker goes on after a restart with the branch
+    unchanged wherever the pack was edited around it (two identical branches, in one rule
+    or two, have one verdict and so one count)."""
     if c.all is not None:
-        parts = [_plan(x, targets, params, f"{path}.{i}") for i, x in enumerate(c.all)]
+        parts = [_plan(x, targets, params) for x in c.all]
         costs = [_cost(x) for x in c.all]
         order = list(range(len(parts)))
         if not any(timed for _, timed in costs):
             order.sort(key=lambda i: costs[i][0])   # the result does not depend on the order
         out = ("all", parts, order)
     elif c.any is not None:
-        out = ("any", [_plan(x, targets, params, f"{path}.{i}") for i, x in enumerate(c.any)])
+        out = ("any", [_plan(x, targets, params) for x in c.any])
     elif c.not_ is not None:
-        return ("not", _plan(c.not_, targets, params, f"{path}.0"))
+        return ("not", _plan(c.not_, targets, params))
     else:
         return _plan_leaf(c, targets, params)
     if c.for_ is not None and c.for_ > 1:
-        return ("held", out, c.for_, path)
+        key = hashlib.sha1(repr((out, c.for_)).encode()).hexdigest()[:16]
+        return ("held", out, c.for_, key)
     return out
 
 
@@ -692,7 +696,7 @@ def plan_rules(rules: list[Rule], params: dict[str, dict[str, float]], targets: 
             continue
         p = params.get(rule.id, rule.params)
         out.append((rule, positions.get(rule.id, i) if positions else i, p,
-                    [(t, f"{rule.id}/{t.severity}/", _plan(t.when, targets, p, f"{rule.id}/{t.severity}"),
+                    [(t, f"{rule.id}/{t.severity}/", _plan(t.when, targets, p),
                       None if t.keep_firing_while is None else _plan(t.keep_firing_while, targets, p),
                       tuple((None if a.when is None else _plan(a.when, targets, p), a.adjust)
                             for a in t.actions if not isinstance(a, str)))

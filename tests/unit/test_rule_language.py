@@ -383,6 +383,36 @@ def test_a_held_branch_goes_on_counting_in_a_restored_run():
     assert _held_run(a, [off] * 45, restore_at=20) == [34]
 
 
+def test_a_held_branch_keeps_its_count_when_the_pack_around_it_changes():
+    """A worker restarted with an edited pack (a branch added before a held one) goes on
+    counting the unchanged branch; a branch whose test changed starts its count afresh."""
+    from streams.processor import Processor
+    from streams.state_codec import decode_state, encode_state
+
+    edited = HELD.replace("          any:\n            - for: 30",
+                          "          any:\n            - {metric: c, above: 0.5}\n            - for: 30")
+    retuned = HELD.replace("for: 30", "for: 31")
+    assert edited != HELD and retuned != HELD
+
+    def fires(after: str) -> list[int]:
+        proc = Processor(load_pack_text(HELD, "mine.yaml"))
+        state = proc.new_state("r")
+        fired = []
+        for i in range(55):
+            if i == 20:      # the worker restarts with the pack ``after``
+                proc = Processor(load_pack_text(after, "mine.yaml"))
+                state = proc.load_state(decode_state(encode_state(state.to_state())))
+            ev = parse_event({"schema": 1, "kind": "step", "run_id": "r", "step": i, "ts": T0 + i,
+                              "metrics": {"a": 1.0 if i >= 5 else 0.0, "b": 0.0, "c": 0.0}}, T0)
+            fired += [al.step for al in proc.process(state, ev, ev.ts)
+                      if al.rule == "two_speeds" and al.state == "firing"]
+        return fired
+
+    assert fires(HELD) == [34]
+    assert fires(edited) == [34]
+    assert fires(retuned) == [50]       # counted from the restart at step 20: 31 steps on
+
+
 @pytest.mark.parametrize("where", [
     "when: {metric: a, above: 0.5, for: 3}",
     "when: {metric: a, above: 0.5}\n        keep_firing_while: {for: 3, all: [{metric: a, above: 0.2}]}",
