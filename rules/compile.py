@@ -506,86 +506,63 @@ def _cost(c: Condition) -> tuple[float, bool]:
 
 
 def _plan(c: Condition, targets, params) -> tuple:
-    """A condition as data for :func:`_bind`: ``("all", parts, order)``, ``("any", parts)``,
-    ``("not", part)``, ``("held", part, steps, key)`` or a leaf's :func:`_plan_leaf`.
-    ``order``: the order an ``all`` reads its parts in (cheap ones first, unless a number
-    depends on when it is read). ``key``: a held branch's count is kept under a digest of
-    what it tests, so that a count stored by a worker goes on after a restart with the branch
-    unchanged wherever the pack was edited around it (two identical branches, in one rule
-    or two, have one verdict and so one count)."""
-    if c.all is not None:
-        parts = [_plan(x, targets, params) for x in c.all]
-        costs = [_cost(x) for x in c.all]
-        order = list(range(len(parts)))
-        if not any(timed for _, timed in costs):
-            order.sort(key=lambda i: costs[i][0])   # the result does not depend on the order
-        out = ("all", parts, order)
-    elif c.any is not None:
-        out = ("any", [_plan(x, targets, params) for x in c.any])
-    elif c.not_ is not None:
+    """A condition as data for :func:`_bind`: ``("all", parts, order, every)``, ``("any",
+    parts, every)``, ``("not", part)``, ``("held", part, steps, key)`` or a leaf's
+    :func:`_plan_leaf`. ``order``: the order an ``all`` reads its parts in (cheap ones first,
+    unless a number depends on when it is read). ``every``: a held branch is below, so every
+    part is read at every evaluation (its count must see every point). ``key``: a held branch's
+    count is kept under a digest of what it tests, so that a count stored by a worker goes on
+    after a restart with the branch unchanged wherever the pack was edited around it (two
+    identical branches, in one rule or two, have one verdict and so one count)."""
+    if c.all is not None or c.any is not None:
+        parts = [_plan(x, targets, params) for x in (c.all if c.all is not None else c.any)]
+        every = any(_has_held(x) for x in parts)
+        if c.all is not None:
+            costs = [_cost(x) for x in c.all]
+            order = list(range(len(parts)))
+            if not any(timed for _, timed in costs):
+                order.sort(key=lambda i: costs[i][0])   # the result does not depend on the order
+            out = ("all", parts, order, every)
+        else:
+            out = ("any", parts, every)
+        if c.for_ is not None and c.for_ > 1:
+            key = hashlib.sha1(repr((out, c.for_)).encode()).hexdigest()[:16]
+            return ("held", out, c.for_, key)
+        return out
+    if c.not_ is not None:
         return ("not", _plan(c.not_, targets, params))
-    else:
-        return _plan_leaf(c, targets, params)
-    if c.for_ is not None and c.for_ > 1:
-        key = hashlib.sha1(repr((out, c.for_)).encode()).hexdigest()[:16]
-        return ("held", out, c.for_, key)
-    return out
+    return _plan_leaf(c, targets, params)
 
 
 def _has_held(plan: tuple) -> bool:
+    """Whether a held branch is in ``plan`` (itself included)."""
     how = plan[0]
-    if how == "held":
-        return True
-    if how in ("all", "any"):
-        return any(_has_held(x) for x in plan[1])
-    if how == "not":
-        return _has_held(plan[1])
-    return False
+    return (how == "held" or (how in ("all", "any") and plan[-1])
+            or (how == "not" and _has_held(plan[1])))
 
 
 def _bind(plan: tuple, src: Source) -> tuple[Test, Explain]:
     """The test and explain of a condition's :func:`_plan` over the statistics of ``src``."""
     how = plan[0]
-    if how == "held":
-        inner_test, inner_explain = _bind(plan[1], src)
-        test = held_of(inner_test, plan[2], plan[3], src)
-
-        def explain():
-            e = inner_explain()
-            return (test(), *e[1:])
-        return test, explain
-    if how in ("all", "any") and _has_held(plan):
-        # every branch read at every evaluation: a held branch's count must see every point
+    if how in ("all", "any"):
         parts = [_bind(x, src) for x in plan[1]]
-        test = every_of(how, [p[0] for p in parts])
+        if plan[-1]:
+            test = every_of(how, [p[0] for p in parts])
+        else:
+            tests = [parts[i][0] for i in plan[2]] if how == "all" else [p[0] for p in parts]
+            test = _join(src, how, tests) or (all_of if how == "all" else any_of)(tests)
 
         def explain():
             got = [e() for _, e in parts]
             hit = [g for g in got if g[0]] if how == "any" else []
             return (test(), *_first_numbers(hit or got))
         return test, explain
-    if how == "all":
-        parts = [_bind(x, src) for x in plan[1]]
-        tests = [parts[i][0] for i in plan[2]]
-        test = _join(src, "all", tests) or all_of(tests)
-
-        def explain():
-            got = [e() for _, e in parts]
-            return (test(), *_first_numbers(got))
-        return test, explain
-    if how == "any":
-        parts = [_bind(x, src) for x in plan[1]]
-        tests = [p[0] for p in parts]
-        test = _join(src, "any", tests) or any_of(tests)
-
-        def explain():
-            got = [e() for _, e in parts]
-            hit = [g for g in got if g[0]]
-            return (test(), *_first_numbers(hit or got))
-        return test, explain
-    if how == "not":
+    if how in ("not", "held"):
         inner_test, inner_explain = _bind(plan[1], src)
-        test = _join(src, "not", [inner_test]) or not_of(inner_test)
+        if how == "held":
+            test = held_of(inner_test, plan[2], plan[3], src)
+        else:
+            test = _join(src, "not", [inner_test]) or not_of(inner_test)
 
         def explain():
             e = inner_explain()
