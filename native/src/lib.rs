@@ -2033,12 +2033,11 @@ impl Core {
                 let d = sp.level - sp.med;
                 Ok(if unit == 0.0 && d == 0.0 { 0.0 } else { ratio(d, unit) })
             }
-            // how much of its best gain the run has given back (drawdown_gain): the level
-            // against the best level of the window's earlier points (the largest median of 3
-            // points in a row), in what the run had gained at that best since its start plus
-            // that start's robust scale; or in the point-to-point noise of those earlier points
-            // (drawdown_dz). streams.signals: the same comparisons in the same order
-            DrawdownGain | DrawdownDz => {
+            // how much of its best gain the run has given back: the level against the best
+            // level of the window's earlier points (the largest median of 3 points in a row), in
+            // what the run had gained at that best since its start plus that start's robust
+            // scale (streams.signals: the same comparisons in the same order)
+            DrawdownGain => {
                 self.split(py, r.win)?;
                 let w = &self.windows[r.win];
                 let sp = &w.cache_split.as_ref().unwrap().1;
@@ -2047,14 +2046,24 @@ impl Core {
                 }
                 let end = (w.xs.len() as i64 - sp.k).max(0) as usize;
                 let best = best_of_threes(w.xs.iter().take(end));
-                if matches!(r.sig, DrawdownDz) {
-                    let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
-                    return Ok(zscore(sp.level, best, diff_scale(py, &head)?));
-                }
                 let trk = &self.tracks[r.trk];
                 let unit = trk.gain_unit(best);
                 let d = sp.level - best;
                 Ok(if unit == 0.0 && d == 0.0 { 0.0 } else { ratio(d, unit) })
+            }
+            // the level against that best level, in the point-to-point noise of the points
+            // before the level's (streams.signals: the same numbers in the same order)
+            DrawdownDz => {
+                self.split(py, r.win)?;
+                let w = &self.windows[r.win];
+                let sp = &w.cache_split.as_ref().unwrap().1;
+                if !sp.has_ref {
+                    return Ok(NAN);
+                }
+                let end = (w.xs.len() as i64 - sp.k).max(0) as usize;
+                let best = best_of_threes(w.xs.iter().take(end));
+                let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
+                Ok(zscore(sp.level, best, diff_scale(py, &head)?))
             }
             RangePos => {
                 self.split(py, r.win)?;
