@@ -479,7 +479,7 @@ _SIGNAL_COST = {
     "range": 6, "start": 1, "ratio_to_start": 7, "ratio_to_start_max": 7, "start_z": 8, "trend_z": 10,
     "trend_tau": 10, "ratio_to_median": 12, "follow_z": 13, "shift_z": 16, "level_ratio": 16,
     "shift_rel": 16, "shift_gain": 17, "drawdown_gain": 30, "level_to_max": 16, "range_pos": 19, "gain_t": 20, "ratio_to_max": 21,
-    "sign_flip_rate": 50, "diff_ratio": 50, "over_max_z": 60, "shift_dz": 60, "jump_dz": 60, "drawdown_dz": 70, "jump_t": 60,
+    "sign_flip_rate": 50, "diff_ratio": 50, "over_max_z": 60, "shift_dz": 60, "jump_dz": 60, "jump_t": 60,
     "noise_ratio": 80,
 }
 #: Signals whose numbers depend on when they are read (running float sums re-added from scratch

@@ -82,7 +82,7 @@ logging interval of the run:
 * baselines (``start``, ``ratio_to_start``, ``start_z``, ``gain_t``, ``noise_ratio``) -- the points of the
   run's first ``window`` steps, but at least 3 of them: the run's own warm-up.
 * change points (``shift_z``, ``level_ratio``, ``shift_rel``, ``over_max_z``, ``shift_dz``,
-  ``jump_dz``, ``shift_gain``, ``drawdown_gain``, ``drawdown_dz``, ``level_to_max``, ``range_pos``) -- the *level* is the median of the points of
+  ``jump_dz``, ``shift_gain``, ``drawdown_gain``, ``level_to_max``, ``range_pos``) -- the *level* is the median of the points of
   the last 5 steps (at least 3 points), so one outlying point never moves it; it is compared with
   the window's earlier points (at least 12 of them), in their robust scale (1.4826 x MAD, never
   below 1.2533 x the mean absolute deviation, so mostly-constant data does not make every change
@@ -90,8 +90,7 @@ logging interval of the run:
   moves in quarters, is not read finer than its resolution). ``shift_gain`` measures the change in what the run moved since its first 20 steps
   (at least 3 points): prefer it to ``shift_rel`` and ``level_ratio`` for a reward, whose zero a
   reward model sets arbitrarily. ``drawdown_gain`` measures the level against the best of the
-  window's earlier levels (medians of 3 points in a row) in the same unit; ``drawdown_dz``
-  measures it in the point-to-point noise of those earlier points. A metric first logged
+  window's earlier levels (medians of 3 points in a row) in the same unit. A metric first logged
   after step 40 was first watched mid-training (a run resumed, or a monitor attached late): its
   first 20 steps are a plateau, not its start, and the unit of these gain signals (and
   ``trend_gain``'s) is then at least half that plateau's level.
@@ -212,11 +211,6 @@ SIGNALS = {
                      "level of the window's earlier points (the largest median of 3 points in a "
                      "row), in what the run had gained at that best since its first 20 steps, "
                      "plus their robust scale: -0.5 gave back half of its best gain",
-    "drawdown_dz": "change point: current level (median of the last few points) - the best "
-                   "level of the window's earlier points (drawdown_gain's), in the robust scale "
-                   "of those points' point-to-point changes: a slide stands out of the noise "
-                   "against the best it fell from, not against a median that a learning curve "
-                   "in the window holds halfway up its climb",
     "trend_gain": "least-squares slope x window, in the run's own unit (shift_gain's): the "
                   "climb across the window as a share of how far the window's median lies from "
                   "the median of the run's first 20 steps, plus their robust scale",
@@ -239,7 +233,7 @@ MIN_POINTS = {
     "level_change": 12,
     # change points, warm-up baselines, spikes (the detection pack's signals)
     "shift_z": 16, "level_ratio": 16, "shift_rel": 16, "range_pos": 16, "level_to_max": 16,
-    "over_max_z": 16, "shift_dz": 16, "jump_dz": 16, "shift_gain": 16, "drawdown_gain": 16, "drawdown_dz": 16, "ratio_to_max": 10, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 12,
+    "over_max_z": 16, "shift_dz": 16, "jump_dz": 16, "shift_gain": 16, "drawdown_gain": 16, "ratio_to_max": 10, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 12,
     "follow_z": 16, "range": 8, "noise_ratio": 16, "jump_t": 24,
 }
 #: The fewest points a signal needs before it is defined at all (besides `min_steps`).
@@ -250,7 +244,7 @@ READY_POINTS = {
     "sign_flip_rate": 3, "diff_ratio": 3, "delta": 2, "cycle_rise": 1, "rel_trend": 3, "trend_gain": 3,
     "level_change": 10,
     "shift_z": 15, "level_ratio": 15, "shift_rel": 15, "range_pos": 15, "level_to_max": 15,
-    "over_max_z": 15, "shift_dz": 15, "jump_dz": 15, "shift_gain": 15, "drawdown_gain": 15, "drawdown_dz": 15, "ratio_to_max": 4, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 2,
+    "over_max_z": 15, "shift_dz": 15, "jump_dz": 15, "shift_gain": 15, "drawdown_gain": 15, "ratio_to_max": 4, "start_z": 1, "ratio_to_start_max": 1, "gain_t": 2,
     "follow_z": 3, "range": 8, "noise_ratio": 8, "jump_t": 24,
 }
 

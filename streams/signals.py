@@ -629,7 +629,7 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
             return out
         return f
     if sig in ("shift_z", "level_ratio", "shift_rel", "range_pos", "level_to_max", "ratio_to_max",
-               "over_max_z", "shift_dz", "jump_dz", "shift_gain", "drawdown_gain", "drawdown_dz"):
+               "over_max_z", "shift_dz", "jump_dz", "shift_gain", "drawdown_gain"):
         def split() -> list:
             """[level, reference median, reference (sorted), k level points, scale or None],
             once per new point (the scale only when a signal asks for it)."""
@@ -730,24 +730,6 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
                 d = sp[0] - sp[1]
                 return 0.0 if unit == 0 and d == 0 else _ratio(d, unit)
             return f
-        def best_before(sp: list) -> float:
-            """The best level of the window's points before the level's: the largest median of
-            3 points in a row (one high point is not a best)."""
-            best = NAN
-            a = b = NAN
-            for i, c in enumerate(islice(win.xs, 0, len(win.xs) - sp[3])):
-                if i >= 2:
-                    m = max(min(a, b), min(max(a, b), c))
-                    if not m <= best:
-                        best = m
-                a, b = b, c
-            return best
-
-        if sig == "drawdown_dz":
-            def f():
-                sp = split()
-                return NAN if sp[2] is None else noise_z(sp, best_before(sp))
-            return f
         if sig == "drawdown_gain":
             # how much of the run's best gain it has given back: the level against the best
             # level of the window's earlier points (the largest median of 3 points in a row, so
@@ -759,7 +741,14 @@ def _signal_reader(sig: str, win: Window | None, trk: Track, window: int,
                 sp = split()
                 if sp[2] is None:
                     return NAN
-                best = best_before(sp)
+                best = NAN
+                a = b = NAN
+                for i, c in enumerate(islice(win.xs, 0, len(win.xs) - sp[3])):
+                    if i >= 2:
+                        m = max(min(a, b), min(max(a, b), c))
+                        if not m <= best:
+                            best = m
+                    a, b = b, c
                 unit = trk.gain_unit(best)
                 d = sp[0] - best
                 return 0.0 if unit == 0 and d == 0 else _ratio(d, unit)
@@ -1117,7 +1106,7 @@ class Bank:
             elif signal in ("median", "min", "max", "range", "ratio_to_median", "robust_z", "rel_drop",
                             "rel_rise", "flat_range", "rel_trend", "shift_z", "level_ratio",
                             "shift_rel", "range_pos", "level_to_max", "over_max_z", "shift_dz",
-                            "jump_dz", "drawdown_dz", "ratio_to_max"):
+                            "jump_dz", "ratio_to_max"):
                 win.need_sorted()
         value = _signal_reader(signal, win, trk, window, cycle, level)
         need_points = max(ready_points, min(min_steps, 5))

@@ -460,24 +460,6 @@ fn robust_scale_sorted(py: Python<'_>, srt: &[f64], med: f64) -> PyResult<f64> {
     Ok(py_max(py_max(MAD_SCALE * mad, MEAN_AD_SCALE * total / n as f64), quantum))
 }
 
-/// The best level of a run of points: the largest median of 3 points in a row (one high point
-/// is not a best); NaN under 3 points (streams.signals `best_before`: the same comparisons).
-fn best_of_threes<'a>(xs: impl Iterator<Item = &'a f64>) -> f64 {
-    let mut best = NAN;
-    let (mut a, mut b) = (NAN, NAN);
-    for (i, &c) in xs.enumerate() {
-        if i >= 2 {
-            let m = py_max(py_min(a, b), py_min(py_max(a, b), c));
-            if !(m <= best) {
-                best = m;
-            }
-        }
-        a = b;
-        b = c;
-    }
-    best
-}
-
 fn diff_scale(py: Python<'_>, v: &[f64]) -> PyResult<f64> {
     let d: Vec<f64> = v.windows(2).map(|w| w[1] - w[0]).collect();
     if d.len() < 2 {
@@ -1556,7 +1538,6 @@ enum Sig {
     JumpT,
     ShiftGain,
     DrawdownGain,
-    DrawdownDz,
     Median,
     Min,
     Max,
@@ -1607,7 +1588,6 @@ impl Sig {
             "jump_t" => JumpT,
             "shift_gain" => ShiftGain,
             "drawdown_gain" => DrawdownGain,
-            "drawdown_dz" => DrawdownDz,
             "median" => Median,
             "min" => Min,
             "max" => Max,
@@ -2045,25 +2025,22 @@ impl Core {
                     return Ok(NAN);
                 }
                 let end = (w.xs.len() as i64 - sp.k).max(0) as usize;
-                let best = best_of_threes(w.xs.iter().take(end));
+                let mut best = NAN;
+                let (mut a, mut b) = (NAN, NAN);
+                for (i, &c) in w.xs.iter().take(end).enumerate() {
+                    if i >= 2 {
+                        let m = py_max(py_min(a, b), py_min(py_max(a, b), c));
+                        if !(m <= best) {
+                            best = m;
+                        }
+                    }
+                    a = b;
+                    b = c;
+                }
                 let trk = &self.tracks[r.trk];
                 let unit = trk.gain_unit(best);
                 let d = sp.level - best;
                 Ok(if unit == 0.0 && d == 0.0 { 0.0 } else { ratio(d, unit) })
-            }
-            // the level against that best level, in the point-to-point noise of the points
-            // before the level's (streams.signals: the same numbers in the same order)
-            DrawdownDz => {
-                self.split(py, r.win)?;
-                let w = &self.windows[r.win];
-                let sp = &w.cache_split.as_ref().unwrap().1;
-                if !sp.has_ref {
-                    return Ok(NAN);
-                }
-                let end = (w.xs.len() as i64 - sp.k).max(0) as usize;
-                let best = best_of_threes(w.xs.iter().take(end));
-                let head: Vec<f64> = w.xs.iter().take(end).copied().collect();
-                Ok(zscore(sp.level, best, diff_scale(py, &head)?))
             }
             RangePos => {
                 self.split(py, r.win)?;
@@ -2697,7 +2674,6 @@ impl Bank {
                         | "over_max_z"
                         | "shift_dz"
                         | "jump_dz"
-                        | "drawdown_dz"
                         | "ratio_to_max"
                 ) {
                     wd.need_sorted();

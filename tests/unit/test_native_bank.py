@@ -35,7 +35,7 @@ except ImportError as e:   # a broken build must not pass silently
 
 SIGNALS = ("value", "ema", "cycle_rise", "follow_z", "start", "ratio_to_start", "start_z", "gain_t",
            "noise_ratio", "ratio_to_start_max", "delta", "shift_z", "level_ratio", "shift_rel",
-           "range_pos", "level_to_max", "ratio_to_max", "over_max_z", "shift_dz", "jump_dz", "jump_t", "shift_gain", "drawdown_gain", "drawdown_dz", "median",
+           "range_pos", "level_to_max", "ratio_to_max", "over_max_z", "shift_dz", "jump_dz", "jump_t", "shift_gain", "drawdown_gain", "median",
            "min", "max", "range", "mean", "std", "trend_z", "trend_tau", "slope", "ratio_to_median", "zscore",
            "robust_z", "rel_drop", "rel_rise", "flat_range", "rel_trend", "trend_gain", "level_change",
            "sign_flip_rate", "diff_ratio", "autocorr")
